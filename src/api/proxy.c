@@ -1,0 +1,1083 @@
+#include "api/proxy.h"
+
+#include <event2/buffer.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api_error.h"
+#include "backend/backend.h"
+#include "daemon.h"
+#include "http/http_server.h"
+#include "http/sse.h"
+#include "router/router.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+enum route_kind { KIND_CHAT, KIND_COMPLETION };
+
+enum proxy_state {
+	PS_TEMPLATE, /* waiting for /apply-template */
+	PS_TOKENIZE, /* waiting for /tokenize */
+	PS_WAITING,  /* queued for a slot */
+	PS_TRIM,     /* cutting the slot back to the reuse point (exact mode) */
+	PS_FORWARD,  /* the request is on the backend */
+	PS_DONE,
+};
+
+struct proxy_req {
+	struct daemon *d;
+	struct http_request *client; /* NULL once the client has gone */
+	enum route_kind kind;
+	enum proxy_state state;
+	char backend_path[64];
+	json_t *body;
+	int stream;
+	token_t *tokens;
+	size_t n_tokens;
+	int routable; /* one prompt, tokenized: the router can place it */
+	struct backend *backend;
+	struct backend_call *call;
+	struct route_choice choice;
+	struct router_slot *slot; /* held (busy) while set */
+	int status;		  /* the backend's HTTP status */
+	struct sse_parser sse;
+	char *held; /* the last event, held back until we know it is the last */
+	size_t held_len;
+	int done_sent;
+	int timings_seen;
+	long long cache_n, prompt_n, predicted_n;
+	double prompt_ms, predicted_ms;
+	struct evbuffer *errbuf; /* a non-200 backend body during a stream */
+	struct event *keepalive;
+	int64_t t_start_us, t_last_write_us, t_forward_us, t_first_byte_us;
+	struct proxy_req *wait_next, *wait_prev;
+	struct proxy_req *act_next, *act_prev;
+};
+
+static void pr_finish(struct proxy_req *pr);
+static void pr_try_route(struct proxy_req *pr);
+
+/* ---- small helpers ---- */
+
+static void respond_json(struct http_request *req, int status, json_t *obj)
+{
+	char *s = json_dumps(obj, JSON_COMPACT);
+	if (!s) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	http_respond(req, status, "application/json", s, strlen(s));
+	free(s);
+}
+
+static void active_add(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	pr->act_next = d->active;
+	if (d->active)
+		d->active->act_prev = pr;
+	d->active = pr;
+}
+
+static void active_remove(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	if (pr->act_prev)
+		pr->act_prev->act_next = pr->act_next;
+	else if (d->active == pr)
+		d->active = pr->act_next;
+	if (pr->act_next)
+		pr->act_next->act_prev = pr->act_prev;
+	pr->act_next = pr->act_prev = NULL;
+}
+
+static void wait_add(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	pr->state = PS_WAITING;
+	pr->wait_prev = d->waiting_tail;
+	pr->wait_next = NULL;
+	if (d->waiting_tail)
+		d->waiting_tail->wait_next = pr;
+	else
+		d->waiting_head = pr;
+	d->waiting_tail = pr;
+}
+
+static void wait_remove(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	if (pr->state != PS_WAITING)
+		return;
+	if (pr->wait_prev)
+		pr->wait_prev->wait_next = pr->wait_next;
+	else
+		d->waiting_head = pr->wait_next;
+	if (pr->wait_next)
+		pr->wait_next->wait_prev = pr->wait_prev;
+	else
+		d->waiting_tail = pr->wait_prev;
+	pr->wait_next = pr->wait_prev = NULL;
+}
+
+static void client_write(struct proxy_req *pr, const char *data, size_t len)
+{
+	if (!pr->client)
+		return;
+	http_stream_write(pr->client, data, len);
+	pr->t_last_write_us = clock_now_us();
+}
+
+/* An error for the client: a JSON answer if nothing was sent yet, else an
+ * error event that ends the stream. */
+static void fail(struct proxy_req *pr, int status, const char *message)
+{
+	pr->d->stats.errors++;
+	if (pr->client) {
+		if (pr->stream && pr->state >= PS_FORWARD && pr->t_forward_us) {
+			char *body = api_error_body(status, message, http_request_path(pr->client));
+			if (body) {
+				client_write(pr, "data: ", 6);
+				client_write(pr, body, strlen(body));
+				client_write(pr, "\n\n", 2);
+				free(body);
+			}
+			http_stream_end(pr->client);
+		} else {
+			http_respond_error(pr->client, status, message);
+		}
+		pr->client = NULL;
+	}
+	pr_finish(pr);
+}
+
+/* ---- the cache block ---- */
+
+static json_t *cache_block(struct proxy_req *pr)
+{
+	struct router_slot *s = pr->choice.slot;
+	json_t *c = json_object();
+	json_object_set_new(c, "backend", json_string(pr->backend ? pr->backend->rb->url : ""));
+	json_object_set_new(c, "slot", s ? json_integer(s->id) : json_null());
+	json_object_set_new(c, "route", json_string(pr->routable ? pr->choice.kind : "unrouted"));
+	json_object_set_new(c, "mode", json_string(reuse_mode_name(pr->d->router->mode)));
+	json_object_set_new(c, "prompt_tokens", json_integer((json_int_t)pr->n_tokens));
+	json_object_set_new(c, "matched", json_integer((json_int_t)pr->choice.matched));
+	json_object_set_new(c, "reuse", json_integer((json_int_t)pr->choice.reuse));
+	if (pr->timings_seen) {
+		json_object_set_new(c, "cached", json_integer(pr->cache_n));
+		json_object_set_new(c, "evaluated", json_integer(pr->prompt_n));
+	}
+	json_object_set_new(c, "trimmed", json_boolean(pr->choice.must_trim));
+	json_object_set_new(c, "est_prefill_ms", json_real(pr->choice.est_prefill_s * 1000.0));
+	return c;
+}
+
+/* Inserts ,"cache":{...} before the final '}' of a JSON object held in
+ * text, so that every byte the backend sent is kept as it was. Returns a new
+ * buffer, or NULL when the text is not an object. */
+static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, size_t *out_len)
+{
+	size_t close = len;
+	while (close > 0 && text[close - 1] != '}')
+		close--;
+	size_t open = 0;
+	while (open < len && (text[open] == ' ' || text[open] == '\n' || text[open] == '\r' ||
+			      text[open] == '\t' || text[open] == 'd' || text[open] == 'a' ||
+			      text[open] == 't' || text[open] == ':'))
+		open++;
+	if (close == 0 || open >= len || text[open] != '{')
+		return NULL;
+	json_t *c = cache_block(pr);
+	char *cs = json_dumps(c, JSON_COMPACT);
+	json_decref(c);
+	if (!cs)
+		return NULL;
+	/* An empty object must not get a leading comma. */
+	size_t k = close - 1;
+	while (k > open && (text[k - 1] == ' ' || text[k - 1] == '\n' || text[k - 1] == '\t'))
+		k--;
+	int empty = k == open + 1;
+	size_t cl = strlen(cs);
+	size_t n = len + cl + 12;
+	char *out = malloc(n);
+	if (!out) {
+		free(cs);
+		return NULL;
+	}
+	size_t pos = close - 1;
+	memcpy(out, text, pos);
+	int w = snprintf(out + pos, n - pos, "%s\"cache\":%s", empty ? "" : ",", cs);
+	memcpy(out + pos + (size_t)w, text + pos, len - pos);
+	*out_len = pos + (size_t)w + (len - pos);
+	free(cs);
+	return out;
+}
+
+static void note_timings(struct proxy_req *pr, json_t *obj)
+{
+	json_t *t = json_object_get(obj, "timings");
+	if (!json_is_object(t))
+		return;
+	pr->timings_seen = 1;
+	pr->cache_n = json_integer_value(json_object_get(t, "cache_n"));
+	pr->prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
+	pr->prompt_ms = json_number_value(json_object_get(t, "prompt_ms"));
+	pr->predicted_n = json_integer_value(json_object_get(t, "predicted_n"));
+	pr->predicted_ms = json_number_value(json_object_get(t, "predicted_ms"));
+}
+
+/* ---- finishing ---- */
+
+/* The slot's KV now holds what this request sent, if the backend's own count
+ * agrees with ours; otherwise what it holds is unknown. */
+static void commit_slot(struct proxy_req *pr, int success)
+{
+	struct daemon *d = pr->d;
+	struct router_slot *s = pr->slot;
+	if (!s)
+		return;
+	int64_t now = clock_now_us();
+	if (success && pr->timings_seen && pr->routable) {
+		long long n_server = pr->cache_n + pr->prompt_n;
+		if (n_server == (long long)pr->n_tokens) {
+			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens, (size_t)pr->cache_n,
+					   now);
+			if (d->router->mode == REUSE_EXACT && (size_t)pr->cache_n != pr->choice.reuse)
+				log_warn("exact mode: backend reused %lld tokens, expected %zu", pr->cache_n,
+					 pr->choice.reuse);
+		} else {
+			log_warn("slot %d: backend counted %lld prompt tokens, toki %zu; forgetting slot",
+				 s->id, n_server, pr->n_tokens);
+			router_slot_forget(d->router, s);
+		}
+		router_backend_note_prefill(s->backend, (uint64_t)pr->prompt_n, pr->prompt_ms);
+		router_backend_note_decode(s->backend, (uint64_t)pr->predicted_n, pr->predicted_ms);
+		s->backend->evaluated_tokens += (uint64_t)pr->prompt_n;
+		s->backend->cached_tokens += (uint64_t)pr->cache_n;
+		s->backend->requests++;
+		d->stats.evaluated_tokens += (uint64_t)pr->prompt_n;
+		d->stats.cached_tokens += (uint64_t)pr->cache_n;
+	} else {
+		router_slot_forget(d->router, s);
+	}
+	router_slot_end(d->router, s, now);
+	pr->slot = NULL;
+}
+
+static void pr_free(struct proxy_req *pr)
+{
+	json_decref(pr->body);
+	free(pr->tokens);
+	sse_parser_free(&pr->sse);
+	free(pr->held);
+	if (pr->errbuf)
+		evbuffer_free(pr->errbuf);
+	if (pr->keepalive)
+		event_free(pr->keepalive);
+	free(pr);
+}
+
+static void pr_finish(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	int released = pr->slot != NULL;
+	if (pr->call) {
+		backend_call_cancel(pr->call);
+		pr->call = NULL;
+	}
+	if (pr->slot)
+		commit_slot(pr, 0);
+	wait_remove(pr);
+	active_remove(pr);
+	if (pr->client) {
+		/* Not answered yet (should not happen): answer rather than hang. */
+		http_request_on_close(pr->client, NULL, NULL);
+		http_respond_error(pr->client, 500, "request ended without an answer");
+		pr->client = NULL;
+	}
+	pr->state = PS_DONE;
+	pr_free(pr);
+	if (released)
+		daemon_slots_changed(d);
+}
+
+static void on_client_close(struct http_request *req, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->client = NULL;
+	/* The backend sees its connection close and stops generating. */
+	log_info("client went away; cancelling its backend request");
+	pr_finish(pr);
+}
+
+/* ---- streaming from the backend ---- */
+
+static void flush_held(struct proxy_req *pr, int with_cache)
+{
+	if (!pr->held)
+		return;
+	char *out = NULL;
+	size_t out_len = 0;
+	if (with_cache)
+		out = inject_cache(pr, pr->held, pr->held_len, &out_len);
+	if (out) {
+		client_write(pr, out, out_len);
+		free(out);
+	} else {
+		client_write(pr, pr->held, pr->held_len);
+	}
+	free(pr->held);
+	pr->held = NULL;
+	pr->held_len = 0;
+}
+
+static void on_sse_event(const char *raw, size_t len, void *arg)
+{
+	struct proxy_req *pr = arg;
+	size_t dl = 0;
+	char *data = sse_event_data(raw, len, &dl);
+	if (data && !strcmp(data, "[DONE]")) {
+		flush_held(pr, 1);
+		client_write(pr, raw, len);
+		pr->done_sent = 1;
+	} else if (data && strstr(data, "\"timings\"")) {
+		/* llama-server puts timings in its final chunk: hold it back, the
+		 * cache block goes there. */
+		json_error_t jerr;
+		json_t *obj = json_loadb(data, dl, 0, &jerr);
+		if (obj)
+			note_timings(pr, obj);
+		json_decref(obj);
+		flush_held(pr, 0);
+		pr->held = malloc(len);
+		if (pr->held) {
+			memcpy(pr->held, raw, len);
+			pr->held_len = len;
+		}
+	} else {
+		flush_held(pr, 0);
+		client_write(pr, raw, len);
+	}
+	free(data);
+}
+
+static void keepalive_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct proxy_req *pr = arg;
+	int64_t now = clock_now_us();
+	if (pr->client && now - pr->t_last_write_us >= (int64_t)pr->d->cfg.keepalive_ms * 1000)
+		client_write(pr, ": keep-alive\n\n", 14);
+}
+
+static void on_forward_head(struct backend_call *call, int status, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->status = status;
+	pr->t_first_byte_us = clock_now_us();
+}
+
+static void on_forward_data(struct backend_call *call, const char *data, size_t len, void *arg)
+{
+	struct proxy_req *pr = arg;
+	if (pr->status != 200) {
+		if (!pr->errbuf)
+			pr->errbuf = evbuffer_new();
+		if (pr->errbuf)
+			evbuffer_add(pr->errbuf, data, len);
+		return;
+	}
+	if (sse_parser_feed(&pr->sse, data, len, on_sse_event, pr) != 0) {
+		pr->call = NULL;
+		backend_call_cancel(call);
+		fail(pr, 502, "backend sent an oversized or broken event stream");
+	}
+}
+
+static void log_done(struct proxy_req *pr)
+{
+	double total_ms = (double)(clock_now_us() - pr->t_start_us) / 1000.0;
+	log_info("%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu cached=%lld evaluated=%lld "
+		 "prefill=%.0fms total=%.0fms",
+		 pr->backend_path, pr->choice.slot ? pr->choice.slot->id : -1,
+		 pr->routable ? pr->choice.kind : "unrouted", pr->n_tokens, pr->choice.matched,
+		 pr->choice.reuse, pr->cache_n, pr->prompt_n, pr->prompt_ms, total_ms);
+}
+
+static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
+			    void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	pr->status = status;
+	if (pr->stream) {
+		if (status != 200) {
+			/* The backend refused the request: pass its message on. */
+			size_t el = pr->errbuf ? evbuffer_get_length(pr->errbuf) : 0;
+			char *msg = el ? strndup((const char *)evbuffer_pullup(pr->errbuf, -1), el) : NULL;
+			json_error_t jerr;
+			json_t *ej = msg ? json_loads(msg, 0, &jerr) : NULL;
+			const char *m = json_string_value(
+				json_object_get(json_object_get(ej, "error"), "message"));
+			fail(pr, status, m ? m : "backend error");
+			json_decref(ej);
+			free(msg);
+			return;
+		}
+		if (!pr->done_sent)
+			flush_held(pr, 1);
+		commit_slot(pr, pr->timings_seen);
+		log_done(pr);
+		if (pr->client) {
+			http_stream_end(pr->client);
+			pr->client = NULL;
+		}
+		pr_finish(pr);
+		return;
+	}
+	json_error_t jerr;
+	json_t *obj = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	if (obj)
+		note_timings(pr, obj);
+	json_decref(obj);
+	commit_slot(pr, status == 200 && pr->timings_seen);
+	log_done(pr);
+	if (pr->client) {
+		size_t out_len = 0;
+		char *out = status == 200 ? inject_cache(pr, body, len, &out_len) : NULL;
+		const char *ct = backend_call_header(call, "Content-Type");
+		http_request_on_close(pr->client, NULL, NULL);
+		http_respond(pr->client, status, ct ? ct : "application/json", out ? out : body,
+			     out ? out_len : len);
+		free(out);
+		pr->client = NULL;
+	}
+	pr_finish(pr);
+}
+
+static void on_forward_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	if (err == BACKEND_ERR_CONNECT && pr->backend)
+		backend_mark_down(pr->backend, backend_error_text(err));
+	log_warn("request on %s failed: %s", pr->backend ? pr->backend->rb->url : "?",
+		 backend_error_text(err));
+	fail(pr, err == BACKEND_ERR_TIMEOUT ? 504 : 502, backend_error_text(err));
+}
+
+static const struct backend_call_handlers forward_stream_handlers = {
+	.on_head = on_forward_head,
+	.on_data = on_forward_data,
+	.on_done = on_forward_done,
+	.on_error = on_forward_error,
+};
+static const struct backend_call_handlers forward_handlers = {
+	.on_head = on_forward_head,
+	.on_done = on_forward_done,
+	.on_error = on_forward_error,
+};
+
+static void forward(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	pr->state = PS_FORWARD;
+	if (pr->slot) {
+		json_object_set_new(pr->body, "id_slot", json_integer(pr->slot->id));
+		/* Exact mode with nothing to reuse: evaluate from the start, as
+		 * an uncached run does, whatever the slot holds. */
+		if (pr->routable && pr->d->router->mode == REUSE_EXACT && pr->choice.reuse == 0)
+			json_object_set_new(pr->body, "cache_prompt", json_false());
+	}
+	char *body = json_dumps(pr->body, JSON_COMPACT);
+	if (!body) {
+		fail(pr, 500, "out of memory");
+		return;
+	}
+	pr->t_forward_us = clock_now_us();
+	if (pr->stream && pr->client) {
+		http_response_header(pr->client, "Cache-Control", "no-cache");
+		http_stream_begin(pr->client, 200, "text/event-stream");
+		/* The first event says how long the prefill should take, so that
+		 * a slow turn is a number rather than a silence. */
+		char note[256];
+		int n = snprintf(note, sizeof note,
+				 ": toki route=%s slot=%d prompt=%zu reuse=%zu evaluate=%zu "
+				 "est_prefill_ms=%.0f\n\n",
+				 pr->routable ? pr->choice.kind : "unrouted",
+				 pr->slot ? pr->slot->id : -1, pr->n_tokens, pr->choice.reuse,
+				 pr->n_tokens - pr->choice.reuse, pr->choice.est_prefill_s * 1000.0);
+		client_write(pr, note, (size_t)n);
+		sse_parser_init(&pr->sse, 64 * 1024 * 1024);
+		pr->keepalive = event_new(d->base, -1, EV_PERSIST, keepalive_tick, pr);
+		int ms = d->cfg.keepalive_ms > 100 ? d->cfg.keepalive_ms / 2 : 50;
+		struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+		if (pr->keepalive)
+			event_add(pr->keepalive, &tv);
+	}
+	if (pr->routable)
+		log_info("%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
+			 pr->backend_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
+			 pr->n_tokens, pr->choice.matched, pr->choice.reuse,
+			 pr->choice.est_prefill_s * 1000.0);
+	pr->call = backend_call_start(pr->backend->http, "POST", pr->backend_path, body,
+				      strlen(body), pr->stream ? &forward_stream_handlers : &forward_handlers,
+				      pr);
+	free(body);
+	if (!pr->call)
+		fail(pr, 500, "out of memory");
+}
+
+/* ---- exact mode: cutting a slot back to the grid ---- */
+
+static void on_trim_done(struct backend_call *call, int status, const char *body, size_t len,
+			 void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	if (status != 200) {
+		log_warn("cut-back of slot %d failed (%d): %.*s", pr->slot->id, status,
+			 (int)(len > 200 ? 200 : len), body);
+		fail(pr, 502, "backend refused to cut the slot back");
+		return;
+	}
+	router_slot_truncate(pr->d->router, pr->slot, pr->choice.reuse);
+	if (pr->choice.reuse)
+		pr->d->stats.trim_tokens++;
+	forward(pr);
+}
+
+static void on_trim_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	on_forward_error(call, err, arg);
+}
+
+static const struct backend_call_handlers trim_handlers = {
+	.on_done = on_trim_done,
+	.on_error = on_trim_error,
+};
+
+/* The server reuses the longest common prefix of the slot and the prompt.
+ * To make it reuse exactly `reuse` tokens, the slot is first given those
+ * tokens plus one that differs from the prompt's next token. (With reuse 0
+ * no cut is needed: the request goes with cache_prompt off.) */
+static void trim(struct proxy_req *pr)
+{
+	pr->state = PS_TRIM;
+	size_t reuse = pr->choice.reuse;
+	{
+		json_t *prompt = json_array();
+		for (size_t i = 0; i < reuse; i++)
+			json_array_append_new(prompt, json_integer(pr->tokens[i]));
+		token_t next = pr->tokens[reuse];
+		json_array_append_new(prompt, json_integer(next > 0 ? next - 1 : next + 1));
+		json_t *req = json_pack("{s:o, s:i, s:i, s:b}", "prompt", prompt, "n_predict", 0,
+					"id_slot", pr->slot->id, "cache_prompt", 1);
+		char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+		json_decref(req);
+		if (!body) {
+			fail(pr, 500, "out of memory");
+			return;
+		}
+		pr->call = backend_call_start(pr->backend->http, "POST", "/completion", body,
+					      strlen(body), &trim_handlers, pr);
+		free(body);
+	}
+	if (!pr->call)
+		fail(pr, 500, "out of memory");
+}
+
+/* ---- routing ---- */
+
+static void pr_try_route(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	if (!pr->routable) {
+		struct backend *b = daemon_any_backend(d);
+		if (!b) {
+			if (pr->state != PS_WAITING)
+				fail(pr, 503, "no backend is up");
+			return;
+		}
+		wait_remove(pr);
+		pr->backend = b;
+		forward(pr);
+		return;
+	}
+	struct route_choice ch;
+	enum route_status st =
+		router_choose(d->router, pr->tokens, pr->n_tokens, clock_now_us(), -1, &ch);
+	if (st == ROUTE_NO_BACKEND) {
+		wait_remove(pr);
+		fail(pr, 503, "no backend is up");
+		return;
+	}
+	if (st == ROUTE_WAIT) {
+		if (pr->state != PS_WAITING)
+			wait_add(pr);
+		return;
+	}
+	wait_remove(pr);
+	struct router_backend *rb = ch.slot->backend;
+	if (rb->n_ctx_slot > 0 && pr->n_tokens >= (size_t)rb->n_ctx_slot) {
+		char msg[256];
+		snprintf(msg, sizeof msg,
+			 "the prompt has %zu tokens, but the context of a slot holds %d; shorten it",
+			 pr->n_tokens, rb->n_ctx_slot);
+		fail(pr, 400, msg);
+		return;
+	}
+	pr->choice = ch;
+	pr->slot = ch.slot;
+	pr->backend = d->backends[rb->index];
+	router_slot_begin(d->router, pr->slot, clock_now_us(), ch.est_prefill_s);
+	d->stats.routed++;
+	if (!strcmp(ch.kind, "hit"))
+		d->stats.hits++;
+	else if (!strcmp(ch.kind, "partial"))
+		d->stats.partials++;
+	else
+		d->stats.misses++;
+	d->stats.prompt_tokens += pr->n_tokens;
+	if (ch.must_trim)
+		trim(pr);
+	else
+		forward(pr);
+}
+
+void proxy_retry_waiting(struct daemon *d)
+{
+	/* Each retry may finish or re-queue the request; walk a snapshot. */
+	struct proxy_req *pr = d->waiting_head;
+	struct proxy_req *stop = d->waiting_tail;
+	while (pr) {
+		struct proxy_req *next = pr->wait_next;
+		int last = pr == stop;
+		pr_try_route(pr);
+		if (last)
+			break;
+		pr = next;
+	}
+}
+
+/* ---- tokenization ---- */
+
+static void on_tokenize_done(struct backend_call *call, int status, const char *body, size_t len,
+			     void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	json_error_t jerr;
+	json_t *obj = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *toks = json_object_get(obj, "tokens");
+	if (!json_is_array(toks)) {
+		json_decref(obj);
+		fail(pr, status >= 400 && status < 500 ? 400 : 502, "tokenization failed");
+		return;
+	}
+	size_t n = json_array_size(toks);
+	pr->tokens = malloc((n ? n : 1) * sizeof *pr->tokens);
+	if (!pr->tokens) {
+		json_decref(obj);
+		fail(pr, 500, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		pr->tokens[i] = (token_t)json_integer_value(json_array_get(toks, i));
+	pr->n_tokens = n;
+	pr->routable = n > 0;
+	json_decref(obj);
+	pr_try_route(pr);
+}
+
+static void on_aux_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	if (err == BACKEND_ERR_CONNECT && pr->backend)
+		backend_mark_down(pr->backend, backend_error_text(err));
+	fail(pr, err == BACKEND_ERR_TIMEOUT ? 504 : 502, backend_error_text(err));
+}
+
+static const struct backend_call_handlers tokenize_handlers = {
+	.on_done = on_tokenize_done,
+	.on_error = on_aux_error,
+};
+
+static void tokenize_text(struct proxy_req *pr, const char *text)
+{
+	pr->state = PS_TOKENIZE;
+	json_t *req = json_pack("{s:s, s:b, s:b}", "content", text, "add_special", 1,
+				"parse_special", 1);
+	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+	json_decref(req);
+	if (!body) {
+		fail(pr, 500, "out of memory");
+		return;
+	}
+	pr->call = backend_call_start(pr->backend->http, "POST", "/tokenize", body, strlen(body),
+				      &tokenize_handlers, pr);
+	free(body);
+	if (!pr->call)
+		fail(pr, 500, "out of memory");
+}
+
+static void on_template_done(struct backend_call *call, int status, const char *body, size_t len,
+			     void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	json_error_t jerr;
+	json_t *obj = json_loadb(body, len, 0, &jerr);
+	const char *prompt = json_string_value(json_object_get(obj, "prompt"));
+	if (status != 200 || !prompt) {
+		/* The backend's own 4xx explains what is wrong with the messages. */
+		const char *m = json_string_value(
+			json_object_get(json_object_get(obj, "error"), "message"));
+		char msg[512];
+		snprintf(msg, sizeof msg, "%s", m ? m : "the chat template could not be applied");
+		json_decref(obj);
+		fail(pr, status >= 400 && status < 500 ? status : 502, msg);
+		return;
+	}
+	tokenize_text(pr, prompt);
+	json_decref(obj);
+}
+
+static const struct backend_call_handlers template_handlers = {
+	.on_done = on_template_done,
+	.on_error = on_aux_error,
+};
+
+/* ---- request validation ---- */
+
+static const char *check_types(json_t *body, enum route_kind kind)
+{
+	if (!json_is_object(body))
+		return "the request body must be a JSON object";
+	json_t *v;
+	if ((v = json_object_get(body, "stream")) && !json_is_boolean(v) && !json_is_null(v))
+		return "'stream' must be a boolean";
+	if ((v = json_object_get(body, "max_tokens")) && !json_is_integer(v) && !json_is_null(v))
+		return "'max_tokens' must be an integer";
+	if ((v = json_object_get(body, "max_completion_tokens")) && !json_is_integer(v) &&
+	    !json_is_null(v))
+		return "'max_completion_tokens' must be an integer";
+	if ((v = json_object_get(body, "n_predict")) && !json_is_integer(v))
+		return "'n_predict' must be an integer";
+	if ((v = json_object_get(body, "temperature")) && !json_is_number(v) && !json_is_null(v))
+		return "'temperature' must be a number";
+	if ((v = json_object_get(body, "model")) && !json_is_string(v) && !json_is_null(v))
+		return "'model' must be a string";
+	if ((v = json_object_get(body, "id_slot")) && !json_is_integer(v))
+		return "'id_slot' must be an integer";
+	if (kind == KIND_CHAT) {
+		v = json_object_get(body, "messages");
+		if (!json_is_array(v) || json_array_size(v) == 0)
+			return "'messages' must be a non-empty array";
+		size_t i;
+		json_t *m;
+		json_array_foreach(v, i, m)
+		{
+			if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
+				return "each message must be an object with a string 'role'";
+		}
+	} else {
+		v = json_object_get(body, "prompt");
+		if (!v)
+			return "'prompt' is required";
+		if (!json_is_string(v) && !json_is_array(v))
+			return "'prompt' must be a string or an array";
+	}
+	return NULL;
+}
+
+static void start_routed(struct daemon *d, struct http_request *req, enum route_kind kind,
+			 const char *backend_path)
+{
+	size_t len;
+	const char *raw = http_request_body(req, &len);
+	json_error_t jerr;
+	json_t *body = json_loadb(raw, len, 0, &jerr);
+	if (!body) {
+		char msg[300];
+		snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", jerr.text,
+			 jerr.line, jerr.column);
+		http_respond_error(req, 400, msg);
+		return;
+	}
+	const char *bad = check_types(body, kind);
+	if (bad) {
+		json_decref(body);
+		http_respond_error(req, 400, bad);
+		return;
+	}
+	struct backend *b = daemon_any_backend(d);
+	if (!b) {
+		json_decref(body);
+		http_respond_error(req, 503, "no backend is up");
+		return;
+	}
+	struct proxy_req *pr = calloc(1, sizeof *pr);
+	if (!pr) {
+		json_decref(body);
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	pr->d = d;
+	pr->client = req;
+	pr->kind = kind;
+	pr->body = body;
+	pr->backend = b; /* for tokenization; routing picks the real one */
+	pr->stream = json_is_true(json_object_get(body, "stream"));
+	pr->t_start_us = pr->t_last_write_us = clock_now_us();
+	snprintf(pr->backend_path, sizeof pr->backend_path, "%s", backend_path);
+	active_add(pr);
+	http_request_on_close(req, on_client_close, pr);
+
+	if (json_object_get(body, "id_slot")) {
+		/* The client pinned a slot itself: respect it, but then the router
+		 * cannot know what that slot holds. */
+		json_int_t id = json_integer_value(json_object_get(body, "id_slot"));
+		if (id >= 0 && id < b->rb->n_slots)
+			router_slot_forget(d->router, &b->rb->slots[id]);
+		pr_try_route(pr);
+		return;
+	}
+	if (kind == KIND_CHAT) {
+		pr->state = PS_TEMPLATE;
+		pr->call = backend_call_start(b->http, "POST", "/apply-template", raw, len,
+					      &template_handlers, pr);
+		if (!pr->call)
+			fail(pr, 500, "out of memory");
+		return;
+	}
+	json_t *prompt = json_object_get(body, "prompt");
+	if (json_is_string(prompt)) {
+		tokenize_text(pr, json_string_value(prompt));
+		return;
+	}
+	/* A prompt of token ids is routed as it is; several prompts are not. */
+	size_t n = json_array_size(prompt), i;
+	json_t *t;
+	int all_ints = n > 0;
+	json_array_foreach(prompt, i, t) if (!json_is_integer(t)) all_ints = 0;
+	if (all_ints) {
+		pr->tokens = malloc(n * sizeof *pr->tokens);
+		if (!pr->tokens) {
+			fail(pr, 500, "out of memory");
+			return;
+		}
+		json_array_foreach(prompt, i, t) pr->tokens[i] = (token_t)json_integer_value(t);
+		pr->n_tokens = n;
+		pr->routable = 1;
+	} else if (n == 1 && json_is_string(json_array_get(prompt, 0))) {
+		tokenize_text(pr, json_string_value(json_array_get(prompt, 0)));
+		return;
+	}
+	pr_try_route(pr);
+}
+
+/* ---- pass-through ---- */
+
+struct passthrough {
+	struct http_request *client;
+	struct backend_call *call;
+};
+
+static void on_pass_close(struct http_request *req, void *arg)
+{
+	struct passthrough *p = arg;
+	backend_call_cancel(p->call);
+	free(p);
+}
+
+static void on_pass_done(struct backend_call *call, int status, const char *body, size_t len,
+			 void *arg)
+{
+	struct passthrough *p = arg;
+	const char *ct = backend_call_header(call, "Content-Type");
+	http_request_on_close(p->client, NULL, NULL);
+	http_respond(p->client, status, ct ? ct : "application/json", body, len);
+	free(p);
+}
+
+static void on_pass_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct passthrough *p = arg;
+	http_request_on_close(p->client, NULL, NULL);
+	http_respond_error(p->client, err == BACKEND_ERR_TIMEOUT ? 504 : 502,
+			   backend_error_text(err));
+	free(p);
+}
+
+static const struct backend_call_handlers pass_handlers = {
+	.on_done = on_pass_done,
+	.on_error = on_pass_error,
+};
+
+static void pass_through(struct daemon *d, struct http_request *req)
+{
+	struct backend *b = daemon_any_backend(d);
+	if (!b) {
+		http_respond_error(req, 503, "no backend is up");
+		return;
+	}
+	const char *path = http_request_path(req);
+	/* Slot actions change what a slot holds behind the router's back. */
+	if (!strncmp(path, "/slots/", 7)) {
+		int id = atoi(path + 7);
+		if (id >= 0 && id < b->rb->n_slots) {
+			if (b->rb->slots[id].busy) {
+				http_respond_error(req, 409, "that slot is busy with a routed request");
+				return;
+			}
+			router_slot_forget(d->router, &b->rb->slots[id]);
+		}
+	}
+	struct passthrough *p = calloc(1, sizeof *p);
+	if (!p) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	p->client = req;
+	char target[2048];
+	const char *q = http_request_query(req);
+	snprintf(target, sizeof target, "%s%s%s", path, *q ? "?" : "", q);
+	size_t len;
+	const char *body = http_request_body(req, &len);
+	int has_body = strcmp(http_request_method(req), "GET") != 0;
+	p->call = backend_call_start(b->http, http_request_method(req), target, has_body ? body : NULL,
+				     has_body ? len : 0, &pass_handlers, p);
+	if (!p->call) {
+		free(p);
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	http_request_on_close(req, on_pass_close, p);
+}
+
+/* ---- the daemon's own routes ---- */
+
+static void handle_health(struct daemon *d, struct http_request *req)
+{
+	int up = 0;
+	for (int i = 0; i < d->n_backends; i++)
+		up += backend_is_up(d->backends[i]);
+	json_t *o = json_pack("{s:s, s:i, s:i}", "status", up ? "ok" : "no backend", "backends_up",
+			      up, "backends", d->n_backends);
+	respond_json(req, up ? 200 : 503, o);
+	json_decref(o);
+}
+
+static void handle_stats(struct daemon *d, struct http_request *req)
+{
+	struct daemon_stats *s = &d->stats;
+	json_t *o = json_object();
+	json_object_set_new(o, "mode", json_string(reuse_mode_name(d->router->mode)));
+	json_object_set_new(o, "uptime_s",
+			    json_real((double)(clock_now_us() - d->started_us) / 1e6));
+	json_object_set_new(o, "requests", json_integer((json_int_t)s->requests));
+	json_object_set_new(o, "routed", json_integer((json_int_t)s->routed));
+	json_object_set_new(o, "hits", json_integer((json_int_t)s->hits));
+	json_object_set_new(o, "partials", json_integer((json_int_t)s->partials));
+	json_object_set_new(o, "misses", json_integer((json_int_t)s->misses));
+	json_object_set_new(o, "errors", json_integer((json_int_t)s->errors));
+	json_object_set_new(o, "prompt_tokens", json_integer((json_int_t)s->prompt_tokens));
+	json_object_set_new(o, "evaluated_tokens", json_integer((json_int_t)s->evaluated_tokens));
+	json_object_set_new(o, "cached_tokens", json_integer((json_int_t)s->cached_tokens));
+	json_object_set_new(o, "cut_backs", json_integer((json_int_t)s->trim_tokens));
+	json_t *bs = json_array();
+	for (int i = 0; i < d->n_backends; i++) {
+		struct router_backend *rb = d->backends[i]->rb;
+		json_t *slots = json_array();
+		for (int k = 0; k < rb->n_slots; k++) {
+			struct router_slot *sl = &rb->slots[k];
+			json_array_append_new(
+				slots, json_pack("{s:i, s:I, s:I, s:b, s:i}", "id", sl->id, "tokens",
+						 (json_int_t)sl->n_tokens, "aligned",
+						 (json_int_t)sl->aligned, "busy", sl->busy, "hits",
+						 (int)sl->hits));
+		}
+		json_array_append_new(
+			bs, json_pack("{s:s, s:b, s:s?, s:i, s:i, s:f, s:f, s:o}", "url", rb->url,
+				      "up", rb->up, "model", d->backends[i]->model_id, "n_ctx_slot",
+				      rb->n_ctx_slot, "n_ubatch", rb->n_ubatch, "prefill_tps",
+				      rb->prefill_tps, "decode_tps", rb->decode_tps, "slots", slots));
+	}
+	json_object_set_new(o, "backends", bs);
+	json_object_set_new(o, "waiting", json_integer(0));
+	respond_json(req, 200, o);
+	json_decref(o);
+}
+
+static int is_passthrough(const char *method, const char *path)
+{
+	static const char *const routes[] = {
+		"/tokenize", "/detokenize", "/props",	   "/slots",	 "/metrics",
+		"/apply-template", "/embedding", "/embeddings", "/v1/embeddings", "/infill",
+		"/rerank",	   "/reranking", "/v1/rerank",	"/lora-adapters", "/v1/messages/count_tokens",
+	};
+	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+		if (!strcmp(path, routes[i]))
+			return 1;
+	return !strncmp(path, "/slots/", 7) && !strcmp(method, "POST");
+}
+
+void proxy_handle(struct http_request *req, void *ctx)
+{
+	struct daemon *d = ctx;
+	const char *method = http_request_method(req);
+	const char *path = http_request_path(req);
+	d->stats.requests++;
+	if (d->shutting_down) {
+		http_respond_error(req, 503, "toki is shutting down");
+		return;
+	}
+	int post = !strcmp(method, "POST");
+	if (!strcmp(path, "/health")) {
+		handle_health(d, req);
+	} else if (!strcmp(path, "/toki/stats")) {
+		handle_stats(d, req);
+	} else if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/chat/completions")) {
+		if (!post)
+			http_respond_error(req, 405, "use POST");
+		else
+			start_routed(d, req, KIND_CHAT, "/v1/chat/completions");
+	} else if (!strcmp(path, "/v1/completions") || !strcmp(path, "/completions") ||
+		   !strcmp(path, "/completion")) {
+		if (!post)
+			http_respond_error(req, 405, "use POST");
+		else
+			start_routed(d, req, KIND_COMPLETION,
+				     !strcmp(path, "/completion") ? "/completion" : "/v1/completions");
+	} else if (!strcmp(path, "/v1/models") || !strcmp(path, "/models")) {
+		struct backend *b = daemon_any_backend(d);
+		if (b && b->models)
+			respond_json(req, 200, b->models);
+		else
+			http_respond_error(req, 503, "no backend is up");
+	} else if (is_passthrough(method, path)) {
+		pass_through(d, req);
+	} else {
+		char msg[300];
+		snprintf(msg, sizeof msg, "no route for %s %.200s", method, path);
+		http_respond_error(req, 404, msg);
+	}
+}
+
+void proxy_abort_all(struct daemon *d, const char *why)
+{
+	while (d->active) {
+		struct proxy_req *pr = d->active;
+		if (pr->client && pr->stream && pr->state == PS_FORWARD) {
+			/* A clean end for a stream in flight: an error event, then
+			 * the end of the chunked body. */
+			fail(pr, 503, why);
+		} else {
+			fail(pr, 503, why);
+		}
+	}
+}

@@ -1,0 +1,200 @@
+#include "backend/backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "util/log.h"
+
+struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen)
+{
+	struct backend *b = calloc(1, sizeof *b);
+	if (!b) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	b->d = d;
+	b->http = backend_http_new(d->base, url, d->cfg.backend_timeout_s, err, errlen);
+	if (!b->http) {
+		free(b);
+		return NULL;
+	}
+	b->rb = router_add_backend(d->router, backend_http_url(b->http));
+	if (!b->rb) {
+		backend_http_free(b->http);
+		free(b);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	b->rb->n_ubatch = d->cfg.n_ubatch;
+	return b;
+}
+
+void backend_free(struct backend *b)
+{
+	if (!b)
+		return;
+	if (b->health_call)
+		backend_call_cancel(b->health_call);
+	if (b->health_timer)
+		event_free(b->health_timer);
+	backend_http_free(b->http);
+	free(b->build_info);
+	free(b->model_id);
+	json_decref(b->models);
+	free(b);
+}
+
+int backend_is_up(const struct backend *b)
+{
+	return b->rb->up;
+}
+
+void backend_mark_down(struct backend *b, const char *why)
+{
+	if (b->rb->up)
+		log_warn("backend %s is down: %s", b->rb->url, why);
+	router_backend_set_up(b->d->router, b->rb, 0);
+}
+
+/* Discovery runs as a chain: /props, then /slots, then /v1/models. */
+static void discovery_failed(struct backend *b, const char *why)
+{
+	b->discovering = 0;
+	backend_mark_down(b, why);
+}
+
+static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
+			   void *arg);
+static void on_slots_done(struct backend_call *call, int status, const char *body, size_t len,
+			  void *arg);
+static void on_discovery_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	discovery_failed(b, backend_error_text(err));
+}
+
+static const struct backend_call_handlers models_handlers = {
+	.on_done = on_models_done, .on_error = on_discovery_error};
+static const struct backend_call_handlers slots_handlers = {
+	.on_done = on_slots_done, .on_error = on_discovery_error};
+
+static void on_props_done(struct backend_call *call, int status, const char *body, size_t len,
+			  void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	json_error_t jerr;
+	json_t *props = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	if (!props) {
+		discovery_failed(b, "bad /props answer");
+		return;
+	}
+	const char *build = json_string_value(json_object_get(props, "build_info"));
+	free(b->build_info);
+	b->build_info = strdup(build ? build : "unknown");
+	json_decref(props);
+	b->health_call = backend_call_start(b->http, "GET", "/slots", NULL, 0, &slots_handlers, b);
+	if (!b->health_call)
+		discovery_failed(b, "out of memory");
+}
+
+static void on_slots_done(struct backend_call *call, int status, const char *body, size_t len,
+			  void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	json_error_t jerr;
+	json_t *slots = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	if (!json_is_array(slots) || json_array_size(slots) == 0) {
+		json_decref(slots);
+		/* A server started with --no-slots hides /slots; routing needs it. */
+		discovery_failed(b, "no /slots endpoint (llama-server must not run with --no-slots)");
+		return;
+	}
+	int n = (int)json_array_size(slots);
+	int n_ctx = (int)json_integer_value(json_object_get(json_array_get(slots, 0), "n_ctx"));
+	json_decref(slots);
+	if (router_backend_set_slots(b->d->router, b->rb, n, n_ctx, b->d->cfg.n_ubatch) != 0) {
+		discovery_failed(b, "out of memory");
+		return;
+	}
+	b->health_call =
+		backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
+	if (!b->health_call)
+		discovery_failed(b, "out of memory");
+}
+
+static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
+			   void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	b->discovering = 0;
+	json_error_t jerr;
+	json_t *models = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	const char *id = json_string_value(
+		json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
+	free(b->model_id);
+	b->model_id = strdup(id ? id : "unknown");
+	json_decref(b->models);
+	b->models = models;
+	router_backend_set_up(b->d->router, b->rb, 1);
+	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
+		 b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
+	daemon_slots_changed(b->d);
+}
+
+static const struct backend_call_handlers props_handlers = {
+	.on_done = on_props_done, .on_error = on_discovery_error};
+
+static void discover(struct backend *b)
+{
+	b->discovering = 1;
+	b->health_call = backend_call_start(b->http, "GET", "/props", NULL, 0, &props_handlers, b);
+	if (!b->health_call)
+		discovery_failed(b, "out of memory");
+}
+
+static void on_health_done(struct backend_call *call, int status, const char *body, size_t len,
+			   void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	if (status != 200) {
+		/* 503 while loading the model: not up yet, not dead either. */
+		backend_mark_down(b, "health check answered not ready");
+		return;
+	}
+	if (!b->rb->up)
+		discover(b);
+}
+
+static void on_health_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	backend_mark_down(b, backend_error_text(err));
+}
+
+static const struct backend_call_handlers health_handlers = {
+	.on_done = on_health_done, .on_error = on_health_error};
+
+static void health_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct backend *b = arg;
+	if (b->health_call || b->discovering)
+		return; /* the previous check is still out */
+	b->health_call = backend_call_start(b->http, "GET", "/health", NULL, 0, &health_handlers, b);
+}
+
+void backend_start(struct backend *b)
+{
+	b->health_timer = event_new(b->d->base, -1, EV_PERSIST, health_tick, b);
+	int ms = b->d->cfg.health_interval_ms;
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	event_add(b->health_timer, &tv);
+	health_tick(-1, 0, b);
+}

@@ -1,0 +1,37 @@
+/* One llama-server backend: its HTTP client, what discovery learned from it
+ * (/props, /slots, /v1/models), and a periodic health check that takes it
+ * out of the pool when it dies and puts it back, rediscovered, when it
+ * returns. */
+#ifndef TOKI_BACKEND_H
+#define TOKI_BACKEND_H
+
+#include <jansson.h>
+
+#include "backend/backend_http.h"
+#include "router/router.h"
+
+struct daemon;
+
+struct backend {
+	struct daemon *d;
+	struct backend_http *http;
+	struct router_backend *rb;
+	struct event *health_timer;
+	struct backend_call *health_call;
+	int discovering;
+	char *build_info;
+	char *model_id;    /* id reported by /v1/models */
+	json_t *models;    /* the backend's /v1/models answer */
+	int n_vocab_hint;  /* a token id known to exist, for cut-back prompts */
+};
+
+struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen);
+void backend_free(struct backend *b);
+/* Starts discovery now and health checks every interval. */
+void backend_start(struct backend *b);
+int backend_is_up(const struct backend *b);
+/* A call failed to connect: take the backend out until a health check
+ * succeeds again. */
+void backend_mark_down(struct backend *b, const char *why);
+
+#endif

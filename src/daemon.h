@@ -1,0 +1,54 @@
+/* The daemon context: the one place that holds mutable state for `toki
+ * serve`. Every module gets what it needs from here; nothing is global. */
+#ifndef TOKI_DAEMON_H
+#define TOKI_DAEMON_H
+
+#include <stdint.h>
+#include <event2/event.h>
+
+#include "router/router.h"
+
+struct http_server;
+struct backend;
+struct proxy_req;
+
+struct daemon_config {
+	const char *host;
+	int port;
+	const char **backend_urls;
+	int n_backends;
+	enum reuse_mode mode;
+	int n_ubatch;		/* the backends' micro-batch size (-ub), for exact mode */
+	int backend_timeout_s;	/* TOKI_BACKEND_TIMEOUT */
+	int keepalive_ms;	/* SSE keep-alive comment interval while the backend is silent */
+	int health_interval_ms;
+	size_t max_body_bytes;
+	int allow_remote;	/* binding beyond loopback was asked for explicitly */
+};
+
+struct daemon_stats {
+	uint64_t requests, routed, hits, partials, misses, errors;
+	uint64_t prompt_tokens, evaluated_tokens, cached_tokens, trim_tokens;
+};
+
+struct daemon {
+	struct event_base *base;
+	struct daemon_config cfg;
+	struct http_server *http;
+	struct router *router;
+	struct backend **backends;
+	int n_backends;
+	struct proxy_req *waiting_head, *waiting_tail; /* requests waiting for a slot */
+	struct proxy_req *active;	/* every request in flight, for shutdown */
+	struct daemon_stats stats;
+	struct event *sigint, *sigterm;
+	int64_t started_us;
+	int shutting_down;
+};
+
+/* Retries waiting requests: a slot ended or a backend came up. */
+void daemon_slots_changed(struct daemon *d);
+/* The first healthy backend, for routes that need no slot. */
+struct backend *daemon_any_backend(struct daemon *d);
+
+#endif

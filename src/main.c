@@ -1,0 +1,41 @@
+/* toki: the command-line tool. A small table dispatches to one file per
+ * command (src/cmd/cmd-*.c), as git and tmux do. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd/cmd.h"
+
+static const struct cmd_entry commands[] = {
+	{"serve", cmd_serve, "run the cache-routing daemon in front of llama-server"},
+	{"gguf", cmd_gguf, "inspect GGUF files, or write random-weight test models"},
+	{"version", cmd_version, "print the version"},
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: toki <command> [options]\n\ncommands:\n");
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+	fprintf(out, "\n'toki <command> --help' describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	const char *name = argv[1];
+	if (!strcmp(name, "-h") || !strcmp(name, "--help") || !strcmp(name, "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(name, "--version"))
+		name = "version";
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		if (!strcmp(commands[i].name, name))
+			return commands[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "toki: unknown command '%s'\n\n", name);
+	usage(stderr);
+	return 2;
+}

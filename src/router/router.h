@@ -1,0 +1,117 @@
+/* The router: what every slot of every backend holds, and where each request
+ * should go. It keeps one radix tree over the token sequences of all slots,
+ * so the longest exact prefix of a request is found in one walk, and it
+ * chooses a slot by expected cost: tokens to prefill, time to wait for a busy
+ * slot, and the value of what a slot would lose.
+ *
+ * The router does no I/O; the proxy asks it where to go and tells it what
+ * happened. That keeps the policy testable on its own. */
+#ifndef TOKI_ROUTER_H
+#define TOKI_ROUTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "router/radix.h"
+
+enum reuse_mode {
+	/* Reuse only the prefix that was computed in full micro-batches on the
+	 * server's grid, so that the rest is computed in the same batch shapes
+	 * as an uncached run: byte-identical output at temperature 0. */
+	REUSE_EXACT,
+	/* Reuse every matching token. Faster, but llama.cpp's results depend on
+	 * the micro-batch shape, so the text may differ from an uncached run. */
+	REUSE_FAST,
+};
+const char *reuse_mode_name(enum reuse_mode mode);
+int reuse_mode_parse(const char *s, enum reuse_mode *mode);
+
+struct router_backend;
+
+struct router_slot {
+	struct router_backend *backend;
+	int id;
+	token_t *tokens; /* the prompt tokens the slot's KV holds, in order */
+	size_t n_tokens, cap;
+	/* Length of the prefix computed in full micro-batches aligned to the
+	 * grid (a multiple of n_ubatch); what exact mode may reuse. */
+	size_t aligned;
+	int busy;
+	int64_t last_used_us;
+	unsigned hits;	/* requests that reused this content */
+	int64_t busy_until_us; /* estimated end of the running request */
+};
+
+struct router_backend {
+	int index;
+	char *url;
+	int up;
+	int n_slots;
+	struct router_slot *slots;
+	int n_ctx_slot;	/* context per slot */
+	int n_ubatch;	/* micro-batch size: the exact mode's grid */
+	int in_flight;
+	double prefill_tps; /* measured prompt tokens per second (EWMA) */
+	double decode_tps;
+	uint64_t evaluated_tokens, cached_tokens, requests;
+};
+
+struct router {
+	struct radix *tree;
+	enum reuse_mode mode;
+	struct router_backend **backends;
+	int n_backends;
+	/* Weight of a slot's content in the eviction choice, as a fraction of
+	 * the same number of prompt tokens to prefill. */
+	double cold_weight, hot_weight;
+	double stale_half_life_s;
+};
+
+struct route_choice {
+	struct router_slot *slot;
+	size_t matched;	   /* exact common prefix with the slot's content */
+	size_t reuse;	   /* tokens the request will reuse (mode applied) */
+	int must_trim;	   /* the slot holds more than `reuse` matching tokens: cut it back */
+	double est_prefill_s;
+	const char *kind;  /* "hit", "partial", "miss" */
+};
+
+enum route_status { ROUTE_CHOSEN = 0, ROUTE_WAIT = 1, ROUTE_NO_BACKEND = -1 };
+
+struct router *router_new(enum reuse_mode mode);
+void router_free(struct router *r);
+struct router_backend *router_add_backend(struct router *r, const char *url);
+/* (Re)declares a backend's slots after discovery: all content forgotten. */
+int router_backend_set_slots(struct router *r, struct router_backend *b, int n_slots,
+			     int n_ctx_slot, int n_ubatch);
+void router_backend_set_up(struct router *r, struct router_backend *b, int up);
+
+/* Chooses where a request of tokens[0..n) goes. `now_us` is the clock;
+ * `only_backend` restricts the choice (-1: any). */
+enum route_status router_choose(struct router *r, const token_t *tokens, size_t n, int64_t now_us,
+				int only_backend, struct route_choice *out);
+
+/* Bookkeeping around one request on a slot. */
+void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, double est_s);
+/* The request finished: the slot now holds tokens[0..n) of which the first
+ * `reused` came from the cache and the rest were evaluated in micro-batches
+ * starting at `reused`. Returns -1 on allocation failure (slot forgotten). */
+int router_slot_commit(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
+		       size_t reused, int64_t now_us);
+/* The request ended without a usable result (error, cancel): the slot's
+ * content is no longer known. */
+void router_slot_forget(struct router *r, struct router_slot *s);
+void router_slot_end(struct router *r, struct router_slot *s, int64_t now_us);
+/* After a cut-back, the slot holds only its first n tokens. */
+void router_slot_truncate(struct router *r, struct router_slot *s, size_t n);
+
+/* Folds one measurement of prompt tokens and milliseconds into the rate. */
+void router_backend_note_prefill(struct router_backend *b, uint64_t tokens, double ms);
+void router_backend_note_decode(struct router_backend *b, uint64_t tokens, double ms);
+double router_estimate_prefill_s(const struct router_backend *b, size_t tokens);
+
+/* The largest prefix exact mode may reuse for a request of n tokens given a
+ * slot whose first `aligned` tokens are on the grid and `matched` match. */
+size_t router_exact_reuse(size_t matched, size_t aligned, size_t n, int n_ubatch);
+
+#endif
