@@ -18,7 +18,10 @@
 #include "http/http_parse.h"
 #include "util/log.h"
 
-enum conn_state { CONN_HEAD, CONN_BODY, CONN_HANDLING, CONN_CLOSING };
+/* CONN_LINGER: the answer is out and our side is shut; what the client
+ * still sends is read and dropped for a moment, so that closing does not
+ * reset the connection before the client has read an early error (413). */
+enum conn_state { CONN_HEAD, CONN_BODY, CONN_HANDLING, CONN_CLOSING, CONN_LINGER };
 
 struct http_conn;
 
@@ -41,6 +44,7 @@ struct http_conn {
 	enum conn_state state;
 	struct http_request *req;
 	size_t content_length;
+	size_t lingered; /* bytes dropped while lingering */
 	int chunked;
 	struct chunked_decoder chunker;
 	char peer[64];
@@ -165,8 +169,7 @@ static void conn_fail(struct http_conn *c, int status, const char *message)
 		c->req = NULL;
 	}
 	c->state = CONN_CLOSING;
-	bufferevent_disable(c->bev, EV_READ);
-	bufferevent_enable(c->bev, EV_WRITE);
+	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 }
 
 static void start_request(struct http_conn *c)
@@ -320,6 +323,14 @@ static void parse_input(struct http_conn *c)
 static void conn_read_cb(struct bufferevent *bev, void *arg)
 {
 	struct http_conn *c = arg;
+	if (c->state == CONN_LINGER || c->state == CONN_CLOSING) {
+		struct evbuffer *in = bufferevent_get_input(bev);
+		c->lingered += evbuffer_get_length(in);
+		evbuffer_drain(in, evbuffer_get_length(in));
+		if (c->lingered > c->server->limits.max_body_bytes + (1u << 20))
+			conn_free(c);
+		return;
+	}
 	if (c->state == CONN_HEAD || c->state == CONN_BODY)
 		parse_input(c);
 	else if (c->state == CONN_HANDLING &&
@@ -332,8 +343,13 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 static void conn_write_cb(struct bufferevent *bev, void *arg)
 {
 	struct http_conn *c = arg;
-	if (c->state == CONN_CLOSING && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-		conn_free(c);
+	if (c->state == CONN_CLOSING && evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
+		c->state = CONN_LINGER;
+		shutdown(bufferevent_getfd(bev), SHUT_WR);
+		struct timeval t = {2, 0};
+		bufferevent_set_timeouts(bev, &t, NULL);
+		bufferevent_enable(bev, EV_READ);
+	}
 }
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -542,9 +558,8 @@ static void finish_request(struct http_request *req)
 	request_free(req);
 	if (!keep) {
 		c->state = CONN_CLOSING;
-		bufferevent_disable(c->bev, EV_READ);
 		if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
-			conn_free(c);
+			conn_write_cb(c->bev, c);
 		return;
 	}
 	c->state = CONN_HEAD;

@@ -1,0 +1,228 @@
+"""Shared pieces of the integration tests: a real llama-server, a real
+`toki serve`, and small HTTP helpers. Standard library only.
+
+Environment:
+  TOKI_BIN            the toki binary (ctest sets it; default build/toki)
+  TOKI_TEST_MODEL     the model to test with (default ../shared/models/stories260K.gguf,
+                      else a generated one)
+  TOKI_LLAMA_SERVER   a llama-server to use (else scripts/provision-llama-server.sh finds one)
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SOURCE_DIR = os.environ.get("TOKI_SOURCE_DIR") or os.path.abspath(
+    os.path.join(os.path.dirname(__file__), "..", ".."))
+TOKI_BIN = os.environ.get("TOKI_BIN") or os.path.join(SOURCE_DIR, "build", "toki")
+WORK_DIR = os.environ.get("TOKI_TEST_WORK") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tokirecur", "test")
+
+_llama_server = None
+
+
+def llama_server_path():
+    global _llama_server
+    if _llama_server is None:
+        out = subprocess.run([os.path.join(SOURCE_DIR, "scripts", "provision-llama-server.sh")],
+                             check=True, capture_output=True, text=True)
+        _llama_server = out.stdout.strip().splitlines()[-1]
+    return _llama_server
+
+
+def test_model():
+    m = os.environ.get("TOKI_TEST_MODEL")
+    if m:
+        return m
+    shared = os.path.join(SOURCE_DIR, "..", "shared", "models", "stories260K.gguf")
+    if os.path.exists(shared):
+        return os.path.abspath(shared)
+    return generated_model("tiny", params="1M", ctx=4096)
+
+
+def generated_model(name, params="24M", ctx=32768, seed=1):
+    """A random-weight model written by `toki gguf gen`, cached between runs."""
+    os.makedirs(WORK_DIR, exist_ok=True)
+    path = os.path.join(WORK_DIR, f"{name}-{params}-{ctx}-s{seed}.gguf")
+    if not os.path.exists(path):
+        subprocess.run([TOKI_BIN, "gguf", "gen", "-o", path, "--params", params, "--ctx",
+                        str(ctx), "--seed", str(seed)], check=True)
+    return path
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_http(port, path="/health", timeout=60, want=200):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            st, _ = request(port, "GET", path, timeout=2)
+            if st == want:
+                return True
+            last = st
+        except OSError as e:
+            last = e
+        time.sleep(0.1)
+    raise RuntimeError(f"port {port}{path} not ready: {last}")
+
+
+def request(port, method, path, body=None, headers=None, timeout=120, raw=False):
+    """One HTTP request; returns (status, parsed JSON or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+    conn.request(method, path, body=data, headers=h)
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8", "replace")
+    conn.close()
+    if raw:
+        return resp.status, text
+    try:
+        return resp.status, json.loads(text)
+    except ValueError:
+        return resp.status, text
+
+
+def stream(port, path, body, timeout=300, headers=None):
+    """A streamed request; returns (status, list of raw SSE events as text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    conn.request("POST", path, body=json.dumps(body), headers=h)
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8", "replace")
+    conn.close()
+    events = [e for e in text.replace("\r\n", "\n").split("\n\n") if e.strip()]
+    return resp.status, events
+
+
+def event_json(ev):
+    """The JSON of a `data:` event, or None (comments, [DONE])."""
+    for line in ev.split("\n"):
+        if line.startswith("data:"):
+            d = line[5:].strip()
+            if d == "[DONE]":
+                return None
+            return json.loads(d)
+    return None
+
+
+def stream_text(events):
+    """Concatenated delta content of a chat stream (or text of a completion stream)."""
+    out = []
+    for ev in events:
+        j = event_json(ev)
+        if not j:
+            continue
+        for ch in j.get("choices", []):
+            if "delta" in ch:
+                out.append(ch["delta"].get("content") or "")
+            elif "text" in ch:
+                out.append(ch.get("text") or "")
+        if "content" in j and "choices" not in j:
+            out.append(j.get("content") or "")
+    return "".join(out)
+
+
+class Process:
+    def __init__(self, args, log_name, env=None):
+        os.makedirs(WORK_DIR, exist_ok=True)
+        self.log_path = os.path.join(WORK_DIR, log_name)
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env, start_new_session=True)
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.flush()
+
+    def log_text(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+
+class LlamaServer(Process):
+    """A real llama-server on a free port."""
+
+    def __init__(self, model=None, slots=2, ctx=None, ubatch=None, extra=(), port=None,
+                 cache_ram=0, name="llama"):
+        self.model = model or test_model()
+        self.port = port or free_port()
+        self.slots = slots
+        self.ubatch = ubatch
+        args = [llama_server_path(), "-m", self.model, "--host", "127.0.0.1", "--port",
+                str(self.port), "-np", str(slots), "-t", "2", "--cache-ram", str(cache_ram)]
+        if ctx:
+            args += ["-c", str(ctx * slots)]
+            args += ["--override-kv", f"llama.context_length=int:{max(ctx, 2048)}"]
+        if ubatch:
+            args += ["-ub", str(ubatch), "-b", str(max(ubatch, 2048 // ubatch * ubatch))]
+        args += list(extra)
+        self.args = args
+        super().__init__(args, f"{name}-{self.port}.log")
+        wait_http(self.port, timeout=120)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def restart(self):
+        self.kill()
+        Process.__init__(self, self.args, f"llama-{self.port}.log")
+        wait_http(self.port, timeout=120)
+
+
+class Toki(Process):
+    """A real `toki serve` in front of the given backends."""
+
+    def __init__(self, backends, mode="exact", ubatch=None, extra=(), env=None, name="toki"):
+        args = [TOKI_BIN, "serve", "--port", "0", "--reuse", mode]
+        for b in backends:
+            args += ["--backend", b.url if hasattr(b, "url") else b]
+        if ubatch:
+            args += ["--ubatch", str(ubatch)]
+        args += list(extra)
+        e = dict(os.environ)
+        e.update(env or {})
+        super().__init__(args, f"{name}-{os.getpid()}-{int(time.time()*1000)}.log", env=e)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            raise RuntimeError("toki did not start: " + line + self.log_text())
+        self.port = int(line.strip().rsplit(":", 1)[1])
+        wait_http(self.port, timeout=60)
+
+    def chat(self, messages, **kw):
+        body = {"messages": messages, "temperature": 0, "max_tokens": kw.pop("max_tokens", 16)}
+        body.update(kw)
+        return request(self.port, "POST", "/v1/chat/completions", body)
+
+    def stats(self):
+        return request(self.port, "GET", "/toki/stats")[1]
+
+
+def run_tests():
+    unittest.main(verbosity=2)
