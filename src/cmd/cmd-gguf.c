@@ -10,41 +10,42 @@
 #include "cmd/cmd.h"
 #include "model/gguf.h"
 
-static const char gguf_usage[] = "usage: toki gguf info FILE [--json] [--kv] [--tensors]\n"
-				 "       toki gguf gen -o FILE [options]\n"
-				 "\n"
-				 "'toki gguf info --help' and 'toki gguf gen --help' describe each.\n";
+static const char gguf_usage[] =
+    "usage: toki gguf info FILE [--json] [--kv] [--tensors]\n"
+    "       toki gguf gen -o FILE [options]\n"
+    "\n"
+    "'toki gguf info --help' and 'toki gguf gen --help' describe each.\n";
 
 static const char info_usage[] =
-	"usage: toki gguf info FILE [--json] [--kv] [--tensors]\n"
-	"\n"
-	"Prints what a GGUF model is: architecture, shape, context, vocabulary,\n"
-	"sizes, and the KV-cache bytes per token. Only metadata is read.\n"
-	"\n"
-	"  --json      print one JSON object instead of text\n"
-	"  --kv        also list every metadata key (arrays summarised)\n"
-	"  --tensors   also list every tensor (name, type, shape, offset)\n";
+    "usage: toki gguf info FILE [--json] [--kv] [--tensors]\n"
+    "\n"
+    "Prints what a GGUF model is: architecture, shape, context, vocabulary,\n"
+    "sizes, and the KV-cache bytes per token. Only metadata is read.\n"
+    "\n"
+    "  --json      print one JSON object instead of text\n"
+    "  --kv        also list every metadata key (arrays summarised)\n"
+    "  --tensors   also list every tensor (name, type, shape, offset)\n";
 
 static const char gen_usage[] =
-	"usage: toki gguf gen -o FILE [--params N | --embd N --layers N --heads N\n"
-	"                     [--kv-heads N] [--ff N]] [--ctx N] [--seed N] [--type f16|f32]\n"
-	"                     [--name NAME]\n"
-	"\n"
-	"Writes a llama model with random weights and a built-in byte-fallback\n"
-	"vocabulary and ChatML template, which llama-server loads as is. The same\n"
-	"seed gives the same bytes on every machine.\n"
-	"\n"
-	"  -o, --output FILE  where to write (via FILE.tmp and rename)\n"
-	"  --params N         pick a shape for about N parameters: 24M, 1.5B, ... (default 24M)\n"
-	"  --embd N           embedding width (with --layers and --heads instead of --params)\n"
-	"  --layers N         number of blocks\n"
-	"  --heads N          attention heads (head size = embd / heads)\n"
-	"  --kv-heads N       KV heads (default: heads)\n"
-	"  --ff N             feed-forward width (default: 8/3 embd, rounded up to 64)\n"
-	"  --ctx N            training context length (default 32768)\n"
-	"  --seed N           weight seed (default 1)\n"
-	"  --type T           weight type: f16 (default) or f32\n"
-	"  --name NAME        general.name\n";
+    "usage: toki gguf gen -o FILE [--params N | --embd N --layers N --heads N\n"
+    "                     [--kv-heads N] [--ff N]] [--ctx N] [--seed N] [--type f16|f32]\n"
+    "                     [--name NAME]\n"
+    "\n"
+    "Writes a llama model with random weights and a built-in byte-fallback\n"
+    "vocabulary and ChatML template, which llama-server loads as is. The same\n"
+    "seed gives the same bytes on every machine.\n"
+    "\n"
+    "  -o, --output FILE  where to write (via FILE.tmp and rename)\n"
+    "  --params N         pick a shape for about N parameters: 24M, 1.5B, ... (default 24M)\n"
+    "  --embd N           embedding width (with --layers and --heads instead of --params)\n"
+    "  --layers N         number of blocks\n"
+    "  --heads N          attention heads (head size = embd / heads)\n"
+    "  --kv-heads N       KV heads (default: heads)\n"
+    "  --ff N             feed-forward width (default: 8/3 embd, rounded up to 64)\n"
+    "  --ctx N            training context length (default 32768)\n"
+    "  --seed N           weight seed (default 1)\n"
+    "  --type T           weight type: f16 (default) or f32\n"
+    "  --name NAME        general.name\n";
 
 /* Strings from a file go to a terminal or into JSON: make them valid UTF-8
  * without control characters (a hostile file could carry escape sequences).
@@ -57,7 +58,11 @@ static char *clean_string(const char *s, size_t len, bool keep_newlines)
 	size_t o = 0;
 	for (size_t i = 0; i < len;) {
 		unsigned char c = (unsigned char)s[i];
-		size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+		size_t n = c < 0x80             ? 1
+		           : (c & 0xe0) == 0xc0 ? 2
+		           : (c & 0xf0) == 0xe0 ? 3
+		           : (c & 0xf8) == 0xf0 ? 4
+		                                : 0;
 		bool ok = n > 0 && i + n <= len;
 		for (size_t k = 1; ok && k < n; k++)
 			ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
@@ -221,14 +226,15 @@ static json_t *kv_to_json(const struct gguf_kv *kv)
 }
 
 static int info_json(const char *path, const struct gguf *g, const struct gguf_model_info *mi,
-		     bool with_kv, bool with_tensors)
+                     bool with_kv, bool with_tensors)
 {
 	json_t *o = json_object();
 	if (!o)
 		goto oom;
 	json_object_set_new(o, "path", json_clean_string(path, strlen(path)));
 	json_object_set_new(o, "gguf_version", json_integer(mi->version));
-	json_object_set_new(o, "architecture", json_clean_string(mi->architecture, strlen(mi->architecture)));
+	json_object_set_new(o, "architecture",
+	                    json_clean_string(mi->architecture, strlen(mi->architecture)));
 	json_object_set_new(o, "name", json_clean_string(mi->name, strlen(mi->name)));
 	json_object_set_new(o, "n_layers", json_u64(mi->n_layers));
 	json_object_set_new(o, "n_embd", json_u64(mi->n_embd));
@@ -242,7 +248,8 @@ static int info_json(const char *path, const struct gguf *g, const struct gguf_m
 	json_object_set_new(o, "value_length", json_u64(mi->value_length));
 	json_object_set_new(o, "context_length", json_u64(mi->context_length));
 	json_object_set_new(o, "n_vocab", json_u64(mi->n_vocab));
-	json_object_set_new(o, "tokenizer_model", json_clean_string(mi->tokenizer_model, strlen(mi->tokenizer_model)));
+	json_object_set_new(o, "tokenizer_model",
+	                    json_clean_string(mi->tokenizer_model, strlen(mi->tokenizer_model)));
 	json_object_set_new(o, "has_chat_template", json_boolean(mi->has_chat_template));
 	json_object_set_new(o, "file_size", json_u64(mi->file_size));
 	json_object_set_new(o, "tensor_data_bytes", json_u64(mi->tensor_data_bytes));
@@ -258,11 +265,14 @@ static int info_json(const char *path, const struct gguf *g, const struct gguf_m
 		json_object_set_new(o, "file_type", json_null());
 		json_object_set_new(o, "file_type_name", json_null());
 	}
-	const char *mt = mi->main_tensor_type >= 0 ? gguf_tensor_type_name((uint32_t)mi->main_tensor_type) : NULL;
+	const char *mt = mi->main_tensor_type >= 0
+	                     ? gguf_tensor_type_name((uint32_t)mi->main_tensor_type)
+	                     : NULL;
 	json_object_set_new(o, "main_tensor_type", mt ? json_string(mt) : json_null());
 	json_object_set_new(o, "kv_bytes_per_token_f16", json_u64(gguf_kv_bytes_per_token(mi, 2)));
-	json_object_set_new(o, "kv_bytes_per_token_q8_0",
-			    json_u64(gguf_kv_bytes_per_token_type(mi, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0)));
+	json_object_set_new(
+	    o, "kv_bytes_per_token_q8_0",
+	    json_u64(gguf_kv_bytes_per_token_type(mi, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0)));
 	if (with_kv) {
 		json_t *kvs = json_object();
 		for (size_t i = 0; i < gguf_n_kv(g); i++) {
@@ -283,8 +293,10 @@ static int info_json(const char *path, const struct gguf *g, const struct gguf_m
 			for (uint32_t d = 0; d < ti->n_dims; d++)
 				json_array_append_new(ne, json_u64(ti->ne[d]));
 			const char *tn = gguf_tensor_type_name(ti->type);
-			json_object_set_new(t, "name", json_clean_string(ti->name, strlen(ti->name)));
-			json_object_set_new(t, "type", tn ? json_string(tn) : json_integer(ti->type));
+			json_object_set_new(t, "name",
+			                    json_clean_string(ti->name, strlen(ti->name)));
+			json_object_set_new(t, "type",
+			                    tn ? json_string(tn) : json_integer(ti->type));
 			json_object_set_new(t, "ne", ne);
 			json_object_set_new(t, "offset", json_u64(ti->offset));
 			json_object_set_new(t, "nbytes", json_u64(ti->nbytes));
@@ -305,7 +317,7 @@ oom:
 }
 
 static void info_text(const char *path, const struct gguf *g, const struct gguf_model_info *mi,
-		      bool with_kv, bool with_tensors)
+                      bool with_kv, bool with_tensors)
 {
 	char a[64], b[64];
 	char *cpath = clean_string(path, strlen(path), false);
@@ -316,7 +328,8 @@ static void info_text(const char *path, const struct gguf *g, const struct gguf_
 	printf("file:              %s\n", cpath ? cpath : "");
 	human_bytes(mi->file_size, a, sizeof a);
 	printf("file size:         %" PRIu64 " bytes (%s)\n", mi->file_size, a);
-	printf("gguf version:      %u (%" PRIu64 " metadata keys, %" PRIu64 " tensors, alignment %u)\n",
+	printf("gguf version:      %u (%" PRIu64 " metadata keys, %" PRIu64
+	       " tensors, alignment %u)\n",
 	       mi->version, mi->n_kv, mi->n_tensors, mi->alignment);
 	printf("architecture:      %s\n", arch && *arch ? arch : "(none)");
 	printf("name:              %s\n", name && *name ? name : "(none)");
@@ -325,16 +338,20 @@ static void info_text(const char *path, const struct gguf *g, const struct gguf_
 	human_bytes(mi->tensor_data_bytes, a, sizeof a);
 	printf("tensor data:       %" PRIu64 " bytes (%s)\n", mi->tensor_data_bytes, a);
 	const char *ftn = mi->file_type >= 0 ? gguf_file_type_name(mi->file_type) : NULL;
-	const char *mt = mi->main_tensor_type >= 0 ? gguf_tensor_type_name((uint32_t)mi->main_tensor_type) : NULL;
+	const char *mt = mi->main_tensor_type >= 0
+	                     ? gguf_tensor_type_name((uint32_t)mi->main_tensor_type)
+	                     : NULL;
 	if (mi->file_type >= 0)
-		printf("file type:         %" PRId64 " (%s)\n", mi->file_type, ftn ? ftn : "unknown");
+		printf("file type:         %" PRId64 " (%s)\n", mi->file_type,
+		       ftn ? ftn : "unknown");
 	else
 		printf("file type:         (not set)\n");
 	printf("main tensor type:  %s\n", mt ? mt : "(none)");
 	printf("layers:            %" PRIu64 "\n", mi->n_layers);
 	printf("embedding:         %" PRIu64 "\n", mi->n_embd);
 	printf("feed-forward:      %" PRIu64 "\n", mi->n_ff);
-	printf("heads:             %" PRIu64 "%s\n", mi->n_head, mi->n_head_per_layer ? " (max; per layer)" : "");
+	printf("heads:             %" PRIu64 "%s\n", mi->n_head,
+	       mi->n_head_per_layer ? " (max; per layer)" : "");
 	printf("kv heads:          %" PRIu64 "%s\n", mi->n_head_kv,
 	       mi->n_head_kv_per_layer ? " (max; per layer)" : "");
 	printf("key/value length:  %" PRIu64 " / %" PRIu64 "\n", mi->key_length, mi->value_length);
@@ -345,10 +362,11 @@ static void info_text(const char *path, const struct gguf *g, const struct gguf_
 	uint64_t kvb = gguf_kv_bytes_per_token(mi, 2);
 	human_bytes(kvb, a, sizeof a);
 	human_bytes(kvb > UINT64_MAX / (mi->context_length ? mi->context_length : 1)
-			    ? UINT64_MAX
-			    : kvb * mi->context_length,
-		    b, sizeof b);
-	printf("kv cache (f16):    %" PRIu64 " bytes/token (%s); %s at the training context\n", kvb, a, b);
+	                ? UINT64_MAX
+	                : kvb * mi->context_length,
+	            b, sizeof b);
+	printf("kv cache (f16):    %" PRIu64 " bytes/token (%s); %s at the training context\n", kvb,
+	       a, b);
 	free(cpath);
 	free(arch);
 	free(name);
@@ -374,7 +392,7 @@ static void info_text(const char *path, const struct gguf *g, const struct gguf_
 			shape[0] = '\0';
 			for (uint32_t d = 0; d < ti->n_dims && o < sizeof shape; d++)
 				o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%" PRIu64,
-						      d ? " x " : "", ti->ne[d]);
+				                      d ? " x " : "", ti->ne[d]);
 			const char *tn = gguf_tensor_type_name(ti->type);
 			char *n = clean_string(ti->name, strlen(ti->name), false);
 			printf("  %-32s %-8s %-24s offset %" PRIu64 "\n", n ? n : "", tn ? tn : "?",
@@ -400,7 +418,8 @@ static int cmd_info(int argc, char **argv)
 		} else if (!strcmp(a, "--tensors")) {
 			with_tensors = true;
 		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "toki gguf: info: unknown option '%s'\n\n%s", a, info_usage);
+			fprintf(stderr, "toki gguf: info: unknown option '%s'\n\n%s", a,
+			        info_usage);
 			return 2;
 		} else if (!path) {
 			path = a;
@@ -463,14 +482,15 @@ static int cmd_gen(int argc, char **argv)
 			return 0;
 		}
 		/* Every other option takes a value. */
-		static const char *const with_value[] = {"-o", "--output", "--params", "--embd",
-							 "--layers", "--heads", "--kv-heads", "--ff",
-							 "--ctx", "--seed", "--type", "--name"};
+		static const char *const with_value[] = {
+		    "-o",         "--output", "--params", "--embd", "--layers", "--heads",
+		    "--kv-heads", "--ff",     "--ctx",    "--seed", "--type",   "--name"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(a, with_value[k]);
 		if (!known) {
-			fprintf(stderr, "toki gguf: gen: unknown argument '%s'\n\n%s", a, gen_usage);
+			fprintf(stderr, "toki gguf: gen: unknown argument '%s'\n\n%s", a,
+			        gen_usage);
 			return 2;
 		}
 		if (!val) {
@@ -530,11 +550,13 @@ static int cmd_gen(int argc, char **argv)
 	char err[512];
 	if (explicit_shape) {
 		if (params) {
-			fprintf(stderr, "toki gguf: gen: --params and explicit dimensions exclude each other\n");
+			fprintf(stderr, "toki gguf: gen: --params and explicit dimensions exclude "
+			                "each other\n");
 			return 2;
 		}
 		if (!embd || !layers || !heads) {
-			fprintf(stderr, "toki gguf: gen: --embd, --layers and --heads go together\n");
+			fprintf(stderr,
+			        "toki gguf: gen: --embd, --layers and --heads go together\n");
 			return 2;
 		}
 		p.n_embd = embd;
@@ -545,7 +567,9 @@ static int cmd_gen(int argc, char **argv)
 	} else if (params) {
 		uint64_t n;
 		if (!gguf_parse_param_count(params, &n)) {
-			fprintf(stderr, "toki gguf: gen: --params wants a count like 24M, 1.5B or 500000\n");
+			fprintf(
+			    stderr,
+			    "toki gguf: gen: --params wants a count like 24M, 1.5B or 500000\n");
 			return 2;
 		}
 		if (!gguf_gen_params_for_size(&p, n, err, sizeof err)) {
@@ -554,6 +578,11 @@ static int cmd_gen(int argc, char **argv)
 		}
 	}
 
+	/* A shape llama.cpp cannot use is a usage error, found before writing. */
+	if (!gguf_gen_params_check(&p, err, sizeof err)) {
+		fprintf(stderr, "toki gguf: gen: %s\n", err);
+		return 2;
+	}
 	if (gguf_write_random_llama(&p, out, err, sizeof err) != 0) {
 		fprintf(stderr, "toki gguf: %s\n", err);
 		return 1;
@@ -561,9 +590,10 @@ static int cmd_gen(int argc, char **argv)
 	char pc[32];
 	human_count(gguf_gen_param_count(&p), pc, sizeof pc);
 	fprintf(stderr,
-		"toki gguf: wrote %s: llama, %s parameters, embd %u, layers %u, heads %u, kv heads %u, ff %u, ctx %u, %s, seed %" PRIu64 "\n",
-		out, pc, p.n_embd, p.n_layers, p.n_head, p.n_head_kv, p.n_ff, p.context_length,
-		p.weight_type == GGML_TYPE_F16 ? "f16" : "f32", p.seed);
+	        "toki gguf: wrote %s: llama, %s parameters, embd %u, layers %u, heads %u, kv heads "
+	        "%u, ff %u, ctx %u, %s, seed %" PRIu64 "\n",
+	        out, pc, p.n_embd, p.n_layers, p.n_head, p.n_head_kv, p.n_ff, p.context_length,
+	        p.weight_type == GGML_TYPE_F16 ? "f16" : "f32", p.seed);
 	return 0;
 }
 

@@ -87,25 +87,27 @@ char *sse_event_data(const char *raw, size_t len, size_t *data_len)
 			if (v < j && raw[v] == ' ')
 				v++;
 			size_t n = j - v;
+			int sep = out != NULL; /* not the first data line, even if those were empty */
 			char *nb = realloc(out, out_len + n + 2);
 			if (!nb) {
 				free(out);
 				return NULL;
 			}
 			out = nb;
-			if (out_len)
+			if (sep)
 				out[out_len++] = '\n';
 			memcpy(out + out_len, raw + v, n);
 			out_len += n;
 			out[out_len] = '\0';
 		} else if (j - i == 4 && !memcmp(raw + i, "data", 4)) {
+			int sep = out != NULL;
 			char *nb = realloc(out, out_len + 2);
 			if (!nb) {
 				free(out);
 				return NULL;
 			}
 			out = nb;
-			if (out_len)
+			if (sep)
 				out[out_len++] = '\n';
 			out[out_len] = '\0';
 		}

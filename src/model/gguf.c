@@ -207,7 +207,8 @@ static bool read_bytes(struct reader *r, void *dst, uint64_t n, const char *what
 			return false;
 		}
 		if (got == 0) {
-			fail(r, "unexpected end of file at offset %llu (file changed while reading?)",
+			fail(r,
+			     "unexpected end of file at offset %llu (file changed while reading?)",
 			     (unsigned long long)r->pos);
 			return false;
 		}
@@ -254,13 +255,15 @@ static bool read_u64(struct reader *r, uint64_t *v, const char *what)
 /* Reads a GGUF string into the arena, NUL-terminated. max_len bounds keys and
  * names; the length is always bounded by the bytes left in the file first. */
 static bool read_string(struct reader *r, struct arena *a, struct gguf_str *s, uint64_t max_len,
-			const char *what)
+                        const char *what)
 {
 	uint64_t len;
 	if (!read_u64(r, &len, what))
 		return false;
 	if (len > remaining(r)) {
-		fail(r, "%s: string length %llu at offset %llu exceeds the %llu bytes left in the file",
+		fail(r,
+		     "truncated or corrupt file: %s: string length %llu at offset %llu exceeds the "
+		     "%llu bytes left",
 		     what, (unsigned long long)len, (unsigned long long)(r->pos - 8),
 		     (unsigned long long)remaining(r));
 		return false;
@@ -359,8 +362,8 @@ static bool read_array(struct reader *r, struct arena *a, struct gguf_kv *kv, co
 	if (!read_u32(r, &et, "array element type") || !read_u64(r, &n, "array length"))
 		return false;
 	if (!valid_type(et)) {
-		fail(r, "key '%s': unknown array element type %u", printable(key, strlen(key), kb, sizeof kb),
-		     et);
+		fail(r, "key '%s': unknown array element type %u",
+		     printable(key, strlen(key), kb, sizeof kb), et);
 		return false;
 	}
 	if (et == GGUF_TYPE_ARRAY) {
@@ -372,7 +375,9 @@ static bool read_array(struct reader *r, struct arena *a, struct gguf_kv *kv, co
 	 * must fit in what is left before anything is allocated for it. */
 	uint64_t min_elem = et == GGUF_TYPE_STRING ? 8 : type_file_size(et);
 	if (n > remaining(r) / min_elem) {
-		fail(r, "key '%s': array of %llu elements cannot fit in the %llu bytes left in the file",
+		fail(r,
+		     "truncated or corrupt file: key '%s': an array of %llu elements cannot fit in "
+		     "the %llu bytes left",
 		     printable(key, strlen(key), kb, sizeof kb), (unsigned long long)n,
 		     (unsigned long long)remaining(r));
 		return false;
@@ -428,8 +433,8 @@ static bool read_kv(struct reader *r, struct arena *a, struct gguf_kv *kv)
 	if (!read_u32(r, &t, "metadata value type"))
 		return false;
 	if (!valid_type(t)) {
-		fail(r, "key '%s': unknown value type %u", printable(key.data, key.len, kb, sizeof kb),
-		     t);
+		fail(r, "key '%s': unknown value type %u",
+		     printable(key.data, key.len, kb, sizeof kb), t);
 		return false;
 	}
 	kv->type = (enum gguf_type)t;
@@ -454,17 +459,17 @@ struct ggml_type_desc {
 
 /* From ggml.c's type_traits; gaps are types that were removed from ggml. */
 static const struct ggml_type_desc ggml_types[] = {
-	[0] = {"f32", 1, 4},       [1] = {"f16", 1, 2},        [2] = {"q4_0", 32, 18},
-	[3] = {"q4_1", 32, 20},    [6] = {"q5_0", 32, 22},     [7] = {"q5_1", 32, 24},
-	[8] = {"q8_0", 32, 34},    [9] = {"q8_1", 32, 36},     [10] = {"q2_K", 256, 84},
-	[11] = {"q3_K", 256, 110}, [12] = {"q4_K", 256, 144},  [13] = {"q5_K", 256, 176},
-	[14] = {"q6_K", 256, 210}, [15] = {"q8_K", 256, 292},  [16] = {"iq2_xxs", 256, 66},
-	[17] = {"iq2_xs", 256, 74}, [18] = {"iq3_xxs", 256, 98}, [19] = {"iq1_s", 256, 50},
-	[20] = {"iq4_nl", 32, 18}, [21] = {"iq3_s", 256, 110}, [22] = {"iq2_s", 256, 82},
-	[23] = {"iq4_xs", 256, 136}, [24] = {"i8", 1, 1},      [25] = {"i16", 1, 2},
-	[26] = {"i32", 1, 4},      [27] = {"i64", 1, 8},       [28] = {"f64", 1, 8},
-	[29] = {"iq1_m", 256, 56}, [30] = {"bf16", 1, 2},      [34] = {"tq1_0", 256, 54},
-	[35] = {"tq2_0", 256, 66}, [39] = {"mxfp4", 32, 17},
+    [0] = {"f32", 1, 4},         [1] = {"f16", 1, 2},         [2] = {"q4_0", 32, 18},
+    [3] = {"q4_1", 32, 20},      [6] = {"q5_0", 32, 22},      [7] = {"q5_1", 32, 24},
+    [8] = {"q8_0", 32, 34},      [9] = {"q8_1", 32, 36},      [10] = {"q2_K", 256, 84},
+    [11] = {"q3_K", 256, 110},   [12] = {"q4_K", 256, 144},   [13] = {"q5_K", 256, 176},
+    [14] = {"q6_K", 256, 210},   [15] = {"q8_K", 256, 292},   [16] = {"iq2_xxs", 256, 66},
+    [17] = {"iq2_xs", 256, 74},  [18] = {"iq3_xxs", 256, 98}, [19] = {"iq1_s", 256, 50},
+    [20] = {"iq4_nl", 32, 18},   [21] = {"iq3_s", 256, 110},  [22] = {"iq2_s", 256, 82},
+    [23] = {"iq4_xs", 256, 136}, [24] = {"i8", 1, 1},         [25] = {"i16", 1, 2},
+    [26] = {"i32", 1, 4},        [27] = {"i64", 1, 8},        [28] = {"f64", 1, 8},
+    [29] = {"iq1_m", 256, 56},   [30] = {"bf16", 1, 2},       [34] = {"tq1_0", 256, 54},
+    [35] = {"tq2_0", 256, 66},   [39] = {"mxfp4", 32, 17},
 };
 
 #define N_GGML_TYPES (sizeof ggml_types / sizeof ggml_types[0])
@@ -486,7 +491,7 @@ bool gguf_tensor_type_size(uint32_t t, uint32_t *block_size, uint32_t *type_size
 }
 
 static bool read_tensor_info(struct reader *r, struct arena *a, uint32_t alignment,
-			     struct gguf_tensor_info *ti)
+                             struct gguf_tensor_info *ti)
 {
 	struct gguf_str name;
 	char nb[64];
@@ -527,7 +532,9 @@ static bool read_tensor_info(struct reader *r, struct arena *a, uint32_t alignme
 	ti->nbytes = 0;
 	if (ti->type_known) {
 		if (ti->ne[0] % bs != 0) {
-			fail(r, "tensor '%s': row of %llu elements is not a multiple of the %s block size %u",
+			fail(r,
+			     "tensor '%s': row of %llu elements is not a multiple of the %s block "
+			     "size %u",
 			     pn, (unsigned long long)ti->ne[0], ggml_types[ti->type].name, bs);
 			return false;
 		}
@@ -622,12 +629,16 @@ static struct gguf *parse(struct reader *r)
 	if (!read_u64(r, &n_tensors, "tensor count") || !read_u64(r, &n_kv, "metadata count"))
 		goto fail;
 	if (n_kv > remaining(r) / GGUF_MIN_KV_BYTES) {
-		fail(r, "metadata count %llu cannot fit in the %llu bytes left in the file",
+		fail(r,
+		     "truncated or corrupt file: metadata count %llu cannot fit in the %llu bytes "
+		     "left",
 		     (unsigned long long)n_kv, (unsigned long long)remaining(r));
 		goto fail;
 	}
 	if (n_tensors > remaining(r) / GGUF_MIN_TENSOR_INFO_BYTES) {
-		fail(r, "tensor count %llu cannot fit in the %llu bytes left in the file",
+		fail(r,
+		     "truncated or corrupt file: tensor count %llu cannot fit in the %llu bytes "
+		     "left",
 		     (unsigned long long)n_tensors, (unsigned long long)remaining(r));
 		goto fail;
 	}
@@ -658,7 +669,8 @@ static struct gguf *parse(struct reader *r)
 			if (!strcmp(g->kv_sorted[i - 1]->key, g->kv_sorted[i]->key)) {
 				char kb[64];
 				const char *k = g->kv_sorted[i]->key;
-				fail(r, "duplicate metadata key '%s'", printable(k, strlen(k), kb, sizeof kb));
+				fail(r, "duplicate metadata key '%s'",
+				     printable(k, strlen(k), kb, sizeof kb));
 				goto fail;
 			}
 		}
@@ -699,7 +711,8 @@ static struct gguf *parse(struct reader *r)
 			if (!strcmp(g->tensors_sorted[i - 1]->name, g->tensors_sorted[i]->name)) {
 				char nb[64];
 				const char *n = g->tensors_sorted[i]->name;
-				fail(r, "duplicate tensor name '%s'", printable(n, strlen(n), nb, sizeof nb));
+				fail(r, "duplicate tensor name '%s'",
+				     printable(n, strlen(n), nb, sizeof nb));
 				goto fail;
 			}
 		}
@@ -715,7 +728,8 @@ static struct gguf *parse(struct reader *r)
 	}
 	if (g->n_tensors > 0) {
 		if (g->data_offset > r->size) {
-			fail(r, "truncated file: tensor data would start at %llu, past the end (%llu)",
+			fail(r,
+			     "truncated file: tensor data would start at %llu, past the end (%llu)",
 			     (unsigned long long)g->data_offset, (unsigned long long)r->size);
 			goto fail;
 		}
@@ -726,9 +740,12 @@ static struct gguf *parse(struct reader *r)
 				continue;
 			if (ti->offset > data_size || ti->nbytes > data_size - ti->offset) {
 				char nb[64];
-				fail(r, "truncated file: tensor '%s' (%llu bytes at data offset %llu) extends past the end of the file",
+				fail(r,
+				     "truncated file: tensor '%s' (%llu bytes at data offset %llu) "
+				     "extends past the end of the file",
 				     printable(ti->name, strlen(ti->name), nb, sizeof nb),
-				     (unsigned long long)ti->nbytes, (unsigned long long)ti->offset);
+				     (unsigned long long)ti->nbytes,
+				     (unsigned long long)ti->offset);
 				goto fail;
 			}
 		}
@@ -838,7 +855,7 @@ const struct gguf_kv *gguf_find_key(const struct gguf *g, const char *key)
 	struct gguf_kv probe = {.key = key};
 	const struct gguf_kv *pp = &probe;
 	const struct gguf_kv **hit =
-		bsearch(&pp, g->kv_sorted, g->n_kv, sizeof(*g->kv_sorted), cmp_kv);
+	    bsearch(&pp, g->kv_sorted, g->n_kv, sizeof(*g->kv_sorted), cmp_kv);
 	return hit ? *hit : NULL;
 }
 
@@ -858,15 +875,16 @@ const struct gguf_tensor_info *gguf_find_tensor(const struct gguf *g, const char
 		return NULL;
 	struct gguf_tensor_info probe = {.name = name};
 	const struct gguf_tensor_info *pp = &probe;
-	const struct gguf_tensor_info **hit = bsearch(&pp, g->tensors_sorted, g->n_tensors,
-						      sizeof(*g->tensors_sorted), cmp_tensor);
+	const struct gguf_tensor_info **hit =
+	    bsearch(&pp, g->tensors_sorted, g->n_tensors, sizeof(*g->tensors_sorted), cmp_tensor);
 	return hit ? *hit : NULL;
 }
 
 const char *gguf_type_name(enum gguf_type t)
 {
 	static const char *const names[GGUF_TYPE_COUNT] = {
-		"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64",
+	    "u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+	    "bool", "string", "array", "u64", "i64", "f64",
 	};
 	return (unsigned)t < GGUF_TYPE_COUNT ? names[t] : "unknown";
 }
@@ -1116,15 +1134,15 @@ const char *gguf_file_type_name(int64_t ft)
 {
 	/* llama_ftype from llama.h; gaps are removed types. */
 	static const char *const names[] = {
-		[0] = "F32",      [1] = "F16",      [2] = "Q4_0",     [3] = "Q4_1",
-		[7] = "Q8_0",     [8] = "Q5_0",     [9] = "Q5_1",     [10] = "Q2_K",
-		[11] = "Q3_K_S",  [12] = "Q3_K_M",  [13] = "Q3_K_L",  [14] = "Q4_K_S",
-		[15] = "Q4_K_M",  [16] = "Q5_K_S",  [17] = "Q5_K_M",  [18] = "Q6_K",
-		[19] = "IQ2_XXS", [20] = "IQ2_XS",  [21] = "Q2_K_S",  [22] = "IQ3_XS",
-		[23] = "IQ3_XXS", [24] = "IQ1_S",   [25] = "IQ4_NL",  [26] = "IQ3_S",
-		[27] = "IQ3_M",   [28] = "IQ2_S",   [29] = "IQ2_M",   [30] = "IQ4_XS",
-		[31] = "IQ1_M",   [32] = "BF16",    [36] = "TQ1_0",   [37] = "TQ2_0",
-		[38] = "MXFP4_MOE",
+	    [0] = "F32",        [1] = "F16",     [2] = "Q4_0",    [3] = "Q4_1",
+	    [7] = "Q8_0",       [8] = "Q5_0",    [9] = "Q5_1",    [10] = "Q2_K",
+	    [11] = "Q3_K_S",    [12] = "Q3_K_M", [13] = "Q3_K_L", [14] = "Q4_K_S",
+	    [15] = "Q4_K_M",    [16] = "Q5_K_S", [17] = "Q5_K_M", [18] = "Q6_K",
+	    [19] = "IQ2_XXS",   [20] = "IQ2_XS", [21] = "Q2_K_S", [22] = "IQ3_XS",
+	    [23] = "IQ3_XXS",   [24] = "IQ1_S",  [25] = "IQ4_NL", [26] = "IQ3_S",
+	    [27] = "IQ3_M",     [28] = "IQ2_S",  [29] = "IQ2_M",  [30] = "IQ4_XS",
+	    [31] = "IQ1_M",     [32] = "BF16",   [36] = "TQ1_0",  [37] = "TQ2_0",
+	    [38] = "MXFP4_MOE",
 	};
 	/* The "guessed" flag (1024) marks a file type llama.cpp inferred. */
 	ft &= ~(int64_t)1024;
@@ -1135,11 +1153,16 @@ const char *gguf_file_type_name(int64_t ft)
 
 /* --- Model info ---------------------------------------------------------- */
 
+/* Copies src into dst, truncating (a name longer than the field is still
+ * useful cut short). */
 static void copy_str(char *dst, size_t dstlen, const char *src)
 {
-	if (!src)
-		src = "";
-	snprintf(dst, dstlen, "%s", src);
+	size_t n = src ? strlen(src) : 0;
+	if (n >= dstlen)
+		n = dstlen - 1;
+	if (n)
+		memcpy(dst, src, n);
+	dst[n] = '\0';
 }
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
@@ -1224,7 +1247,7 @@ bool gguf_model_info_read(const struct gguf *g, struct gguf_model_info *mi)
 		mi->file_type = ft;
 	copy_str(mi->name, sizeof mi->name, gguf_get_string(g, "general.name"));
 	copy_str(mi->tokenizer_model, sizeof mi->tokenizer_model,
-		 gguf_get_string(g, "tokenizer.ggml.model"));
+	         gguf_get_string(g, "tokenizer.ggml.model"));
 	mi->has_chat_template = gguf_get_string(g, "tokenizer.chat_template") != NULL;
 
 	/* Tensor totals; bytes per type to find the type that dominates. */
@@ -1317,9 +1340,10 @@ static uint64_t type_bytes(uint32_t type, uint64_t n)
 }
 
 uint64_t gguf_kv_bytes_per_token_type(const struct gguf_model_info *mi, uint32_t type_k,
-				      uint32_t type_v)
+                                      uint32_t type_v)
 {
-	if (!gguf_tensor_type_size(type_k, NULL, NULL) || !gguf_tensor_type_size(type_v, NULL, NULL))
+	if (!gguf_tensor_type_size(type_k, NULL, NULL) ||
+	    !gguf_tensor_type_size(type_v, NULL, NULL))
 		return 0;
 	/* Exact when each layer's K/V row (heads * head size) is a whole number
 	 * of blocks, which holds for every real head size (multiples of 32). */

@@ -92,7 +92,7 @@ struct gguf_tensor_info {
 	uint32_t type;              /* ggml type number */
 	uint64_t offset;            /* from the start of the data section */
 	uint64_t n_elements;
-	uint64_t nbytes;    /* 0 when the type is unknown to this reader */
+	uint64_t nbytes; /* 0 when the type is unknown to this reader */
 	bool type_known;
 };
 
@@ -192,8 +192,8 @@ struct gguf_model_info {
 	uint64_t n_params;          /* sum of tensor element counts */
 	uint64_t n_tensors;
 	uint64_t n_kv;
-	int64_t file_type;         /* general.file_type; -1 if absent */
-	int64_t main_tensor_type;  /* ggml type holding the most bytes; -1 if none */
+	int64_t file_type;        /* general.file_type; -1 if absent */
+	int64_t main_tensor_type; /* ggml type holding the most bytes; -1 if none */
 	uint32_t alignment;
 };
 
@@ -210,7 +210,7 @@ uint64_t gguf_kv_bytes_per_token(const struct gguf_model_info *mi, double elem_b
 /* The same for a ggml cache type (llama-server's --cache-type-k/-v), exact for
  * block-quantised types (q8_0: 34 bytes per 32 elements). 0 if unknown type. */
 uint64_t gguf_kv_bytes_per_token_type(const struct gguf_model_info *mi, uint32_t ggml_type_k,
-				      uint32_t ggml_type_v);
+                                      uint32_t ggml_type_v);
 
 /* --- Writer: random-weight llama models (gguf_write.c) ------------------- */
 
@@ -235,7 +235,11 @@ bool gguf_parse_param_count(const char *s, uint64_t *out);
  * so the model, with the built-in vocabulary, has about n_params parameters.
  * Leaves context_length, seed, weight_type and name untouched. */
 bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char *err,
-			      size_t errlen);
+                              size_t errlen);
+/* Whether the params describe a model the writer can produce and llama.cpp
+ * can load (head size even and dividing n_embd, KV heads dividing heads,
+ * sizes in range, f16/f32); false with the reason in err. */
+bool gguf_gen_params_check(const struct gguf_gen_params *p, char *err, size_t errlen);
 /* Total parameters the params would produce (vocabulary included). */
 uint64_t gguf_gen_param_count(const struct gguf_gen_params *p);
 /* The size of the built-in vocabulary, and the ids of its special tokens. */
@@ -255,6 +259,6 @@ enum {
  * chunks; memory use does not grow with the model. Returns 0, or -1 with a
  * message in err. */
 int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, char *err,
-			    size_t errlen);
+                            size_t errlen);
 
 #endif

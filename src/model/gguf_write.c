@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -51,76 +51,163 @@ enum {
 /* Common English words, most frequent first; each becomes "▁word". Lower-case
  * and a few capitalised forms that start sentences. */
 static const char *const words[] = {
-	"the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for", "on",
-	"are", "with", "as", "I", "his", "they", "be", "at", "one", "have", "this", "from", "or",
-	"had", "by", "not", "word", "but", "what", "some", "we", "can", "out", "other", "were",
-	"all", "there", "when", "up", "use", "your", "how", "said", "an", "each", "she", "which",
-	"do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "write",
-	"would", "like", "so", "these", "her", "long", "make", "thing", "see", "him", "two", "has",
-	"look", "more", "day", "could", "go", "come", "did", "number", "sound", "no", "most",
-	"people", "my", "over", "know", "water", "than", "call", "first", "who", "may", "down",
-	"side", "been", "now", "find", "any", "new", "work", "part", "take", "get", "place",
-	"made", "live", "where", "after", "back", "little", "only", "round", "man", "year",
-	"came", "show", "every", "good", "me", "give", "our", "under", "name", "very", "through",
-	"just", "form", "sentence", "great", "think", "say", "help", "low", "line", "differ",
-	"turn", "cause", "much", "mean", "before", "move", "right", "boy", "old", "too", "same",
-	"tell", "does", "set", "three", "want", "air", "well", "also", "play", "small", "end",
-	"put", "home", "read", "hand", "port", "large", "spell", "add", "even", "land", "here",
-	"must", "big", "high", "such", "follow", "act", "why", "ask", "men", "change", "went",
-	"light", "kind", "off", "need", "house", "picture", "try", "us", "again", "animal",
-	"point", "mother", "world", "near", "build", "self", "earth", "father", "head", "stand",
-	"own", "page", "should", "country", "found", "answer", "school", "grow", "study", "still",
-	"learn", "plant", "cover", "food", "sun", "four", "between", "state", "keep", "eye",
-	"never", "last", "let", "thought", "city", "tree", "cross", "farm", "hard", "start",
-	"might", "story", "saw", "far", "sea", "draw", "left", "late", "run", "while", "press",
-	"close", "night", "real", "life", "few", "north", "open", "seem", "together", "next",
-	"white", "children", "begin", "got", "walk", "example", "ease", "paper", "group",
-	"always", "music", "those", "both", "mark", "often", "letter", "until", "mile", "river",
-	"car", "feet", "care", "second", "book", "carry", "took", "science", "eat", "room",
-	"friend", "began", "idea", "fish", "mountain", "stop", "once", "base", "hear", "horse",
-	"cut", "sure", "watch", "color", "face", "wood", "main", "enough", "plain", "girl",
-	"usual", "young", "ready", "above", "ever", "red", "list", "though", "feel", "talk",
-	"bird", "soon", "body", "dog", "family", "direct", "pose", "leave", "song", "measure",
-	"door", "product", "black", "short", "numeral", "class", "wind", "question", "happen",
-	"complete", "ship", "area", "half", "rock", "order", "fire", "south", "problem", "piece",
-	"told", "knew", "pass", "since", "top", "whole", "king", "space", "heard", "best",
-	"hour", "better", "true", "during", "hundred", "five", "remember", "step", "early",
-	"hold", "west", "ground", "interest", "reach", "fast", "verb", "sing", "listen", "six",
-	"table", "travel", "less", "morning", "ten", "simple", "several", "toward", "war",
-	"lay", "against", "pattern", "slow", "center", "love", "person", "money", "serve",
-	"appear", "road", "map", "rain", "rule", "govern", "pull", "cold", "notice", "voice",
-	"energy", "hunt", "probable", "bed", "brother", "egg", "ride", "cell", "believe",
-	"perhaps", "pick", "sudden", "count", "square", "reason", "length", "represent", "art",
-	"subject", "region", "size", "vary", "settle", "speak", "weight", "general", "ice",
-	"matter", "circle", "pair", "include", "divide", "feel", "cat", "hello", "yes", "code",
-	"file", "model", "data", "system", "user", "assistant", "tool", "function", "value",
-	"return", "test", "error",
-	"The", "A", "In", "It", "He", "She", "They", "We", "You", "This", "That", "What", "How",
-	"Hello", "If", "And", "But", "There", "When", "My", "Once", "One",
+    "the",       "of",       "and",      "to",       "a",       "in",       "is",        "it",
+    "you",       "that",     "he",       "was",      "for",     "on",       "are",       "with",
+    "as",        "I",        "his",      "they",     "be",      "at",       "one",       "have",
+    "this",      "from",     "or",       "had",      "by",      "not",      "word",      "but",
+    "what",      "some",     "we",       "can",      "out",     "other",    "were",      "all",
+    "there",     "when",     "up",       "use",      "your",    "how",      "said",      "an",
+    "each",      "she",      "which",    "do",       "their",   "time",     "if",        "will",
+    "way",       "about",    "many",     "then",     "them",    "write",    "would",     "like",
+    "so",        "these",    "her",      "long",     "make",    "thing",    "see",       "him",
+    "two",       "has",      "look",     "more",     "day",     "could",    "go",        "come",
+    "did",       "number",   "sound",    "no",       "most",    "people",   "my",        "over",
+    "know",      "water",    "than",     "call",     "first",   "who",      "may",       "down",
+    "side",      "been",     "now",      "find",     "any",     "new",      "work",      "part",
+    "take",      "get",      "place",    "made",     "live",    "where",    "after",     "back",
+    "little",    "only",     "round",    "man",      "year",    "came",     "show",      "every",
+    "good",      "me",       "give",     "our",      "under",   "name",     "very",      "through",
+    "just",      "form",     "sentence", "great",    "think",   "say",      "help",      "low",
+    "line",      "differ",   "turn",     "cause",    "much",    "mean",     "before",    "move",
+    "right",     "boy",      "old",      "too",      "same",    "tell",     "does",      "set",
+    "three",     "want",     "air",      "well",     "also",    "play",     "small",     "end",
+    "put",       "home",     "read",     "hand",     "port",    "large",    "spell",     "add",
+    "even",      "land",     "here",     "must",     "big",     "high",     "such",      "follow",
+    "act",       "why",      "ask",      "men",      "change",  "went",     "light",     "kind",
+    "off",       "need",     "house",    "picture",  "try",     "us",       "again",     "animal",
+    "point",     "mother",   "world",    "near",     "build",   "self",     "earth",     "father",
+    "head",      "stand",    "own",      "page",     "should",  "country",  "found",     "answer",
+    "school",    "grow",     "study",    "still",    "learn",   "plant",    "cover",     "food",
+    "sun",       "four",     "between",  "state",    "keep",    "eye",      "never",     "last",
+    "let",       "thought",  "city",     "tree",     "cross",   "farm",     "hard",      "start",
+    "might",     "story",    "saw",      "far",      "sea",     "draw",     "left",      "late",
+    "run",       "while",    "press",    "close",    "night",   "real",     "life",      "few",
+    "north",     "open",     "seem",     "together", "next",    "white",    "children",  "begin",
+    "got",       "walk",     "example",  "ease",     "paper",   "group",    "always",    "music",
+    "those",     "both",     "mark",     "often",    "letter",  "until",    "mile",      "river",
+    "car",       "feet",     "care",     "second",   "book",    "carry",    "took",      "science",
+    "eat",       "room",     "friend",   "began",    "idea",    "fish",     "mountain",  "stop",
+    "once",      "base",     "hear",     "horse",    "cut",     "sure",     "watch",     "color",
+    "face",      "wood",     "main",     "enough",   "plain",   "girl",     "usual",     "young",
+    "ready",     "above",    "ever",     "red",      "list",    "though",   "feel",      "talk",
+    "bird",      "soon",     "body",     "dog",      "family",  "direct",   "pose",      "leave",
+    "song",      "measure",  "door",     "product",  "black",   "short",    "numeral",   "class",
+    "wind",      "question", "happen",   "complete", "ship",    "area",     "half",      "rock",
+    "order",     "fire",     "south",    "problem",  "piece",   "told",     "knew",      "pass",
+    "since",     "top",      "whole",    "king",     "space",   "heard",    "best",      "hour",
+    "better",    "true",     "during",   "hundred",  "five",    "remember", "step",      "early",
+    "hold",      "west",     "ground",   "interest", "reach",   "fast",     "verb",      "sing",
+    "listen",    "six",      "table",    "travel",   "less",    "morning",  "ten",       "simple",
+    "several",   "toward",   "war",      "lay",      "against", "pattern",  "slow",      "center",
+    "love",      "person",   "money",    "serve",    "appear",  "road",     "map",       "rain",
+    "rule",      "govern",   "pull",     "cold",     "notice",  "voice",    "energy",    "hunt",
+    "probable",  "bed",      "brother",  "egg",      "ride",    "cell",     "believe",   "perhaps",
+    "pick",      "sudden",   "count",    "square",   "reason",  "length",   "represent", "art",
+    "subject",   "region",   "size",     "vary",     "settle",  "speak",    "weight",    "general",
+    "ice",       "matter",   "circle",   "pair",     "include", "divide",   "feel",      "cat",
+    "hello",     "yes",      "code",     "file",     "model",   "data",     "system",    "user",
+    "assistant", "tool",     "function", "value",    "return",  "test",     "error",     "The",
+    "A",         "In",       "It",       "He",       "She",     "They",     "We",        "You",
+    "This",      "That",     "What",     "How",      "Hello",   "If",       "And",       "But",
+    "There",     "When",     "My",       "Once",     "One",
 };
 
 /* Word endings and pieces that appear inside words (no "▁"). */
 static const char *const subwords[] = {
-	"ing", "ed", "er", "ly", "tion", "es", "est", "ment", "ness", "able", "ful", "less", "ous",
-	"ive", "al", "ity", "ion", "ers", "ings", "ies", "ied", "'s", "'t", "'re", "'ll", "'ve",
-	"n't", "th", "he", "in", "an", "re", "on", "at", "en", "nd", "ti", "te", "or", "ar", "st",
-	"nt", "to", "it", "is", "ou", "ea", "hi", "se", "ng", "ve", "le", "co", "me", "de", "ri",
-	"ro", "ic", "ne", "ra", "ce", "li", "ch", "ll", "be", "ma", "si", "om", "ur", "ca", "el",
-	"ta", "la", "ns", "di", "fo", "ho", "pe", "ec", "pr", "no", "ct", "us", "ac", "ot", "il",
-	"tr", "ly", "nc", "et", "ut", "ss", "so", "rs", "un", "lo", "wa", "ge", "ie", "wh", "ee",
-	"wi", "em", "ad", "ol", "rt", "po", "we", "na", "ul", "ni", "ts", "mo", "ow", "pa", "im",
-	"mi", "ai", "sh", "ir", "su", "id", "os", "iv", "ia", "am", "fi", "ci", "vi", "pl", "ig",
-	"tu", "ev", "ld", "ry", "mp", "fe", "bl", "ab", "gh", "ty", "op", "wo", "sa", "ay", "ex",
-	"ke", "fr", "oo", "av", "ag", "if", "ap", "gr", "od", "bo", "sp", "rd", "do", "uc", "bu",
-	"ei", "ov", "by", "rm", "ep", "tt", "oc", "fa", "ef", "cu", "rn", "sc", "gi", "da", "yo",
-	"cr", "cl", "du", "ga", "qu", "ue", "ff", "ba", "ey", "ls", "va", "um", "pp", "ua", "up",
-	"lu", "go", "ht", "ru", "ug", "ds", "lt", "pi", "rc", "rr", "eg", "au", "ck", "ew", "mu",
-	"br", "bi", "pt", "ak", "pu", "ui", "rg", "ib", "tl", "ny", "ki", "rk", "ys", "ob", "mm",
-	"fu", "ph", "og", "ms", "ye", "ud", "mb", "ip", "ub", "oi", "rl", "gu", "dr", "hr", "cc",
-	"tw", "ft", "wn", "nu", "af", "hu", "nn", "eo", "vo", "rv", "nf", "xp", "gn", "sm", "fl",
-	"iz", "ok", "nl", "my", "gl", "aw", "ju", "oa", "eq", "sy", "sl", "ps", "jo", "ff", "ey",
-	"\xe2\x80\x99s", /* "’s" */
-	"...", "--", "\".", ".\"", "),", "();", "{}", "[]", "==", "->", "//", "/*", "*/", "\\n",
+    "ing",  "ed",   "er",
+    "ly",   "tion", "es",
+    "est",  "ment", "ness",
+    "able", "ful",  "less",
+    "ous",  "ive",  "al",
+    "ity",  "ion",  "ers",
+    "ings", "ies",  "ied",
+    "'s",   "'t",   "'re",
+    "'ll",  "'ve",  "n't",
+    "th",   "he",   "in",
+    "an",   "re",   "on",
+    "at",   "en",   "nd",
+    "ti",   "te",   "or",
+    "ar",   "st",   "nt",
+    "to",   "it",   "is",
+    "ou",   "ea",   "hi",
+    "se",   "ng",   "ve",
+    "le",   "co",   "me",
+    "de",   "ri",   "ro",
+    "ic",   "ne",   "ra",
+    "ce",   "li",   "ch",
+    "ll",   "be",   "ma",
+    "si",   "om",   "ur",
+    "ca",   "el",   "ta",
+    "la",   "ns",   "di",
+    "fo",   "ho",   "pe",
+    "ec",   "pr",   "no",
+    "ct",   "us",   "ac",
+    "ot",   "il",   "tr",
+    "ly",   "nc",   "et",
+    "ut",   "ss",   "so",
+    "rs",   "un",   "lo",
+    "wa",   "ge",   "ie",
+    "wh",   "ee",   "wi",
+    "em",   "ad",   "ol",
+    "rt",   "po",   "we",
+    "na",   "ul",   "ni",
+    "ts",   "mo",   "ow",
+    "pa",   "im",   "mi",
+    "ai",   "sh",   "ir",
+    "su",   "id",   "os",
+    "iv",   "ia",   "am",
+    "fi",   "ci",   "vi",
+    "pl",   "ig",   "tu",
+    "ev",   "ld",   "ry",
+    "mp",   "fe",   "bl",
+    "ab",   "gh",   "ty",
+    "op",   "wo",   "sa",
+    "ay",   "ex",   "ke",
+    "fr",   "oo",   "av",
+    "ag",   "if",   "ap",
+    "gr",   "od",   "bo",
+    "sp",   "rd",   "do",
+    "uc",   "bu",   "ei",
+    "ov",   "by",   "rm",
+    "ep",   "tt",   "oc",
+    "fa",   "ef",   "cu",
+    "rn",   "sc",   "gi",
+    "da",   "yo",   "cr",
+    "cl",   "du",   "ga",
+    "qu",   "ue",   "ff",
+    "ba",   "ey",   "ls",
+    "va",   "um",   "pp",
+    "ua",   "up",   "lu",
+    "go",   "ht",   "ru",
+    "ug",   "ds",   "lt",
+    "pi",   "rc",   "rr",
+    "eg",   "au",   "ck",
+    "ew",   "mu",   "br",
+    "bi",   "pt",   "ak",
+    "pu",   "ui",   "rg",
+    "ib",   "tl",   "ny",
+    "ki",   "rk",   "ys",
+    "ob",   "mm",   "fu",
+    "ph",   "og",   "ms",
+    "ye",   "ud",   "mb",
+    "ip",   "ub",   "oi",
+    "rl",   "gu",   "dr",
+    "hr",   "cc",   "tw",
+    "ft",   "wn",   "nu",
+    "af",   "hu",   "nn",
+    "eo",   "vo",   "rv",
+    "nf",   "xp",   "gn",
+    "sm",   "fl",   "iz",
+    "ok",   "nl",   "my",
+    "gl",   "aw",   "ju",
+    "oa",   "eq",   "sy",
+    "sl",   "ps",   "jo",
+    "ff",   "ey",   "\xe2\x80\x99s", /* "’s" */
+    "...",  "--",   "\".",
+    ".\"",  "),",   "();",
+    "{}",   "[]",   "==",
+    "->",   "//",   "/*",
+    "*/",   "\\n",
 };
 
 /* How many of the most frequent words also get a form without "▁". */
@@ -221,9 +308,9 @@ static bool vocab_add_with_prefixes(struct vocab *v, const char *piece, size_t m
 static bool vocab_build(struct vocab *v)
 {
 	static const char *const specials[] = {"<unk>", "<s>", "</s>", "<|im_start|>",
-					       "<|im_end|>"};
-	static const int32_t special_types[] = {TOK_UNKNOWN, TOK_CONTROL, TOK_CONTROL,
-						TOK_CONTROL, TOK_CONTROL};
+	                                       "<|im_end|>"};
+	static const int32_t special_types[] = {TOK_UNKNOWN, TOK_CONTROL, TOK_CONTROL, TOK_CONTROL,
+	                                        TOK_CONTROL};
 	memset(v, 0, sizeof(*v));
 	for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++)
 		if (!vocab_add(v, specials[i], strlen(specials[i]), 0.0f, special_types[i]))
@@ -253,7 +340,7 @@ static bool vocab_build(struct vocab *v)
 	for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
 		const char *w = words[i];
 		bool role = !strcmp(w, "system") || !strcmp(w, "user") || !strcmp(w, "assistant") ||
-			    !strcmp(w, "tool");
+		            !strcmp(w, "tool");
 		if (i < BARE_WORDS || (w[0] >= 'A' && w[0] <= 'Z') || role)
 			if (!vocab_add_with_prefixes(v, w, 2))
 				goto oom;
@@ -282,10 +369,10 @@ uint32_t gguf_gen_vocab_size(void)
 }
 
 static const char chatml_template[] =
-	"{% for message in messages %}"
-	"{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
-	"{% endfor %}"
-	"{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /* --- Parameters ---------------------------------------------------------- */
 
@@ -386,7 +473,7 @@ static uint32_t next_width(uint32_t e)
 }
 
 bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char *err,
-			      size_t errlen)
+                              size_t errlen)
 {
 	double best_cost = INFINITY;
 	struct gguf_gen_params best = *p;
@@ -408,7 +495,7 @@ bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char
 		double total = (double)gguf_gen_param_count(&c);
 		/* Close to the target count first, then a sensible depth/width. */
 		double cost = 4 * fabs(log(total / (double)n_params)) +
-			      fabs(log((double)l / ideal_layers(e)));
+		              fabs(log((double)l / ideal_layers(e)));
 		if (cost < best_cost) {
 			best_cost = cost;
 			best = c;
@@ -421,41 +508,44 @@ bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char
 		uint64_t min = gguf_gen_param_count(&smallest);
 		if (n_params < min)
 			set_err(err, errlen,
-				"%" PRIu64 " parameters is too small: the smallest model with the built-in vocabulary has %" PRIu64,
-				n_params, min);
+			        "%" PRIu64 " parameters is too small: the smallest model with the "
+			        "built-in vocabulary has %" PRIu64,
+			        n_params, min);
 		else
-			set_err(err, errlen, "%" PRIu64 " parameters is more than this generator supports",
-				n_params);
+			set_err(err, errlen,
+			        "%" PRIu64 " parameters is more than this generator supports",
+			        n_params);
 		return false;
 	}
 	*p = best;
 	return true;
 }
 
-static bool check_params(const struct gguf_gen_params *p, char *err, size_t errlen)
+bool gguf_gen_params_check(const struct gguf_gen_params *p, char *err, size_t errlen)
 {
 	if (p->n_embd == 0 || p->n_embd > MAX_EMBD || p->n_layers == 0 ||
 	    p->n_layers > MAX_LAYERS || p->n_ff == 0 || p->n_ff > MAX_FF || p->n_head == 0 ||
 	    p->n_head > MAX_HEADS || p->n_head_kv == 0 || p->context_length == 0 ||
 	    p->context_length > MAX_CTX) {
 		set_err(err, errlen,
-			"parameters out of range (embd 1..%u, layers 1..%u, ff 1..%u, heads 1..%u, ctx 1..%u)",
-			MAX_EMBD, MAX_LAYERS, MAX_FF, MAX_HEADS, MAX_CTX);
+		        "parameters out of range (embd 1..%u, layers 1..%u, ff 1..%u, heads 1..%u, "
+		        "ctx 1..%u)",
+		        MAX_EMBD, MAX_LAYERS, MAX_FF, MAX_HEADS, MAX_CTX);
 		return false;
 	}
 	if (p->n_embd % p->n_head != 0) {
 		set_err(err, errlen, "n_embd %u is not a multiple of the head count %u", p->n_embd,
-			p->n_head);
+		        p->n_head);
 		return false;
 	}
 	if ((p->n_embd / p->n_head) % 2 != 0) {
 		set_err(err, errlen, "head size %u must be even (rotary embeddings)",
-			p->n_embd / p->n_head);
+		        p->n_embd / p->n_head);
 		return false;
 	}
 	if (p->n_head_kv > p->n_head || p->n_head % p->n_head_kv != 0) {
 		set_err(err, errlen, "the head count %u is not a multiple of the KV head count %u",
-			p->n_head, p->n_head_kv);
+		        p->n_head, p->n_head_kv);
 		return false;
 	}
 	if (p->weight_type != GGML_TYPE_F16 && p->weight_type != GGML_TYPE_F32) {
@@ -572,7 +662,7 @@ static uint64_t align_up(uint64_t x, uint64_t a)
 }
 
 static void plan_tensor(struct tensor_plan *t, const char *name, uint64_t ne0, uint64_t ne1,
-			uint32_t wtype)
+                        uint32_t wtype)
 {
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->ne[0] = ne0;
@@ -727,14 +817,14 @@ static bool write_tensor(struct out *o, const struct tensor_plan *t, uint64_t se
 
 /* Builds header, metadata and tensor infos; fills plan offsets. */
 static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *v,
-			   struct tensor_plan *plan, size_t n_tensors, struct wbuf *b)
+                           struct tensor_plan *plan, size_t n_tensors, struct wbuf *b)
 {
 	char name[128];
 	if (p->name)
 		snprintf(name, sizeof name, "%s", p->name);
 	else
 		snprintf(name, sizeof name, "toki-random-llama-%uL-%uE-seed%" PRIu64, p->n_layers,
-			 p->n_embd, p->seed);
+		         p->n_embd, p->seed);
 
 	wb_put(b, GGUF_MAGIC, 4);
 	wb_u32(b, 3);
@@ -810,7 +900,7 @@ static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *
 }
 
 static struct tensor_plan *make_plan(const struct gguf_gen_params *p, uint32_t n_vocab,
-				     size_t *n_out)
+                                     size_t *n_out)
 {
 	size_t n = 3 + 9 * (size_t)p->n_layers;
 	struct tensor_plan *plan = calloc(n, sizeof(*plan));
@@ -827,10 +917,10 @@ static struct tensor_plan *make_plan(const struct gguf_gen_params *p, uint32_t n
 	plan_tensor(&plan[k++], "output.weight", e, n_vocab, wt);
 	for (uint32_t l = 0; l < p->n_layers; l++) {
 		char nm[48];
-#define BLK(suffix, ne0, ne1)                                                  \
-	do {                                                                   \
-		snprintf(nm, sizeof nm, "blk.%u." suffix ".weight", l);          \
-		plan_tensor(&plan[k++], nm, (ne0), (ne1), wt);                 \
+#define BLK(suffix, ne0, ne1)                                                                      \
+	do {                                                                                       \
+		snprintf(nm, sizeof nm, "blk.%u." suffix ".weight", l);                            \
+		plan_tensor(&plan[k++], nm, (ne0), (ne1), wt);                                     \
 	} while (0)
 		BLK("attn_norm", e, 0);
 		BLK("attn_q", e, q_dim);
@@ -866,13 +956,13 @@ static void fsync_dir_of(const char *path)
 }
 
 int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, char *err,
-			    size_t errlen)
+                            size_t errlen)
 {
 	if (!p || !path || !*path) {
 		set_err(err, errlen, "no output path");
 		return -1;
 	}
-	if (!check_params(p, err, errlen))
+	if (!gguf_gen_params_check(p, err, errlen))
 		return -1;
 
 	int rc = -1;

@@ -175,6 +175,21 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	return (double)(s->n_tokens - matched) * w;
 }
 
+/* Between slots of equal cost: the one that already holds more of this
+ * prefix (so the others keep theirs), then the less loaded backend, then the
+ * least recently used slot. */
+static int better_tie(const struct router_slot *s, size_t m, const struct router_slot *best,
+		      size_t best_m)
+{
+	if (!best)
+		return 1;
+	if (m != best_m)
+		return m > best_m;
+	if (s->backend->in_flight != best->backend->in_flight)
+		return s->backend->in_flight < best->backend->in_flight;
+	return s->last_used_us < best->last_used_us;
+}
+
 enum route_status router_choose(struct router *r, const token_t *tokens, size_t n, int64_t now_us,
 				int only_backend, struct route_choice *out)
 {
@@ -228,12 +243,8 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 			}
 			/* Ties go to the less loaded backend, then the least recently
 			 * used slot. */
-			/* Ties go to the slot that already holds this prefix (so the
-			 * others keep theirs), then the less loaded backend, then the
-			 * least recently used slot. */
-			cost += -(double)m * 1e-6 + b->in_flight * 1e-3 +
-				(double)s->last_used_us * 1e-18;
-			if (cost < best_cost) {
+			if (cost < best_cost - 1e-9 ||
+			    (cost <= best_cost + 1e-9 && better_tie(s, m, best.slot, best.matched))) {
 				best_cost = cost;
 				best_busy = busy;
 				best.slot = s;
@@ -319,9 +330,11 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 		aligned = reused + (n - reused) / ub * ub;
 	else
 		aligned = (reused < base ? reused : base) / ub * ub;
-	if (reused > 0 && same >= reused)
+	/* The content is hot when a request continued all of it (a conversation
+	 * turn); sharing only a system prompt makes a new, cold conversation. */
+	if (reused > 0 && s->n_tokens > 0 && same == s->n_tokens)
 		s->hits++;
-	else if (reused == 0)
+	else
 		s->hits = 0;
 
 	if (s->n_tokens)

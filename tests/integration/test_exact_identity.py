@@ -1,0 +1,121 @@
+"""Exact mode is lossless: at temperature 0 its text is byte-identical to an
+uncached run (`cache_prompt: false` on a separate server), over many
+interleaved multi-turn conversations that evict each other's slots.
+
+On a random-weight model logits nearly tie, so any numeric difference shows
+in the text. Fast mode's identity rate on the same conversations is measured
+and printed, not asserted (it is a property of llama.cpp, not of toki)."""
+import os
+import random
+import signal
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import toki_harness as th
+
+WORDS = ("the cat dog sun moon tree bird river house small big red blue green old new happy "
+         "sad runs jumps sings walks looks finds makes takes gives tells asks likes "
+         "and but then so because when where why how what who").split()
+
+
+def sentence(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def conversations(seed, count, turns):
+    rng = random.Random(seed)
+    convs = []
+    for c in range(count):
+        system = " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(6, 40)))
+        users = [" ".join(sentence(rng, rng.randint(5, 15)) for _ in range(rng.randint(1, 6)))
+                 for _ in range(turns)]
+        convs.append((system, users))
+    return convs
+
+
+def run_conversations(test, toki, baseline, convs, turns, max_tokens, check):
+    """Interleaves the conversations turn by turn. Returns (identical, total, evaluated)."""
+    histories = [[{"role": "system", "content": s}] for s, _ in convs]
+    identical = total = evaluated = 0
+    for t in range(turns):
+        for i, (system, users) in enumerate(convs):
+            msgs = histories[i] + [{"role": "user", "content": users[t]}]
+            body = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens}
+            st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
+            test.assertEqual(st, 200, got)
+            st, want = th.request(baseline.port, "POST", "/v1/chat/completions",
+                                  dict(body, cache_prompt=False))
+            test.assertEqual(st, 200, want)
+            g = got["choices"][0]["message"]["content"]
+            w = want["choices"][0]["message"]["content"]
+            total += 1
+            evaluated += got["timings"]["prompt_n"]
+            if g == w:
+                identical += 1
+            elif check:
+                test.fail(f"conversation {i} turn {t}: exact mode differs from uncached\n"
+                          f"cache={got['cache']}\n toki: {g!r}\n want: {w!r}")
+            # Continue with the uncached answer so both modes see the same history.
+            histories[i] = msgs + [{"role": "assistant", "content": w}]
+    return identical, total, evaluated
+
+
+class ExactIdentity(unittest.TestCase):
+    UBATCH = 64
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = th.generated_model("identity", params="4M", ctx=8192)
+        cls.baseline = th.LlamaServer(model=cls.model, slots=1, ctx=8192, ubatch=cls.UBATCH,
+                                      name="baseline")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.baseline.kill()
+
+    def run_mode(self, mode, seed, check):
+        llama = th.LlamaServer(model=self.model, slots=2, ctx=8192, ubatch=self.UBATCH)
+        toki = th.Toki([llama], mode=mode, ubatch=self.UBATCH)
+        try:
+            convs = conversations(seed, count=3, turns=4)
+            return run_conversations(self, toki, self.baseline, convs, 4, 24, check)
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+
+    def test_exact_mode_is_byte_identical(self):
+        results = {}
+        for seed in (1, 2):
+            ident, total, evald = self.run_mode("exact", seed, check=True)
+            self.assertEqual(ident, total)
+            fi, ft, fev = self.run_mode("fast", seed, check=False)
+            results[seed] = (ident, total, evald, fi, ft, fev)
+        for seed, (i, t, e, fi, ft, fev) in results.items():
+            print(f"seed {seed}: exact identical {i}/{t} (evaluated {e}); "
+                  f"fast identical {fi}/{ft} (evaluated {fev})")
+
+
+class ExactIdentityStories(unittest.TestCase):
+    def test_exact_mode_on_stories260k(self):
+        model = th.test_model()
+        baseline = th.LlamaServer(model=model, slots=1, ubatch=32, name="baseline")
+        llama = th.LlamaServer(model=model, slots=2, ubatch=32)
+        toki = th.Toki([llama], mode="exact", ubatch=32)
+        try:
+            convs = conversations(7, count=3, turns=3)
+            for c in range(len(convs)):
+                # stories260K's context is 2048: keep prompts short.
+                convs[c] = (convs[c][0][:600], [u[:200] for u in convs[c][1]])
+            ident, total, _ = run_conversations(self, toki, baseline, convs, 3, 16, check=True)
+            self.assertEqual(ident, total)
+            st = toki.stats()
+            self.assertGreater(st["cached_tokens"], 0, "exact mode reused nothing at all")
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+            baseline.kill()
+
+
+if __name__ == "__main__":
+    th.run_tests()
