@@ -1,7 +1,13 @@
 #include "daemon.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "api/proxy.h"
 #include "backend/backend.h"
+#include "util/log.h"
 
 void daemon_slots_changed(struct daemon *d)
 {
@@ -15,4 +21,39 @@ struct backend *daemon_any_backend(struct daemon *d)
 		if (backend_is_up(d->backends[i]))
 			return d->backends[i];
 	return NULL;
+}
+
+void daemon_saved_delete(struct daemon *d, struct router_saved *e)
+{
+	if (d->cfg.slot_dir) {
+		char path[4096];
+		snprintf(path, sizeof path, "%s/%s", d->cfg.slot_dir, e->name);
+		if (unlink(path) != 0 && errno != ENOENT)
+			log_warn("cannot delete %s: %s", path, strerror(errno));
+	}
+	router_saved_remove(d->router, e);
+}
+
+void daemon_saved_enforce_budget(struct daemon *d)
+{
+	while (d->router->saved_bytes > d->cfg.slot_disk_bytes) {
+		struct router_saved *e = router_saved_victim(d->router);
+		if (!e)
+			break;
+		d->stats.saved_evictions++;
+		log_info("slot file %s evicted (%zu tokens, %llu bytes): over the disk cap", e->name,
+			 e->n_tokens, (unsigned long long)e->bytes);
+		daemon_saved_delete(d, e);
+	}
+}
+
+void daemon_saved_forget_backend(struct daemon *d, struct router_backend *rb)
+{
+	struct router_saved *e = d->router->saved_head;
+	while (e) {
+		struct router_saved *next = e->next;
+		if (e->backend == rb && !e->pinned)
+			daemon_saved_delete(d, e);
+		e = next;
+	}
 }

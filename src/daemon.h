@@ -24,11 +24,14 @@ struct daemon_config {
 	int health_interval_ms;
 	size_t max_body_bytes;
 	int allow_remote;	/* binding beyond loopback was asked for explicitly */
+	const char *slot_dir;	/* the backends' --slot-save-path, shared with toki */
+	uint64_t slot_disk_bytes; /* cap on the saved slot files */
 };
 
 struct daemon_stats {
 	uint64_t requests, routed, hits, partials, misses, errors;
 	uint64_t prompt_tokens, evaluated_tokens, cached_tokens, trim_tokens;
+	uint64_t saves, restores, disk_hits, saved_evictions;
 };
 
 struct daemon {
@@ -43,11 +46,17 @@ struct daemon {
 	struct daemon_stats stats;
 	struct event *sigint, *sigterm;
 	int64_t started_us;
+	uint64_t save_counter;
 	int shutting_down;
 };
 
 /* Retries waiting requests: a slot ended or a backend came up. */
 void daemon_slots_changed(struct daemon *d);
+/* Saved slot files: delete one (file and index), keep the total under the
+ * cap, forget all of a backend's. */
+void daemon_saved_delete(struct daemon *d, struct router_saved *e);
+void daemon_saved_enforce_budget(struct daemon *d);
+void daemon_saved_forget_backend(struct daemon *d, struct router_backend *rb);
 /* The first healthy backend, for routes that need no slot. */
 struct backend *daemon_any_backend(struct daemon *d);
 

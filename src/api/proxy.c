@@ -21,6 +21,8 @@ enum proxy_state {
 	PS_TEMPLATE, /* waiting for /apply-template */
 	PS_TOKENIZE, /* waiting for /tokenize */
 	PS_WAITING,  /* queued for a slot */
+	PS_SAVE,     /* saving the slot's content to a file before it is replaced */
+	PS_RESTORE,  /* restoring a saved state into the slot */
 	PS_TRIM,     /* cutting the slot back to the reuse point (exact mode) */
 	PS_FORWARD,  /* the request is on the backend */
 	PS_DONE,
@@ -41,6 +43,9 @@ struct proxy_req {
 	struct backend_call *call;
 	struct route_choice choice;
 	struct router_slot *slot; /* held (busy) while set */
+	char save_name[96];
+	char restored_name[96];
+	int restored;
 	int status;		  /* the backend's HTTP status */
 	struct sse_parser sse;
 	char *held; /* the last event, held back until we know it is the last */
@@ -58,6 +63,9 @@ struct proxy_req {
 
 static void pr_finish(struct proxy_req *pr);
 static void pr_try_route(struct proxy_req *pr);
+static void save_slot(struct proxy_req *pr);
+static void unpin_restore(struct proxy_req *pr);
+static void after_save(struct proxy_req *pr);
 
 /* ---- small helpers ---- */
 
@@ -171,6 +179,8 @@ static json_t *cache_block(struct proxy_req *pr)
 		json_object_set_new(c, "evaluated", json_integer(pr->prompt_n));
 	}
 	json_object_set_new(c, "trimmed", json_boolean(pr->choice.must_trim));
+	if (pr->restored)
+		json_object_set_new(c, "restored", json_string(pr->restored_name));
 	json_object_set_new(c, "est_prefill_ms", json_real(pr->choice.est_prefill_s * 1000.0));
 	return c;
 }
@@ -288,6 +298,7 @@ static void pr_finish(struct proxy_req *pr)
 		backend_call_cancel(pr->call);
 		pr->call = NULL;
 	}
+	unpin_restore(pr);
 	if (pr->slot)
 		commit_slot(pr, 0);
 	wait_remove(pr);
@@ -589,6 +600,158 @@ static void trim(struct proxy_req *pr)
 		fail(pr, 500, "out of memory");
 }
 
+/* ---- slot files: save before evicting, restore instead of recomputing ---- */
+
+static void after_restore(struct proxy_req *pr)
+{
+	if (pr->choice.must_trim)
+		trim(pr);
+	else
+		forward(pr);
+}
+
+static void unpin_restore(struct proxy_req *pr)
+{
+	if (pr->choice.restore) {
+		pr->choice.restore->pinned--;
+		pr->choice.restore = NULL;
+	}
+}
+
+static json_t *load_object(int status, const char *body, size_t len)
+{
+	json_error_t jerr;
+	json_t *o = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	if (o && !json_is_object(o)) {
+		json_decref(o);
+		o = NULL;
+	}
+	return o;
+}
+
+static void on_restore_done(struct backend_call *call, int status, const char *body, size_t len,
+			    void *arg)
+{
+	struct proxy_req *pr = arg;
+	struct daemon *d = pr->d;
+	struct router_saved *e = pr->choice.restore;
+	pr->call = NULL;
+	json_t *o = load_object(status, body, len);
+	long long n_read = json_integer_value(json_object_get(o, "n_read"));
+	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "restore_ms"));
+	json_decref(o);
+	if (!o) {
+		/* The file is gone or refused: forget it, and the slot, whose
+		 * content is now unknown; then evaluate from scratch. */
+		log_warn("restore of %s into slot %d failed (%d): %.*s", e->name, pr->slot->id, status,
+			 (int)(len > 200 ? 200 : len), body);
+		unpin_restore(pr);
+		daemon_saved_delete(d, e);
+		router_slot_forget(d->router, pr->slot);
+		pr->choice.reuse = 0;
+		pr->choice.matched = 0;
+		pr->choice.must_trim = 0;
+		pr->choice.kind = "miss";
+		forward(pr);
+		return;
+	}
+	router_backend_note_restore(pr->slot->backend, (uint64_t)n_read, ms);
+	router_slot_restored(d->router, pr->slot, e, clock_now_us());
+	d->stats.restores++;
+	d->stats.disk_hits++;
+	log_info("restored %s (%zu tokens, %lld bytes, %.1f ms) into slot %d", e->name, e->n_tokens,
+		 n_read, ms, pr->slot->id);
+	snprintf(pr->restored_name, sizeof pr->restored_name, "%s", e->name);
+	unpin_restore(pr);
+	pr->restored = 1;
+	after_restore(pr);
+}
+
+static const struct backend_call_handlers restore_handlers = {
+	.on_done = on_restore_done,
+	.on_error = on_forward_error,
+};
+
+static void after_save(struct proxy_req *pr)
+{
+	struct router_saved *e = pr->choice.restore;
+	if (!e) {
+		after_restore(pr);
+		return;
+	}
+	pr->state = PS_RESTORE;
+	char path[64];
+	snprintf(path, sizeof path, "/slots/%d?action=restore", pr->slot->id);
+	json_t *req = json_pack("{s:s}", "filename", e->name);
+	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+	json_decref(req);
+	pr->call = body ? backend_call_start(pr->backend->http, "POST", path, body, strlen(body),
+					     &restore_handlers, pr)
+			: NULL;
+	free(body);
+	if (!pr->call)
+		fail(pr, 500, "out of memory");
+}
+
+static void on_save_done(struct backend_call *call, int status, const char *body, size_t len,
+			 void *arg)
+{
+	struct proxy_req *pr = arg;
+	struct daemon *d = pr->d;
+	pr->call = NULL;
+	json_t *o = load_object(status, body, len);
+	long long written = json_integer_value(json_object_get(o, "n_written"));
+	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "save_ms"));
+	json_decref(o);
+	if (!o) {
+		if (status == 501) {
+			log_warn("backend %s has no --slot-save-path: slot files are off for it",
+				 pr->slot->backend->url);
+			pr->slot->backend->can_save = 0;
+		} else {
+			log_warn("saving slot %d failed (%d): %.*s", pr->slot->id, status,
+				 (int)(len > 200 ? 200 : len), body);
+		}
+	} else {
+		router_backend_note_save(pr->slot->backend, (uint64_t)written, ms);
+		struct router_saved *e =
+			router_saved_add(d->router, pr->slot, pr->save_name, (uint64_t)written,
+					 clock_now_us());
+		if (e) {
+			d->stats.saves++;
+			log_info("saved slot %d as %s (%zu tokens, %lld bytes, %.1f ms)", pr->slot->id,
+				 e->name, e->n_tokens, written, ms);
+			daemon_saved_enforce_budget(d);
+		}
+	}
+	after_save(pr);
+}
+
+static const struct backend_call_handlers save_handlers = {
+	.on_done = on_save_done,
+	.on_error = on_forward_error,
+};
+
+static void save_slot(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	pr->state = PS_SAVE;
+	snprintf(pr->save_name, sizeof pr->save_name, "toki-b%d-%llx-%llx.bin",
+		 pr->slot->backend->index, (unsigned long long)d->started_us,
+		 (unsigned long long)++d->save_counter);
+	char path[64];
+	snprintf(path, sizeof path, "/slots/%d?action=save", pr->slot->id);
+	json_t *req = json_pack("{s:s}", "filename", pr->save_name);
+	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+	json_decref(req);
+	pr->call = body ? backend_call_start(pr->backend->http, "POST", path, body, strlen(body),
+					     &save_handlers, pr)
+			: NULL;
+	free(body);
+	if (!pr->call)
+		fail(pr, 500, "out of memory");
+}
+
 /* ---- routing ---- */
 
 static void pr_try_route(struct proxy_req *pr)
@@ -641,10 +804,12 @@ static void pr_try_route(struct proxy_req *pr)
 	else
 		d->stats.misses++;
 	d->stats.prompt_tokens += pr->n_tokens;
-	if (ch.must_trim)
-		trim(pr);
+	if (ch.restore)
+		ch.restore->pinned++;
+	if (ch.save_first && pr->slot->n_tokens)
+		save_slot(pr);
 	else
-		forward(pr);
+		after_save(pr);
 }
 
 void proxy_retry_waiting(struct daemon *d)
@@ -989,6 +1154,11 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	json_object_set_new(o, "evaluated_tokens", json_integer((json_int_t)s->evaluated_tokens));
 	json_object_set_new(o, "cached_tokens", json_integer((json_int_t)s->cached_tokens));
 	json_object_set_new(o, "cut_backs", json_integer((json_int_t)s->trim_tokens));
+	json_object_set_new(o, "saves", json_integer((json_int_t)s->saves));
+	json_object_set_new(o, "restores", json_integer((json_int_t)s->restores));
+	json_object_set_new(o, "saved_files", json_integer((json_int_t)d->router->n_saved));
+	json_object_set_new(o, "saved_bytes", json_integer((json_int_t)d->router->saved_bytes));
+	json_object_set_new(o, "saved_evictions", json_integer((json_int_t)s->saved_evictions));
 	json_t *bs = json_array();
 	for (int i = 0; i < d->n_backends; i++) {
 		struct router_backend *rb = d->backends[i]->rb;

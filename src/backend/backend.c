@@ -28,6 +28,7 @@ struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t
 		return NULL;
 	}
 	b->rb->n_ubatch = d->cfg.n_ubatch;
+	b->rb->can_save = d->cfg.slot_dir != NULL;
 	return b;
 }
 
@@ -53,8 +54,12 @@ int backend_is_up(const struct backend *b)
 
 void backend_mark_down(struct backend *b, const char *why)
 {
-	if (b->rb->up)
+	if (b->rb->up) {
 		log_warn("backend %s is down: %s", b->rb->url, why);
+		/* It may return with another model or settings: its saved states
+		 * are not trusted across that. */
+		daemon_saved_forget_backend(b->d, b->rb);
+	}
 	router_backend_set_up(b->d->router, b->rb, 0);
 }
 

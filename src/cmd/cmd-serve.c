@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -33,6 +35,10 @@ static void usage(FILE *out)
 		"  --keepalive-ms N   SSE keep-alive interval while the backend is silent\n"
 		"                     (default 5000)\n"
 		"  --max-body-mb N    largest request body accepted (default 64)\n"
+		"  --slot-dir DIR     the backends' --slot-save-path: toki saves a slot's\n"
+		"                     content there before evicting it and restores it later\n"
+		"  --slot-disk-mb N   cap on the files in --slot-dir (default: a quarter of the\n"
+		"                     free space there, at most 32 GiB)\n"
 		"\n"
 		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_LOG\n");
 }
@@ -70,6 +76,8 @@ int cmd_serve(int argc, char **argv)
 		{"ubatch", required_argument, NULL, 'u'},
 		{"keepalive-ms", required_argument, NULL, 'k'},
 		{"max-body-mb", required_argument, NULL, 'm'},
+		{"slot-dir", required_argument, NULL, 's'},
+		{"slot-disk-mb", required_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -113,6 +121,8 @@ int cmd_serve(int argc, char **argv)
 		case 'u': d.cfg.n_ubatch = atoi(optarg); break;
 		case 'k': d.cfg.keepalive_ms = atoi(optarg); break;
 		case 'm': d.cfg.max_body_bytes = (size_t)atoi(optarg) << 20; break;
+		case 's': d.cfg.slot_dir = optarg; break;
+		case 'S': d.cfg.slot_disk_bytes = (uint64_t)atoll(optarg) << 20; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -130,6 +140,18 @@ int cmd_serve(int argc, char **argv)
 			"reach it could use your model. Pass --allow-remote to do it anyway.\n",
 			d.cfg.host);
 		return 2;
+	}
+	if (d.cfg.slot_dir) {
+		struct statvfs vfs;
+		if (access(d.cfg.slot_dir, W_OK) != 0 || statvfs(d.cfg.slot_dir, &vfs) != 0) {
+			fprintf(stderr, "toki serve: --slot-dir %s is not a writable directory\n",
+				d.cfg.slot_dir);
+			return 2;
+		}
+		if (!d.cfg.slot_disk_bytes) {
+			uint64_t quarter = (uint64_t)vfs.f_bavail * vfs.f_frsize / 4;
+			d.cfg.slot_disk_bytes = quarter < (32ull << 30) ? quarter : (32ull << 30);
+		}
 	}
 	d.cfg.backend_urls = urls;
 	d.cfg.n_backends = n_urls;

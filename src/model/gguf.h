@@ -197,8 +197,9 @@ struct gguf_model_info {
 	uint32_t alignment;
 };
 
-/* Fills *mi from g. Returns false (and leaves what it could fill) only if
- * general.architecture is missing; every other absence is a 0 in *mi. */
+/* Fills *mi from g. Returns false (and leaves what it could fill: sizes,
+ * tensors, vocabulary) only if general.architecture is missing or longer
+ * than 100 bytes; every other absence is a 0 in *mi. */
 bool gguf_model_info_read(const struct gguf *g, struct gguf_model_info *mi);
 
 /* KV-cache bytes one token occupies across all layers, K and V together, for

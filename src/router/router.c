@@ -1,6 +1,7 @@
 #include "router/router.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,7 @@ struct router *router_new(enum reuse_mode mode)
 	r->cold_weight = 0.25;
 	r->hot_weight = 1.0;
 	r->stale_half_life_s = 600;
+	r->save_min_tokens = 256;
 	return r;
 }
 
@@ -59,6 +61,8 @@ void router_free(struct router *r)
 		free(r->backends[i]->url);
 		free(r->backends[i]);
 	}
+	while (r->saved_head)
+		router_saved_remove(r, r->saved_head);
 	free(r->backends);
 	radix_free(r->tree);
 	free(r);
@@ -93,6 +97,7 @@ int router_backend_set_slots(struct router *r, struct router_backend *b, int n_s
 		return -1;
 	b->n_slots = n_slots;
 	for (int i = 0; i < n_slots; i++) {
+		b->slots[i].kind = OWNER_SLOT;
 		b->slots[i].backend = b;
 		b->slots[i].id = i;
 	}
@@ -105,7 +110,9 @@ int router_backend_set_slots(struct router *r, struct router_backend *b, int n_s
 void router_backend_set_up(struct router *r, struct router_backend *b, int up)
 {
 	if (b->up && !up) {
-		/* A backend that went away lost its KV: forget what it held. */
+		/* A backend that went away lost its KV: forget what it held. Its
+		 * saved files may come back with a different model or settings,
+		 * so they are forgotten too (the caller deletes them). */
 		for (int i = 0; i < b->n_slots; i++)
 			router_slot_forget(r, &b->slots[i]);
 	}
@@ -148,31 +155,103 @@ void router_backend_note_decode(struct router_backend *b, uint64_t tokens, doubl
 		ewma(&b->decode_tps, (double)tokens * 1000.0 / ms);
 }
 
+struct saved_match {
+	struct router_saved *e;
+	size_t matched;
+};
+
 struct match_ctx {
 	struct router *r;
 	size_t *matched; /* indexed by backend then slot, via offsets */
 	int *offsets;
+	struct saved_match *saved; /* saved states that share a prefix */
+	size_t n_saved, cap_saved;
 };
 
 static void note_match(void *owner, size_t matched, void *arg)
 {
 	struct match_ctx *m = arg;
-	struct router_slot *s = owner;
-	m->matched[m->offsets[s->backend->index] + s->id] = matched;
+	if (*(enum owner_kind *)owner == OWNER_SLOT) {
+		struct router_slot *s = owner;
+		m->matched[m->offsets[s->backend->index] + s->id] = matched;
+		return;
+	}
+	if (matched == 0)
+		return;
+	if (m->n_saved == m->cap_saved) {
+		size_t nc = m->cap_saved ? m->cap_saved * 2 : 16;
+		struct saved_match *ns = realloc(m->saved, nc * sizeof *ns);
+		if (!ns)
+			return; /* a state not considered: only a missed chance */
+		m->saved = ns;
+		m->cap_saved = nc;
+	}
+	m->saved[m->n_saved].e = owner;
+	m->saved[m->n_saved].matched = matched;
+	m->n_saved++;
+}
+
+/* Seconds of prefill that a number of seconds of other work is worth. */
+static double in_tokens(const struct router_backend *b, double seconds)
+{
+	double tps = b->prefill_tps > 0 ? b->prefill_tps : 500.0;
+	return seconds * tps;
+}
+
+static double restore_tokens(const struct router_backend *b, uint64_t bytes)
+{
+	/* Until measured: a fresh file is read back from the page cache. */
+	double bps = b->restore_bps > 0 ? b->restore_bps : 1e9;
+	return in_tokens(b, 0.005 + (double)bytes / bps);
+}
+
+static uint64_t estimate_bytes(const struct router_backend *b, size_t n_tokens)
+{
+	/* Until the first file tells: 64 KiB a token, between a small model's
+	 * few KiB and a 70B model's few hundred. */
+	return (uint64_t)((double)n_tokens * (b->kv_bytes_per_token > 0 ? b->kv_bytes_per_token
+									 : 65536.0));
+}
+
+static double save_tokens(const struct router_backend *b, size_t n_tokens)
+{
+	double bps = b->save_bps > 0 ? b->save_bps : 1e9;
+	return in_tokens(b, 0.005 + (double)estimate_bytes(b, n_tokens) / bps);
 }
 
 /* How much losing a slot's content costs, in prompt tokens: what it holds
  * beyond the request's match, weighted by how likely it is to be reused. */
 static double loss_of(const struct router *r, const struct router_slot *s, size_t matched,
-		      int64_t now_us)
+		      int64_t now_us, int *save_first)
 {
+	*save_first = 0;
 	if (s->n_tokens <= matched)
 		return 0;
 	double w = s->hits ? r->hot_weight : r->cold_weight;
 	double age_s = (double)(now_us - s->last_used_us) / 1e6;
 	if (age_s > 0 && r->stale_half_life_s > 0)
 		w *= pow(0.5, age_s / r->stale_half_life_s);
-	return (double)(s->n_tokens - matched) * w;
+	double recompute = (double)(s->n_tokens - matched) * w;
+	const struct router_backend *b = s->backend;
+	if (!b->can_save || s->n_tokens < r->save_min_tokens)
+		return recompute;
+	/* With slot files, losing the content costs a save now (unless it is
+	 * already on disk) and perhaps a restore later. */
+	double kept = w * restore_tokens(b, estimate_bytes(b, s->n_tokens));
+	if (!s->saved)
+		kept += save_tokens(b, s->n_tokens);
+	if (kept < recompute) {
+		*save_first = !s->saved;
+		return kept;
+	}
+	return recompute;
+}
+
+static size_t reuse_for(const struct router *r, size_t m, size_t aligned, size_t n, int ub)
+{
+	if (r->mode == REUSE_EXACT)
+		return router_exact_reuse(m, aligned, n, ub);
+	return m < n ? m : (n ? n - 1 : 0);
 }
 
 /* Between slots of equal cost: the one that already holds more of this
@@ -208,7 +287,7 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 			free(offsets);
 		return ROUTE_NO_BACKEND;
 	}
-	struct match_ctx mc = {r, matched, offsets};
+	struct match_ctx mc = {r, matched, offsets, NULL, 0, 0};
 	radix_match_each(r->tree, tokens, n, note_match, &mc);
 
 	int any_up = 0;
@@ -229,20 +308,18 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 			size_t m = matched[offsets[bi] + si];
 			if (m > s->n_tokens)
 				m = s->n_tokens;
-			size_t reuse = r->mode == REUSE_EXACT
-					       ? router_exact_reuse(m, s->aligned, n, b->n_ubatch)
-					       : (m < n ? m : (n ? n - 1 : 0));
-			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us);
 			int busy = s->busy || backend_busy;
+			double wait = 0;
 			if (busy) {
 				double wait_s = (double)(s->busy_until_us - now_us) / 1e6;
 				if (wait_s < 0.05)
 					wait_s = 0.05;
-				double tps = b->prefill_tps > 0 ? b->prefill_tps : 500.0;
-				cost += wait_s * tps;
+				wait = in_tokens(b, wait_s);
 			}
-			/* Ties go to the less loaded backend, then the least recently
-			 * used slot. */
+			/* The slot with its own content... */
+			size_t reuse = reuse_for(r, m, s->aligned, n, b->n_ubatch);
+			int save_first;
+			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us, &save_first) + wait;
 			if (cost < best_cost - 1e-9 ||
 			    (cost <= best_cost + 1e-9 && better_tie(s, m, best.slot, best.matched))) {
 				best_cost = cost;
@@ -250,6 +327,8 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 				best.slot = s;
 				best.matched = m;
 				best.reuse = reuse;
+				best.restore = NULL;
+				best.save_first = save_first;
 				/* The server reuses its own longest common prefix, which
 				 * may run past what the router knows (generated tokens
 				 * follow the prompt in the KV); exact mode cuts it back
@@ -259,9 +338,36 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
 				best.kind = m == 0 ? "miss" : (m >= s->n_tokens ? "hit" : "partial");
 			}
+			/* ...or with a saved state restored into it. */
+			for (size_t k = 0; k < mc.n_saved; k++) {
+				struct router_saved *e = mc.saved[k].e;
+				if (e->backend != b)
+					continue;
+				size_t me = mc.saved[k].matched;
+				size_t ereuse = reuse_for(r, me, e->aligned, n, b->n_ubatch);
+				if (ereuse <= reuse)
+					continue;
+				double ecost = (double)(n - ereuse) + restore_tokens(b, e->bytes) +
+					       loss_of(r, s, m < me ? m : me, now_us, &save_first) +
+					       wait;
+				if (ecost < best_cost - 1e-9) {
+					best_cost = ecost;
+					best_busy = busy;
+					best.slot = s;
+					best.matched = me;
+					best.reuse = ereuse;
+					best.restore = e;
+					best.save_first = save_first;
+					best.must_trim = r->mode == REUSE_EXACT &&
+							 (me > ereuse || me == e->n_tokens);
+					best.est_prefill_s = router_estimate_prefill_s(b, n - ereuse);
+					best.kind = "disk";
+				}
+			}
 		}
 	}
 	free(matched);
+	free(mc.saved);
 	if (offsets != offsets_small)
 		free(offsets);
 	if (!any_up || !best.slot)
@@ -296,6 +402,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->n_tokens = s->cap = 0;
 	s->aligned = 0;
 	s->hits = 0;
+	s->saved = NULL;
 }
 
 void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
@@ -308,6 +415,7 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 	}
 	radix_remove(r->tree, s->tokens, s->n_tokens, s);
 	s->n_tokens = n;
+	s->saved = NULL;
 	if (s->aligned > n)
 		s->aligned = n;
 	if (radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0)
@@ -339,6 +447,9 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 
 	if (s->n_tokens)
 		radix_remove(r->tree, s->tokens, s->n_tokens, s);
+	/* The slot's saved copy stays exact only if nothing was added. */
+	if (s->saved && !(n == s->n_tokens && same == n))
+		s->saved = NULL;
 	s->n_tokens = 0;
 	if (n == 0) {
 		s->aligned = 0;
@@ -367,4 +478,134 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 		return -1;
 	}
 	return 0;
+}
+
+/* ---- saved states ---- */
+
+static void saved_unlink(struct router *r, struct router_saved *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		r->saved_head = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	else
+		r->saved_tail = e->prev;
+	e->prev = e->next = NULL;
+}
+
+static void saved_push_front(struct router *r, struct router_saved *e)
+{
+	e->prev = NULL;
+	e->next = r->saved_head;
+	if (r->saved_head)
+		r->saved_head->prev = e;
+	r->saved_head = e;
+	if (!r->saved_tail)
+		r->saved_tail = e;
+}
+
+void router_saved_remove(struct router *r, struct router_saved *e)
+{
+	for (int i = 0; i < r->n_backends; i++)
+		for (int k = 0; k < r->backends[i]->n_slots; k++)
+			if (r->backends[i]->slots[k].saved == e)
+				r->backends[i]->slots[k].saved = NULL;
+	if (e->n_tokens)
+		radix_remove(r->tree, e->tokens, e->n_tokens, e);
+	saved_unlink(r, e);
+	r->n_saved--;
+	r->saved_bytes -= e->bytes;
+	free(e->tokens);
+	free(e);
+}
+
+struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
+				      const char *name, uint64_t bytes, int64_t now_us)
+{
+	if (!from->n_tokens)
+		return NULL;
+	struct router_saved *e = calloc(1, sizeof *e);
+	if (!e)
+		return NULL;
+	e->tokens = malloc(from->n_tokens * sizeof *e->tokens);
+	if (!e->tokens) {
+		free(e);
+		return NULL;
+	}
+	e->kind = OWNER_SAVED;
+	e->backend = from->backend;
+	snprintf(e->name, sizeof e->name, "%s", name);
+	memcpy(e->tokens, from->tokens, from->n_tokens * sizeof *e->tokens);
+	e->n_tokens = from->n_tokens;
+	e->aligned = from->aligned;
+	e->bytes = bytes;
+	e->hits = from->hits;
+	e->last_used_us = now_us;
+	if (radix_insert(r->tree, e->tokens, e->n_tokens, e) != 0) {
+		free(e->tokens);
+		free(e);
+		return NULL;
+	}
+	saved_push_front(r, e);
+	r->n_saved++;
+	r->saved_bytes += bytes;
+	from->saved = e;
+	if (bytes && e->n_tokens)
+		from->backend->kv_bytes_per_token = (double)bytes / (double)e->n_tokens;
+	return e;
+}
+
+int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
+			 int64_t now_us)
+{
+	if (s->n_tokens)
+		radix_remove(r->tree, s->tokens, s->n_tokens, s);
+	s->n_tokens = 0;
+	if (e->n_tokens > s->cap) {
+		token_t *t = realloc(s->tokens, e->n_tokens * sizeof *t);
+		if (!t) {
+			router_slot_forget(r, s);
+			return -1;
+		}
+		s->tokens = t;
+		s->cap = e->n_tokens;
+	}
+	memcpy(s->tokens, e->tokens, e->n_tokens * sizeof *s->tokens);
+	s->n_tokens = e->n_tokens;
+	s->aligned = e->aligned;
+	s->hits = e->hits;
+	s->saved = e;
+	s->last_used_us = now_us;
+	e->last_used_us = now_us;
+	e->hits++;
+	saved_unlink(r, e);
+	saved_push_front(r, e);
+	if (radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0) {
+		router_slot_forget(r, s);
+		return -1;
+	}
+	return 0;
+}
+
+struct router_saved *router_saved_victim(struct router *r)
+{
+	/* Least recently used first; a state in use is skipped. */
+	for (struct router_saved *e = r->saved_tail; e; e = e->prev)
+		if (!e->pinned)
+			return e;
+	return NULL;
+}
+
+void router_backend_note_restore(struct router_backend *b, uint64_t bytes, double ms)
+{
+	if (bytes >= (1u << 20) && ms > 0)
+		ewma(&b->restore_bps, (double)bytes * 1000.0 / ms);
+}
+
+void router_backend_note_save(struct router_backend *b, uint64_t bytes, double ms)
+{
+	if (bytes >= (1u << 20) && ms > 0)
+		ewma(&b->save_bps, (double)bytes * 1000.0 / ms);
 }

@@ -27,8 +27,14 @@ const char *reuse_mode_name(enum reuse_mode mode);
 int reuse_mode_parse(const char *s, enum reuse_mode *mode);
 
 struct router_backend;
+struct router_saved;
+
+/* Owners in the radix tree are slots or saved states; both begin with this
+ * tag so that a match can tell them apart. */
+enum owner_kind { OWNER_SLOT = 1, OWNER_SAVED = 2 };
 
 struct router_slot {
+	enum owner_kind kind; /* OWNER_SLOT */
 	struct router_backend *backend;
 	int id;
 	token_t *tokens; /* the prompt tokens the slot's KV holds, in order */
@@ -40,6 +46,25 @@ struct router_slot {
 	int64_t last_used_us;
 	unsigned hits;	/* requests that reused this content */
 	int64_t busy_until_us; /* estimated end of the running request */
+	/* A saved state holding exactly this content, if any: evicting the
+	 * slot then loses nothing. */
+	struct router_saved *saved;
+};
+
+/* A slot state saved to a file by llama-server's slot save, which can be
+ * restored into any slot of the same backend. */
+struct router_saved {
+	enum owner_kind kind; /* OWNER_SAVED */
+	struct router_backend *backend;
+	char name[96]; /* the file name inside the backend's slot-save directory */
+	token_t *tokens;
+	size_t n_tokens;
+	size_t aligned;
+	uint64_t bytes;
+	int64_t last_used_us;
+	unsigned hits;
+	int pinned; /* being restored or written right now: not evictable */
+	struct router_saved *prev, *next;
 };
 
 struct router_backend {
@@ -53,6 +78,10 @@ struct router_backend {
 	int in_flight;
 	double prefill_tps; /* measured prompt tokens per second (EWMA) */
 	double decode_tps;
+	double restore_bps; /* measured slot-restore bytes per second (EWMA) */
+	double save_bps;
+	double kv_bytes_per_token; /* learned from saved files */
+	int can_save;	    /* the backend has a slot-save path: save/restore works */
 	uint64_t evaluated_tokens, cached_tokens, requests;
 };
 
@@ -65,6 +94,12 @@ struct router {
 	 * the same number of prompt tokens to prefill. */
 	double cold_weight, hot_weight;
 	double stale_half_life_s;
+	/* Saved states, most recently used first. */
+	struct router_saved *saved_head, *saved_tail;
+	size_t n_saved;
+	uint64_t saved_bytes;
+	/* Only slot contents at least this long are worth a file. */
+	size_t save_min_tokens;
 };
 
 struct route_choice {
@@ -73,7 +108,11 @@ struct route_choice {
 	size_t reuse;	   /* tokens the request will reuse (mode applied) */
 	int must_trim;	   /* the slot holds more than `reuse` matching tokens: cut it back */
 	double est_prefill_s;
-	const char *kind;  /* "hit", "partial", "miss" */
+	const char *kind;  /* "hit", "partial", "miss", "disk" */
+	/* Before the request: save the slot's current content (it is worth
+	 * keeping), then restore this state into the slot (NULL: none). */
+	int save_first;
+	struct router_saved *restore;
 };
 
 enum route_status { ROUTE_CHOSEN = 0, ROUTE_WAIT = 1, ROUTE_NO_BACKEND = -1 };
@@ -109,6 +148,22 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n);
 void router_backend_note_prefill(struct router_backend *b, uint64_t tokens, double ms);
 void router_backend_note_decode(struct router_backend *b, uint64_t tokens, double ms);
 double router_estimate_prefill_s(const struct router_backend *b, size_t tokens);
+
+/* Saved states. router_saved_add indexes a state that now exists as a file
+ * (bytes long) holding tokens[0..n); the slot's content becomes that state.
+ * Returns NULL on allocation failure. */
+struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
+				      const char *name, uint64_t bytes, int64_t now_us);
+/* The state was restored into the slot: the slot now holds its tokens. */
+int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
+			 int64_t now_us);
+/* Forgets a saved state (its file is gone or must go); the caller deletes
+ * the file. */
+void router_saved_remove(struct router *r, struct router_saved *e);
+/* The least valuable saved state that may be evicted, or NULL. */
+struct router_saved *router_saved_victim(struct router *r);
+void router_backend_note_restore(struct router_backend *b, uint64_t bytes, double ms);
+void router_backend_note_save(struct router_backend *b, uint64_t bytes, double ms);
 
 /* The largest prefix exact mode may reuse for a request of n tokens given a
  * slot whose first `aligned` tokens are on the grid and `matched` match. */

@@ -1,0 +1,289 @@
+"""Shared pieces of the benchmarks: the integration harness (a real
+llama-server and a real `toki serve`), keep-alive HTTP clients, a streaming
+chat client that measures time to first token, statistics and markdown.
+Python 3 standard library only."""
+import http.client
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.path.dirname(BENCH_DIR)
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "integration"))
+
+_private_bin = None
+
+
+def use_toki_binary(path):
+    """Copies the toki binary aside so a rebuild during the run cannot swap it
+    out from under the benchmarks, and points the harness at the copy."""
+    global _private_bin
+    d = tempfile.mkdtemp(prefix="toki-bench-")
+    _private_bin = os.path.join(d, "toki")
+    shutil.copy2(path, _private_bin)
+    os.environ["TOKI_BIN"] = _private_bin
+    import toki_harness
+    toki_harness.TOKI_BIN = _private_bin
+    return _private_bin
+
+
+def harness():
+    import toki_harness
+    return toki_harness
+
+
+# ---- HTTP ----
+
+class Client:
+    """One keep-alive HTTP/1.1 connection; reconnects once if the server
+    closed it between requests."""
+
+    def __init__(self, port, timeout=600):
+        self.port = port
+        self.timeout = timeout
+        self.conn = None
+
+    def _conn(self):
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        return self.conn
+
+    def close(self):
+        if self.conn:
+            self.conn.close()
+            self.conn = None
+
+    def _send(self, method, path, body):
+        data = None if body is None else json.dumps(body)
+        h = {"Content-Type": "application/json", "Connection": "keep-alive"}
+        for attempt in (0, 1):
+            try:
+                c = self._conn()
+                c.request(method, path, body=data, headers=h)
+                return c.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                    http.client.CannotSendRequest):
+                self.close()
+                if attempt:
+                    raise
+
+    def json(self, method, path, body=None):
+        resp = self._send(method, path, body)
+        text = resp.read()
+        if resp.getheader("Connection", "").lower() == "close":
+            self.close()
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text.decode("utf-8", "replace")
+
+    def stream_chat(self, body):
+        """POSTs a streamed chat completion. Returns a dict: status, text (the
+        concatenated content), ttft (seconds to the first non-empty content
+        delta; the end of the stream if none came), total (seconds), timings
+        and cache (from the final chunk), route (toki's leading comment)."""
+        body = dict(body, stream=True)
+        t0 = time.perf_counter()
+        resp = self._send("POST", "/v1/chat/completions", body)
+        out = {"status": resp.status, "text": "", "ttft": None, "timings": None, "cache": None,
+               "route": None, "usage": None}
+        if resp.status != 200:
+            out["error"] = resp.read().decode("utf-8", "replace")
+            self.close()
+            out["total"] = time.perf_counter() - t0
+            return out
+        parts = []
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.decode("utf-8", "replace").rstrip("\r\n")
+            if line.startswith(": toki"):
+                out["route"] = line[2:]
+                continue
+            if not line.startswith("data:"):
+                continue
+            d = line[5:].strip()
+            if d == "[DONE]":
+                continue
+            j = json.loads(d)
+            for ch in j.get("choices", []):
+                c = (ch.get("delta") or {}).get("content")
+                if c:
+                    if out["ttft"] is None:
+                        out["ttft"] = time.perf_counter() - t0
+                    parts.append(c)
+            if "timings" in j:
+                out["timings"] = j["timings"]
+            if "cache" in j:
+                out["cache"] = j["cache"]
+            if j.get("usage"):
+                out["usage"] = j["usage"]
+        out["total"] = time.perf_counter() - t0
+        if out["ttft"] is None:
+            out["ttft"] = out["total"]
+        out["text"] = "".join(parts)
+        if resp.getheader("Connection", "").lower() == "close":
+            self.close()
+        return out
+
+
+def tokenize_chat(client, messages):
+    """The prompt tokens the server evaluates for a chat request: its own
+    chat template, then /tokenize with special tokens, as toki does."""
+    st, t = client.json("POST", "/apply-template", {"messages": messages})
+    if st != 200:
+        raise RuntimeError(f"apply-template: {st} {t}")
+    st, tok = client.json("POST", "/tokenize", {"content": t["prompt"], "add_special": True,
+                                                "parse_special": True})
+    if st != 200:
+        raise RuntimeError(f"tokenize: {st} {tok}")
+    return tok["tokens"]
+
+
+def lcp(a, b):
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: most shared prefixes are long.
+    step = 256
+    while i + step <= n and a[i:i + step] == b[i:i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_limit(token_lists):
+    """Sum over requests of the tokens no earlier request could have left in
+    a cache: n_i - max_j<i LCP(t_i, t_j), at least 1 each (the server always
+    evaluates at least the last prompt token)."""
+    total = 0
+    per = []
+    for i, t in enumerate(token_lists):
+        best = 0
+        for j in range(i):
+            best = max(best, lcp(t, token_lists[j]))
+        v = max(1, len(t) - best)
+        per.append(v)
+        total += v
+    return total, per
+
+
+# ---- processes ----
+
+def proc_status(pid):
+    """VmRSS and VmHWM of a process, in KiB."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    k, v = line.split(":", 1)
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return None
+
+
+def stop(*procs):
+    """Stops toki processes with SIGTERM and llama-servers with SIGKILL."""
+    import signal
+    th = harness()
+    for p in procs:
+        if p is None:
+            continue
+        try:
+            if isinstance(p, th.Toki):
+                p.kill(signal.SIGTERM)
+            else:
+                p.kill()
+        except Exception as e:  # keep tearing down the rest
+            print(f"warning: could not stop {p}: {e}", file=sys.stderr)
+
+
+# ---- machine ----
+
+def machine_info(toki_bin):
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version()}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    info["cores"] = os.cpu_count()
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    info["ram_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    def git(*a):
+        return subprocess.run(["git", "-C", SOURCE_DIR] + list(a), capture_output=True,
+                              text=True).stdout.strip()
+    info["commit"] = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    info["dirty"] = bool(dirty)
+    info["dirty_files"] = [l[3:] for l in dirty.splitlines()]
+    th = harness()
+    ls = th.llama_server_path()
+    v = subprocess.run([ls, "--version"], capture_output=True, text=True)
+    info["llama_server"] = " ".join((v.stderr + v.stdout).split())
+    tv = subprocess.run([toki_bin, "version"], capture_output=True, text=True)
+    info["toki_version"] = (tv.stdout + tv.stderr).strip()
+    import hashlib
+    with open(toki_bin, "rb") as f:
+        info["toki_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+    info["loadavg_start"] = loadavg()
+    return info
+
+
+# ---- statistics and output ----
+
+def pct(values, p):
+    """Percentile by linear interpolation between closest ranks."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    if len(v) == 1:
+        return v[0]
+    k = (len(v) - 1) * p / 100.0
+    f = int(k)
+    c = min(f + 1, len(v) - 1)
+    return v[f] + (v[c] - v[f]) * (k - f)
+
+
+def median(values):
+    return pct(values, 50)
+
+
+def table(headers, rows):
+    def cell(x):
+        if isinstance(x, float):
+            if x != x:
+                return "n/a"
+            return f"{x:.2f}" if abs(x) < 100 else f"{x:.0f}"
+        return str(x)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(cell(x) for x in r) + " |")
+    return "\n".join(lines)
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
