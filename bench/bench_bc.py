@@ -1,0 +1,168 @@
+"""Benchmarks b (evaluated tokens over the prefix limit on the interleaved
+agent workload) and c (exact vs fast: evaluated tokens and identity with an
+uncached run, at two micro-batch sizes)."""
+import time
+
+import workload
+from common import Client, harness, log, median, pct, prefix_limit, stop, table
+
+MODEL = ("bench", "4M", 32768)  # a generated random-weight model: prefill cost is visible
+TARGETS = ("direct", "fast", "exact")
+
+
+def model_path():
+    return harness().generated_model(*MODEL)
+
+
+def toki_log_lines(toki):
+    out = []
+    for line in toki.log_text().splitlines():
+        if "route=" in line or "warn" in line or "error" in line:
+            out.append(line)
+    return out
+
+
+def run_config(quick, requests, tokens, np, cram, target, ubatch):
+    """Replays the request list through one fresh server (and toki), streamed."""
+    th = harness()
+    p = workload.params(quick)
+    tag = f"np{np}-cram{cram}-ub{ubatch}-{target}"
+    ls = th.LlamaServer(model=model_path(), slots=np, ctx=p["per_slot_ctx"], ubatch=ubatch,
+                        cache_ram=cram, name=f"bench-{tag}")
+    toki = None
+    try:
+        if target != "direct":
+            toki = th.Toki([ls], mode=target, ubatch=ubatch, name=f"toki-bench-{tag}")
+        c = Client(toki.port if toki else ls.port)
+        recs = []
+        t0 = time.perf_counter()
+        for r, toks in zip(requests, tokens):
+            res = c.stream_chat(workload.body_of(r))
+            if res["status"] != 200 or not res["timings"]:
+                raise RuntimeError(f"{tag}: request {r['i']} failed: {res}")
+            t = res["timings"]
+            recs.append({"i": r["i"], "kind": r["kind"], "session": r["session"],
+                         "prompt_tokens": len(toks), "prompt_n": t["prompt_n"],
+                         "cache_n": t["cache_n"], "ttft": res["ttft"], "total": res["total"],
+                         "identical": res["text"] == r["reply"], "cache": res["cache"],
+                         "route": res["route"]})
+        wall = time.perf_counter() - t0
+        c.close()
+        stats = toki.stats() if toki else None
+        lines = toki_log_lines(toki) if toki else []
+        log_path = toki.log_path if toki else None
+    finally:
+        stop(toki, ls)
+    ev = sum(r["prompt_n"] for r in recs)
+    res = {"np": np, "cram": cram, "target": target, "ubatch": ubatch, "evaluated": ev,
+           "cached": sum(r["cache_n"] for r in recs), "wall_s": wall,
+           "ttft_p50": median([r["ttft"] for r in recs]),
+           "ttft_p95": pct([r["ttft"] for r in recs], 95),
+           "identical": sum(r["identical"] for r in recs), "n": len(recs),
+           "count_mismatch": sum(r["prompt_n"] + r["cache_n"] != r["prompt_tokens"] for r in recs),
+           "requests": recs, "toki_stats": stats, "toki_log": lines, "toki_log_path": log_path,
+           "server_log_path": ls.log_path}
+    log(f"  {tag}: evaluated {ev}, wall {wall:.1f} s, identical {res['identical']}/{res['n']}")
+    return res
+
+
+_runs = {}
+
+
+def cached_run(quick, requests, tokens, np, cram, target, ubatch):
+    key = (quick, np, cram, target, ubatch)
+    if key not in _runs:
+        _runs[key] = run_config(quick, requests, tokens, np, cram, target, ubatch)
+    return _runs[key]
+
+
+def workload_summary(requests, tokens, limit, ref_secs):
+    n = [len(t) for t in tokens]
+    kinds = {}
+    for r in requests:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    return {"requests": len(requests), "kinds": kinds, "prompt_tokens_total": sum(n),
+            "prompt_tokens_max": max(n), "limit": limit,
+            "system_prompt_tokens": sorted({len(t) for t, r in zip(tokens, requests)
+                                            if r["kind"] != "title" and
+                                            (r["turn"] == 1)}),
+            "uncached_run_s": ref_secs}
+
+
+def bench_b(quick):
+    model = model_path()
+    requests, tokens, ref_secs = workload.reference(quick, model, 512)
+    limit, per = prefix_limit(tokens)
+    wl = workload_summary(requests, tokens, limit, ref_secs)
+    log(f"benchmark b: {wl['requests']} requests, {wl['prompt_tokens_total']} prompt tokens, "
+        f"limit {limit}")
+    runs = []
+    for np in (1, 2, 4):
+        for cram in (0, 8192):
+            for target in TARGETS:
+                runs.append(cached_run(quick, requests, tokens, np, cram, target, 512))
+    rows = []
+    for r in runs:
+        rows.append([r["np"], r["cram"], {"direct": "llama-server alone"}.get(
+            r["target"], "toki " + r["target"]), r["evaluated"], limit,
+            r["evaluated"] / limit, r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
+            f"{r['identical']}/{r['n']}"])
+    t1 = table(["-np", "--cache-ram", "path", "evaluated", "limit", "eval/limit",
+                "TTFT p50 ms", "TTFT p95 ms", "wall s", "identical to uncached"], rows)
+    pivot = []
+    for np in (1, 2, 4):
+        for cram in (0, 8192):
+            row = [np, cram]
+            for target in TARGETS:
+                r = next(x for x in runs if x["np"] == np and x["cram"] == cram and
+                         x["target"] == target)
+                row.append(r["evaluated"] / limit)
+            pivot.append(row)
+    t2 = table(["-np", "--cache-ram", "llama-server alone", "toki fast", "toki exact"], pivot)
+    md = (f"### b. Interleaved agent workload\n\n{wl['requests']} requests "
+          f"({', '.join(f'{v} {k}' for k, v in wl['kinds'].items())}), "
+          f"{wl['prompt_tokens_total']} prompt tokens in all, longest prompt "
+          f"{wl['prompt_tokens_max']}, limit {limit} tokens. Model "
+          f"{MODEL[1]} generated, -ub 512.\n\nevaluated / limit:\n\n{t2}\n\n{t1}\n")
+    return {"workload": wl, "limit_per_request": per, "runs": runs, "markdown": md}
+
+
+def bench_c(quick):
+    model = model_path()
+    requests, tokens, _ = workload.reference(quick, model, 512)
+    limit, _ = prefix_limit(tokens)
+    np, cram = 4, 0
+    out = {"np": np, "cram": cram, "limit": limit, "by_ubatch": {}}
+    rows = []
+    for ub in (512, 64):
+        if ub == 512:
+            ref_reqs = requests
+            ref_secs = None
+        else:
+            ref_reqs, _, ref_secs = workload.reference(quick, model, ub, requests=requests)
+        uncached = sum(len(t) for t in tokens)
+        rows.append([ub, "no cache (cache_prompt false)", uncached, uncached / limit, "", "",
+                     f"{len(tokens)}/{len(tokens)}"])
+        res = {}
+        for target in TARGETS:
+            r = cached_run(quick, ref_reqs, tokens, np, cram, target, ub)
+            res[target] = r
+        fast_ev = res["fast"]["evaluated"]
+        for target in TARGETS:
+            r = res[target]
+            extra = (r["evaluated"] - fast_ev) / r["n"]
+            per_req = [a["prompt_n"] - b["prompt_n"] for a, b in
+                       zip(r["requests"], res["fast"]["requests"])]
+            rows.append([ub, {"direct": "llama-server alone"}.get(target, "toki " + target),
+                         r["evaluated"], r["evaluated"] / limit,
+                         f"{extra:+.1f}", f"{max(per_req):+d}" if target != "fast" else "",
+                         f"{r['identical']}/{r['n']}"])
+        out["by_ubatch"][ub] = {"runs": {k: v for k, v in res.items()},
+                                "uncached_evaluated": uncached, "reference_s": ref_secs}
+    t = table(["-ub", "path", "evaluated", "eval/limit", "extra vs fast per request (mean)",
+               "extra vs fast (max one request)", "identical to uncached"], rows)
+    out["markdown"] = (f"### c. Exact vs fast\n\nSame workload, -np {np}, --cache-ram {cram}, "
+                       f"limit {limit}. Identity: the streamed text compared byte for byte "
+                       f"with an uncached run (`cache_prompt: false`, 1 slot, same -ub) of the "
+                       f"same request.\n\n{t}\n")
+    return out
