@@ -7,6 +7,10 @@
 
 static const struct cmd_entry commands[] = {
 	{"serve", cmd_serve, "run the cache-routing daemon in front of llama-server"},
+	{"model", cmd_model, "install a llama-server, pull, use, list and remove models"},
+	{"up", cmd_up, "start llama-server and toki serve for a GGUF file"},
+	{"down", cmd_down, "stop what toki model use / toki up started"},
+	{"status", cmd_status, "what runs, ports, context, memory, cache hit rate"},
 	{"gguf", cmd_gguf, "inspect GGUF files, or write random-weight test models"},
 	{"version", cmd_version, "print the version"},
 };

@@ -11,6 +11,17 @@ struct cmd_entry {
 };
 
 int cmd_serve(int argc, char **argv);
+int cmd_model(int argc, char **argv);
+int cmd_up(int argc, char **argv);
+int cmd_down(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+
+/* `toki model <sub>`: one file each (cmd-model-<sub>.c). */
+int cmd_model_install_llama(int argc, char **argv);
+int cmd_model_pull(int argc, char **argv);
+int cmd_model_use(int argc, char **argv);
+int cmd_model_list(int argc, char **argv);
+int cmd_model_remove(int argc, char **argv);
 int cmd_gguf(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 

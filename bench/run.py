@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Toki Recur benchmarks: a real llama-server and a real `toki serve`.
+
+  python3 bench/run.py [a|b|c|d|all] [--quick] [--out bench/results/DATE.json]
+
+  a    one slot, cold vs hot: evaluated tokens and time to first token
+  b    interleaved agent workload: evaluated tokens over the prefix limit,
+       llama-server alone vs toki fast vs toki exact, -np 1/2/4 x --cache-ram 0/8192
+  c    exact vs fast: evaluated tokens and identity with an uncached run, -ub 512 and 64
+  d    overhead: added latency, tokenization round trips, 64-client throughput, RSS
+
+Prints markdown tables on stdout (progress on stderr) and writes everything it
+measured, per request, to the JSON file (and the tables next to it, .md).
+Uses tests/integration/toki_harness.py: scripts/provision-llama-server.sh finds
+llama-server, generated models are cached under ~/.cache/tokirecur/test/, and
+each server's and toki's log is written there too. Standard library only."""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("which", nargs="*", default=["all"], choices=["a", "b", "c", "d", "all"],
+                    help="benchmarks to run (default all)")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
+    ap.add_argument("--out", help="JSON results (default bench/results/DATE.json)")
+    ap.add_argument("--toki", default=os.path.join(common.SOURCE_DIR, "build", "toki"),
+                    help="the toki binary (default build/toki; copied aside for the run)")
+    args = ap.parse_args()
+    which = ["a", "b", "c", "d"] if "all" in args.which else sorted(set(args.which))
+    if not os.access(args.toki, os.X_OK):
+        sys.exit(f"no toki binary at {args.toki}: build it first "
+                 "(cmake -S . -B build && cmake --build build -j2)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or os.path.join(common.BENCH_DIR, "results", stamp + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+
+    common.use_toki_binary(args.toki)
+    info = common.machine_info(args.toki)
+    info["command"] = " ".join(["python3", "bench/run.py"] + sys.argv[1:])
+    info["quick"] = args.quick
+    results = {"machine": info, "benchmarks": {}}
+    t_start = time.perf_counter()
+
+    import bench_a
+    import bench_bc
+    import bench_d
+    fns = {"a": bench_a.bench_a, "b": bench_bc.bench_b, "c": bench_bc.bench_c,
+           "d": bench_d.bench_d}
+
+    header = (f"## Toki Recur benchmarks{' (quick)' if args.quick else ''}\n\n"
+              f"- date: {info['date']}\n- machine: {info.get('cpu')}, {info['cores']} cores, "
+              f"{info.get('ram_gib')} GiB RAM (load average at start: {info['loadavg_start']})\n"
+              f"- toki: commit {info['commit']}{' (dirty working tree)' if info['dirty'] else ''}"
+              f", {info['toki_version']}, binary sha256 {info['toki_sha256']}\n"
+              f"- llama-server: {info['llama_server']}\n- command: `{info['command']}`\n")
+    print(header, flush=True)
+    md = [header]
+
+    def save():
+        info["total_s"] = time.perf_counter() - t_start
+        info["loadavg_end"] = common.loadavg()
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+        with open(os.path.splitext(out)[0] + ".md", "w") as f:
+            f.write("\n".join(md))
+
+    failed = False
+    for w in which:
+        common.log(f"benchmark {w} ...")
+        t0 = time.perf_counter()
+        try:
+            r = fns[w](args.quick)
+        except Exception as e:
+            import traceback
+            traceback.print_exc()
+            failed = True
+            r = {"error": repr(e), "markdown": f"### {w}: FAILED: {e!r}\n"}
+        r["seconds"] = time.perf_counter() - t0
+        results["benchmarks"][w] = r
+        text = r["markdown"] + f"\n({w}: {r['seconds']:.0f} s)\n"
+        print(text, flush=True)
+        md.append(text)
+        save()
+    footer = (f"Total: {time.perf_counter() - t_start:.0f} s; load average at end: "
+              f"{common.loadavg()}.")
+    print(footer)
+    md.append(footer + "\n")
+    save()
+    common.log(f"results: {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
