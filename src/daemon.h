@@ -25,6 +25,7 @@ struct daemon_config {
 	size_t max_body_bytes;
 	int allow_remote;	/* binding beyond loopback was asked for explicitly */
 	const char *slot_dir;	/* the backends' --slot-save-path, shared with toki */
+	long max_output;	/* cap on a request's output tokens (0: none) */
 	uint64_t slot_disk_bytes; /* cap on the saved slot files */
 };
 
@@ -45,6 +46,7 @@ struct daemon {
 	struct proxy_req *active;	/* every request in flight, for shutdown */
 	struct daemon_stats stats;
 	struct event *sigint, *sigterm;
+	struct supervisor *supervisor; /* the llama-server toki started, if any */
 	int64_t started_us;
 	uint64_t save_counter;
 	int shutting_down;

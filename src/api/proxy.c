@@ -8,6 +8,7 @@
 
 #include "api/api_error.h"
 #include "backend/backend.h"
+#include "backend/supervise.h"
 #include "daemon.h"
 #include "http/http_server.h"
 #include "http/sse.h"
@@ -46,6 +47,8 @@ struct proxy_req {
 	char save_name[96];
 	char restored_name[96];
 	int restored;
+	long max_tokens;    /* the output cap sent to the backend */
+	int output_clamped; /* the client asked for more than fits */
 	int status;		  /* the backend's HTTP status */
 	struct sse_parser sse;
 	char *held; /* the last event, held back until we know it is the last */
@@ -179,6 +182,9 @@ static json_t *cache_block(struct proxy_req *pr)
 		json_object_set_new(c, "evaluated", json_integer(pr->prompt_n));
 	}
 	json_object_set_new(c, "trimmed", json_boolean(pr->choice.must_trim));
+	json_object_set_new(c, "max_tokens", json_integer(pr->max_tokens));
+	if (pr->output_clamped)
+		json_object_set_new(c, "max_tokens_clamped", json_true());
 	if (pr->restored)
 		json_object_set_new(c, "restored", json_string(pr->restored_name));
 	json_object_set_new(c, "est_prefill_ms", json_real(pr->choice.est_prefill_s * 1000.0));
@@ -752,6 +758,44 @@ static void save_slot(struct proxy_req *pr)
 		fail(pr, 500, "out of memory");
 }
 
+/* ---- the context every part agrees on ---- */
+
+/* The prompt must fit the slot's context with room for at least one output
+ * token, or the request is refused (llama-server would otherwise cut the
+ * prompt silently). The output is capped by the space left and by the
+ * model's max_output: a client asking for 32,000 tokens gets what fits. */
+static int clamp_output(struct proxy_req *pr, int n_ctx_slot)
+{
+	if (n_ctx_slot <= 0)
+		return 0;
+	if (pr->n_tokens >= (size_t)n_ctx_slot) {
+		char msg[300];
+		snprintf(msg, sizeof msg,
+			 "the prompt has %zu tokens, but the model's context holds %d (with room for "
+			 "at least one output token); shorten the conversation",
+			 pr->n_tokens, n_ctx_slot);
+		fail(pr, 400, msg);
+		return -1;
+	}
+	long space = n_ctx_slot - (long)pr->n_tokens;
+	long cap = space;
+	if (pr->d->cfg.max_output > 0 && pr->d->cfg.max_output < cap)
+		cap = pr->d->cfg.max_output;
+	const char *field = !strcmp(pr->backend_path, "/completion") ? "n_predict" : "max_tokens";
+	json_t *v = json_object_get(pr->body, field);
+	if (!v && !strcmp(field, "max_tokens"))
+		v = json_object_get(pr->body, "max_completion_tokens");
+	long asked = json_is_integer(v) ? (long)json_integer_value(v) : -1;
+	pr->max_tokens = asked;
+	if (asked < 0 || asked > cap) {
+		json_object_set_new(pr->body, field, json_integer(cap));
+		json_object_del(pr->body, "max_completion_tokens");
+		pr->max_tokens = cap;
+		pr->output_clamped = asked >= 0;
+	}
+	return 0;
+}
+
 /* ---- routing ---- */
 
 static void pr_try_route(struct proxy_req *pr)
@@ -784,14 +828,8 @@ static void pr_try_route(struct proxy_req *pr)
 	}
 	wait_remove(pr);
 	struct router_backend *rb = ch.slot->backend;
-	if (rb->n_ctx_slot > 0 && pr->n_tokens >= (size_t)rb->n_ctx_slot) {
-		char msg[256];
-		snprintf(msg, sizeof msg,
-			 "the prompt has %zu tokens, but the context of a slot holds %d; shorten it",
-			 pr->n_tokens, rb->n_ctx_slot);
-		fail(pr, 400, msg);
+	if (clamp_output(pr, rb->n_ctx_slot) != 0)
 		return;
-	}
 	pr->choice = ch;
 	pr->slot = ch.slot;
 	pr->backend = d->backends[rb->index];
@@ -1155,6 +1193,8 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	json_object_set_new(o, "cached_tokens", json_integer((json_int_t)s->cached_tokens));
 	json_object_set_new(o, "cut_backs", json_integer((json_int_t)s->trim_tokens));
 	json_object_set_new(o, "saves", json_integer((json_int_t)s->saves));
+	json_object_set_new(o, "llama_restarts",
+			    json_integer(d->supervisor ? supervisor_restarts(d->supervisor) : 0));
 	json_object_set_new(o, "restores", json_integer((json_int_t)s->restores));
 	json_object_set_new(o, "saved_files", json_integer((json_int_t)d->router->n_saved));
 	json_object_set_new(o, "saved_bytes", json_integer((json_int_t)d->router->saved_bytes));
@@ -1181,6 +1221,31 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	json_object_set_new(o, "waiting", json_integer(0));
 	respond_json(req, 200, o);
 	json_decref(o);
+}
+
+/* The backend's model list, with the context that every part of toki uses
+ * (a slot's context) and the output cap advertised on each model. */
+static void handle_models(struct daemon *d, struct http_request *req)
+{
+	struct backend *b = daemon_any_backend(d);
+	if (!b || !b->models) {
+		http_respond_error(req, 503, "no backend is up");
+		return;
+	}
+	json_t *m = json_deep_copy(b->models);
+	size_t i;
+	json_t *e;
+	json_array_foreach(json_object_get(m, "data"), i, e)
+	{
+		json_object_set_new(e, "context_length", json_integer(b->rb->n_ctx_slot));
+		if (d->cfg.max_output > 0)
+			json_object_set_new(e, "max_output", json_integer(d->cfg.max_output));
+		json_t *meta = json_object_get(e, "meta");
+		if (json_is_object(meta))
+			json_object_set_new(meta, "n_ctx", json_integer(b->rb->n_ctx_slot));
+	}
+	respond_json(req, 200, m);
+	json_decref(m);
 }
 
 static int is_passthrough(const char *method, const char *path)
@@ -1224,11 +1289,7 @@ void proxy_handle(struct http_request *req, void *ctx)
 			start_routed(d, req, KIND_COMPLETION,
 				     !strcmp(path, "/completion") ? "/completion" : "/v1/completions");
 	} else if (!strcmp(path, "/v1/models") || !strcmp(path, "/models")) {
-		struct backend *b = daemon_any_backend(d);
-		if (b && b->models)
-			respond_json(req, 200, b->models);
-		else
-			http_respond_error(req, 503, "no backend is up");
+		handle_models(d, req);
 	} else if (is_passthrough(method, path)) {
 		pass_through(d, req);
 	} else {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "model/gguf.h"
 #include "util/log.h"
 
 struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen)
@@ -98,6 +99,18 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 		return;
 	}
 	const char *build = json_string_value(json_object_get(props, "build_info"));
+	/* When the model file is on this host, its header tells how large a
+	 * token's KV is, which prices saving a slot before the first save has
+	 * been measured. */
+	const char *model_path = json_string_value(json_object_get(props, "model_path"));
+	if (model_path && b->rb->kv_bytes_per_token <= 0) {
+		struct gguf_error gerr;
+		struct gguf *g = gguf_open(model_path, &gerr);
+		struct gguf_model_info mi;
+		if (g && gguf_model_info_read(g, &mi))
+			b->rb->kv_bytes_per_token = (double)gguf_kv_bytes_per_token(&mi, 2.0);
+		gguf_close(g);
+	}
 	free(b->build_info);
 	b->build_info = strdup(build ? build : "unknown");
 	json_decref(props);
@@ -147,6 +160,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	json_decref(b->models);
 	b->models = models;
 	router_backend_set_up(b->d->router, b->rb, 1);
+	b->ever_up = 1;
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
 		 b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
 	daemon_slots_changed(b->d);
@@ -190,6 +204,11 @@ static const struct backend_call_handlers health_handlers = {
 static void health_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct backend *b = arg;
+	/* Until a backend is first up (a model loading) it is asked often, so
+	 * that it serves as soon as it can; after that, at the set interval. */
+	int ms = b->ever_up ? b->d->cfg.health_interval_ms : 200;
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	event_add(b->health_timer, &tv);
 	if (b->health_call || b->discovering)
 		return; /* the previous check is still out */
 	b->health_call = backend_call_start(b->http, "GET", "/health", NULL, 0, &health_handlers, b);
@@ -197,9 +216,6 @@ static void health_tick(evutil_socket_t fd, short what, void *arg)
 
 void backend_start(struct backend *b)
 {
-	b->health_timer = event_new(b->d->base, -1, EV_PERSIST, health_tick, b);
-	int ms = b->d->cfg.health_interval_ms;
-	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-	event_add(b->health_timer, &tv);
+	b->health_timer = evtimer_new(b->d->base, health_tick, b);
 	health_tick(-1, 0, b);
 }

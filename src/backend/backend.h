@@ -19,6 +19,7 @@ struct backend {
 	struct event *health_timer;
 	struct backend_call *health_call;
 	int discovering;
+	int ever_up;
 	char *build_info;
 	char *model_id;    /* id reported by /v1/models */
 	json_t *models;    /* the backend's /v1/models answer */

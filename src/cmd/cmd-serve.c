@@ -1,5 +1,10 @@
 /* toki serve: the cache-routing daemon. */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +22,8 @@
 #include "http/http_server.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/paths.h"
+#include "backend/supervise.h"
 
 static void usage(FILE *out)
 {
@@ -40,7 +47,188 @@ static void usage(FILE *out)
 		"  --slot-disk-mb N   cap on the files in --slot-dir (default: a quarter of the\n"
 		"                     free space there, at most 32 GiB)\n"
 		"\n"
-		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_LOG\n");
+		"  --max-output N     cap on a request's output tokens (default: the context)\n"
+		"\n"
+		"Managed backend: instead of (or besides) --backend, toki starts llama-server\n"
+		"itself, restarts it if it dies, and stops it on exit:\n"
+		"  --model FILE       the GGUF to serve\n"
+		"  --llama-server BIN the llama-server to run (default $TOKI_LLAMA_SERVER,\n"
+		"                     else llama-server on PATH)\n"
+		"  --ctx N            context per slot (default: the model's training context)\n"
+		"  --slots N          parallel slots, -np (default 2)\n"
+		"  --llama-arg ARG    an extra llama-server argument (repeatable)\n"
+		"  --llama-env K=V    an extra environment variable for it (repeatable)\n"
+		"  --run-dir DIR      logs, slot files and serve.json (default\n"
+		"                     $TOKI_STATE_DIR/run/<model name>)\n"
+		"\n"
+		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_LOG,\n"
+		"TOKI_LLAMA_SERVER, TOKI_STATE_DIR\n");
+}
+
+/* A llama-server that this daemon starts and supervises. */
+struct managed {
+	const char *model, *binary, *run_dir, *name;
+	long ctx;
+	int slots;
+	char *args[64];
+	int n_args;
+	char *env[64];
+	int n_env;
+	int port;
+	char run_dir_buf[4096];
+	char log_path[4200];
+	char info_path[4200];
+	char name_buf[160];
+	char model_abs[4096];
+};
+
+static int pick_free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -1;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	int port = -1;
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+/* The run name: --name, else the model file's name without .gguf, made safe
+ * to use as a directory name. */
+static void derive_name(struct managed *m)
+{
+	if (m->name) {
+		snprintf(m->name_buf, sizeof m->name_buf, "%s", m->name);
+		return;
+	}
+	const char *base = strrchr(m->model, '/');
+	base = base ? base + 1 : m->model;
+	if (snprintf(m->name_buf, sizeof m->name_buf, "%s", base) >= (int)sizeof m->name_buf)
+		m->name_buf[128] = '\0'; /* a long file name: its start names the run */
+	char *dot = strstr(m->name_buf, ".gguf");
+	if (dot)
+		*dot = '\0';
+	for (char *p = m->name_buf; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+		      *p == '.' || *p == '_' || *p == '-'))
+			*p = '_';
+}
+
+static int prepare_managed(struct managed *m, struct daemon *d, char *url, size_t urllen,
+			   char *slot_dir, size_t slotlen)
+{
+	/* serve.json and the logs name the model by its absolute path. */
+	if (!realpath(m->model, m->model_abs)) {
+		fprintf(stderr, "toki serve: %s: %s\n", m->model, strerror(errno));
+		return -1;
+	}
+	m->model = m->model_abs;
+	derive_name(m);
+	if (!paths_is_safe_name(m->name_buf)) {
+		fprintf(stderr, "toki serve: '%s' cannot be a run name\n", m->name_buf);
+		return -1;
+	}
+	if (!m->run_dir) {
+		char sub[300];
+		snprintf(sub, sizeof sub, "run/%s", m->name_buf);
+		if (paths_state_sub(m->run_dir_buf, sizeof m->run_dir_buf, sub) != 0) {
+			fprintf(stderr, "toki serve: state directory path too long\n");
+			return -1;
+		}
+		m->run_dir = m->run_dir_buf;
+	}
+	if (snprintf(slot_dir, slotlen, "%s/slots", m->run_dir) >= (int)slotlen ||
+	    snprintf(m->log_path, sizeof m->log_path, "%s/llama-server.log", m->run_dir) >=
+		    (int)sizeof m->log_path ||
+	    snprintf(m->info_path, sizeof m->info_path, "%s/serve.json", m->run_dir) >=
+		    (int)sizeof m->info_path) {
+		fprintf(stderr, "toki serve: run directory path too long\n");
+		return -1;
+	}
+	if (paths_mkdir_p(slot_dir, 0700) != 0) {
+		fprintf(stderr, "toki serve: cannot create %s: %s\n", slot_dir, strerror(errno));
+		return -1;
+	}
+	if (!m->binary) {
+		const char *env = getenv("TOKI_LLAMA_SERVER");
+		m->binary = env && *env ? env : "llama-server";
+	}
+	m->port = pick_free_port();
+	if (m->port <= 0) {
+		fprintf(stderr, "toki serve: no free port for llama-server\n");
+		return -1;
+	}
+	snprintf(url, urllen, "http://127.0.0.1:%d", m->port);
+	/* Toki's own slot files take the place of llama-server's RAM cache,
+	 * which exact mode cannot see into. */
+	(void)d;
+	return 0;
+}
+
+static int start_managed(struct managed *m, struct daemon *d)
+{
+	char *argv[160];
+	int n = 0;
+	char port[16], np[16], ctx[32], ub[16], slot_dir[4200];
+	snprintf(port, sizeof port, "%d", m->port);
+	snprintf(np, sizeof np, "%d", m->slots);
+	snprintf(ctx, sizeof ctx, "%ld", m->ctx * m->slots);
+	snprintf(ub, sizeof ub, "%d", d->cfg.n_ubatch);
+	if (snprintf(slot_dir, sizeof slot_dir, "%s/slots", m->run_dir) >= (int)sizeof slot_dir)
+		return -1;
+	argv[n++] = (char *)m->binary;
+	argv[n++] = "-m";
+	argv[n++] = (char *)m->model;
+	argv[n++] = "--host";
+	argv[n++] = "127.0.0.1";
+	argv[n++] = "--port";
+	argv[n++] = port;
+	argv[n++] = "-np";
+	argv[n++] = np;
+	if (m->ctx > 0) {
+		argv[n++] = "-c";
+		argv[n++] = ctx;
+	}
+	argv[n++] = "-ub";
+	argv[n++] = ub;
+	argv[n++] = "--cache-ram";
+	argv[n++] = "0";
+	argv[n++] = "--slot-save-path";
+	argv[n++] = slot_dir;
+	for (int i = 0; i < m->n_args; i++)
+		argv[n++] = m->args[i];
+	argv[n] = NULL;
+	m->env[m->n_env] = NULL;
+	d->supervisor = supervisor_new(d->base, argv, m->log_path, m->n_env ? m->env : NULL);
+	char err[256];
+	if (!d->supervisor || supervisor_start(d->supervisor, err, sizeof err) != 0) {
+		fprintf(stderr, "toki serve: cannot start llama-server: %s\n",
+			d->supervisor ? err : "out of memory");
+		return -1;
+	}
+	log_info("managing llama-server for %s on port %d (log %s)", m->model, m->port, m->log_path);
+	return 0;
+}
+
+/* serve.json: what runs, for toki status and toki down. */
+static void write_serve_info(struct managed *m, struct daemon *d)
+{
+	json_t *o = json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:I, s:i, s:s, s:s}", "pid", (int)getpid(),
+			      "host", d->cfg.host, "port", http_server_port(d->http), "llama_port",
+			      m->port, "model", m->model, "name", m->name_buf, "ctx", (json_int_t)m->ctx,
+			      "slots", m->slots, "mode", reuse_mode_name(d->cfg.mode), "llama_log",
+			      m->log_path);
+	json_object_set_new(o, "llama_pid", json_integer(supervisor_pid(d->supervisor)));
+	json_object_set_new(o, "max_output", json_integer(d->cfg.max_output));
+	char tmp[4300];
+	if (snprintf(tmp, sizeof tmp, "%s.tmp", m->info_path) < (int)sizeof tmp &&
+	    json_dump_file(o, tmp, JSON_INDENT(2)) == 0)
+		rename(tmp, m->info_path);
+	json_decref(o);
 }
 
 static int is_loopback(const char *host)
@@ -78,6 +266,15 @@ int cmd_serve(int argc, char **argv)
 		{"max-body-mb", required_argument, NULL, 'm'},
 		{"slot-dir", required_argument, NULL, 's'},
 		{"slot-disk-mb", required_argument, NULL, 'S'},
+		{"max-output", required_argument, NULL, 'O'},
+		{"model", required_argument, NULL, 'M'},
+		{"llama-server", required_argument, NULL, 'L'},
+		{"ctx", required_argument, NULL, 'c'},
+		{"slots", required_argument, NULL, 'n'},
+		{"llama-arg", required_argument, NULL, 'a'},
+		{"llama-env", required_argument, NULL, 'e'},
+		{"run-dir", required_argument, NULL, 'D'},
+		{"name", required_argument, NULL, 'N'},
 		{"help", no_argument, NULL, 'h'},
 		{0},
 	};
@@ -92,6 +289,8 @@ int cmd_serve(int argc, char **argv)
 	d.cfg.backend_timeout_s = 1800;
 	const char *urls[64];
 	int n_urls = 0;
+	struct managed m = {0};
+	m.slots = 2;
 
 	log_init();
 	const char *env_timeout = getenv("TOKI_BACKEND_TIMEOUT");
@@ -123,14 +322,33 @@ int cmd_serve(int argc, char **argv)
 		case 'm': d.cfg.max_body_bytes = (size_t)atoi(optarg) << 20; break;
 		case 's': d.cfg.slot_dir = optarg; break;
 		case 'S': d.cfg.slot_disk_bytes = (uint64_t)atoll(optarg) << 20; break;
+		case 'O': d.cfg.max_output = atol(optarg); break;
+		case 'M': m.model = optarg; break;
+		case 'L': m.binary = optarg; break;
+		case 'c': m.ctx = atol(optarg); break;
+		case 'n': m.slots = atoi(optarg); break;
+		case 'D': m.run_dir = optarg; break;
+		case 'N': m.name = optarg; break;
+		case 'a':
+		case 'e': {
+			char **v = c == 'a' ? m.args : m.env;
+			int *nv = c == 'a' ? &m.n_args : &m.n_env;
+			if (*nv == 63) {
+				fprintf(stderr, "toki serve: too many --llama-arg/--llama-env\n");
+				return 2;
+			}
+			v[(*nv)++] = optarg;
+			break;
+		}
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc || n_urls == 0 || d.cfg.n_ubatch <= 0 || d.cfg.keepalive_ms <= 0 ||
+	if (optind < argc || (n_urls == 0 && !m.model) || d.cfg.n_ubatch <= 0 || m.slots <= 0 ||
+	    m.ctx < 0 || d.cfg.max_output < 0 || d.cfg.keepalive_ms <= 0 ||
 	    d.cfg.port < 0 || d.cfg.port > 65535 || d.cfg.max_body_bytes == 0) {
-		if (n_urls == 0)
-			fprintf(stderr, "toki serve: give at least one --backend URL\n");
+		if (n_urls == 0 && !m.model)
+			fprintf(stderr, "toki serve: give --backend URL or --model FILE\n");
 		usage(stderr);
 		return 2;
 	}
@@ -140,6 +358,19 @@ int cmd_serve(int argc, char **argv)
 			"reach it could use your model. Pass --allow-remote to do it anyway.\n",
 			d.cfg.host);
 		return 2;
+	}
+	char managed_url[64], slot_dir[4096];
+	if (m.model) {
+		if (n_urls == 64) {
+			fprintf(stderr, "toki serve: at most 64 backends\n");
+			return 2;
+		}
+		if (prepare_managed(&m, &d, managed_url, sizeof managed_url, slot_dir,
+				    sizeof slot_dir) != 0)
+			return 1;
+		urls[n_urls++] = managed_url;
+		if (!d.cfg.slot_dir)
+			d.cfg.slot_dir = slot_dir;
 	}
 	if (d.cfg.slot_dir) {
 		struct statvfs vfs;
@@ -174,6 +405,8 @@ int cmd_serve(int argc, char **argv)
 		}
 		d.n_backends++;
 	}
+	if (m.model && start_managed(&m, &d) != 0)
+		return 1;
 	struct http_server_limits limits;
 	http_server_default_limits(&limits);
 	limits.max_body_bytes = d.cfg.max_body_bytes;
@@ -191,12 +424,20 @@ int cmd_serve(int argc, char **argv)
 	log_info("listening on http://%s:%d (reuse %s, ubatch %d, %d backend%s)", d.cfg.host,
 		 http_server_port(d.http), reuse_mode_name(d.cfg.mode), d.cfg.n_ubatch, d.n_backends,
 		 d.n_backends == 1 ? "" : "s");
+	if (m.model)
+		write_serve_info(&m, &d);
 	/* Tests and scripts read the chosen port from this line. */
 	printf("toki serve: listening on http://%s:%d\n", d.cfg.host, http_server_port(d.http));
 	fflush(stdout);
 
 	event_base_dispatch(d.base);
 
+	if (d.supervisor) {
+		supervisor_stop(d.supervisor, 10);
+		supervisor_free(d.supervisor);
+	}
+	if (m.model)
+		unlink(m.info_path);
 	log_info("stopped");
 	http_server_free(d.http);
 	for (int i = 0; i < d.n_backends; i++)

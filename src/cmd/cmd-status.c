@@ -1,10 +1,113 @@
-/* Placeholder until this command lands (issue: model lifecycle). */
+/* toki status [--json]: what runs, where, with which context, how much
+ * memory, and how well the cache has done so far. */
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cmd/cmd.h"
+#include "model/run.h"
+
+static long rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	long kib = -1;
+	while (fgets(line, sizeof line, f))
+		if (!strncmp(line, "VmRSS:", 6))
+			kib = atol(line + 6);
+	fclose(f);
+	return kib;
+}
+
+static json_t *status_of(const struct run_info *ri)
+{
+	json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:I, s:i, s:s}", "name", ri->name,
+			      "endpoint", "", "pid", (int)ri->pid, "port", ri->port, "llama_pid",
+			      (int)ri->llama_pid, "llama_port", ri->llama_port, "model", ri->model,
+			      "ctx", (json_int_t)ri->ctx, "slots", ri->slots, "mode", ri->mode);
+	char ep[128];
+	snprintf(ep, sizeof ep, "http://%s:%d/v1", ri->host, ri->port);
+	json_object_set_new(o, "endpoint", json_string(ep));
+	json_object_set_new(o, "toki_rss_kib", json_integer(rss_kib(ri->pid)));
+	json_object_set_new(o, "llama_rss_kib", json_integer(rss_kib(ri->llama_pid)));
+	long st = 0;
+	char *body = run_http_get(ri->host, ri->port, "/toki/stats", &st, 3);
+	json_error_t jerr;
+	json_t *stats = body && st == 200 ? json_loads(body, 0, &jerr) : NULL;
+	free(body);
+	if (stats) {
+		json_t *b0 = json_array_get(json_object_get(stats, "backends"), 0);
+		json_object_set(o, "backend_up", json_object_get(b0, "up"));
+		json_object_set(o, "effective_ctx", json_object_get(b0, "n_ctx_slot"));
+		json_object_set(o, "llama_restarts", json_object_get(stats, "llama_restarts"));
+		json_object_set_new(o, "stats", stats);
+	}
+	return o;
+}
 
 int cmd_status(int argc, char **argv)
 {
-	fprintf(stderr, "toki: '%s' is not built yet\n", argv[0]);
-	return 1;
+	int as_json = argc > 1 && !strcmp(argv[1], "--json");
+	if (argc > 1 && !as_json) {
+		printf("usage: toki status [--json]\n");
+		return strcmp(argv[1], "-h") && strcmp(argv[1], "--help") ? 2 : 0;
+	}
+	struct run_info *runs;
+	int n;
+	run_list(&runs, &n);
+	json_t *all = json_array();
+	for (int i = 0; i < n; i++)
+		json_array_append_new(all, status_of(&runs[i]));
+	free(runs);
+	if (as_json) {
+		char *s = json_dumps(all, JSON_INDENT(2));
+		printf("%s\n", s ? s : "[]");
+		free(s);
+		json_decref(all);
+		return 0;
+	}
+	if (n == 0)
+		printf("nothing is running (start a model with toki model use NAME or toki up --model "
+		       "FILE)\n");
+	size_t i;
+	json_t *o;
+	json_array_foreach(all, i, o)
+	{
+		json_t *stats = json_object_get(o, "stats");
+		printf("%s  %s\n", json_string_value(json_object_get(o, "name")),
+		       json_string_value(json_object_get(o, "endpoint")));
+		printf("  model        %s\n", json_string_value(json_object_get(o, "model")));
+		printf("  llama-server pid %lld, port %lld, %s, restarts %lld\n",
+		       json_integer_value(json_object_get(o, "llama_pid")),
+		       json_integer_value(json_object_get(o, "llama_port")),
+		       json_is_true(json_object_get(o, "backend_up")) ? "up" : "not up (loading?)",
+		       json_integer_value(json_object_get(o, "llama_restarts")));
+		printf("  context      %lld tokens per slot, %lld slots, reuse %s\n",
+		       json_integer_value(json_object_get(o, "effective_ctx"))
+			       ? json_integer_value(json_object_get(o, "effective_ctx"))
+			       : json_integer_value(json_object_get(o, "ctx")),
+		       json_integer_value(json_object_get(o, "slots")),
+		       json_string_value(json_object_get(o, "mode")));
+		printf("  memory       toki %.1f MiB, llama-server %.1f MiB\n",
+		       json_integer_value(json_object_get(o, "toki_rss_kib")) / 1024.0,
+		       json_integer_value(json_object_get(o, "llama_rss_kib")) / 1024.0);
+		if (stats) {
+			long long routed = json_integer_value(json_object_get(stats, "routed"));
+			long long hits = json_integer_value(json_object_get(stats, "hits")) +
+					 json_integer_value(json_object_get(stats, "partials"));
+			long long cached = json_integer_value(json_object_get(stats, "cached_tokens"));
+			long long evald = json_integer_value(json_object_get(stats, "evaluated_tokens"));
+			printf("  cache        %lld requests, %lld reused a prefix (%.0f%%); %lld tokens "
+			       "reused, %lld evaluated (%.0f%% of prompt tokens from cache)\n",
+			       routed, hits, routed ? 100.0 * (double)hits / (double)routed : 0.0, cached,
+			       evald,
+			       cached + evald ? 100.0 * (double)cached / (double)(cached + evald) : 0.0);
+		}
+	}
+	json_decref(all);
+	return 0;
 }

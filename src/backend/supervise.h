@@ -1,0 +1,24 @@
+/* A llama-server that toki starts and keeps running: spawned as a child,
+ * restarted with backoff when it dies (the death is logged and counted),
+ * stopped with SIGTERM (then SIGKILL) when the daemon stops. */
+#ifndef TOKI_SUPERVISE_H
+#define TOKI_SUPERVISE_H
+
+#include <event2/event.h>
+#include <sys/types.h>
+
+struct supervisor;
+
+/* argv is copied; argv[0] is the binary. log_path receives the child's
+ * stdout and stderr (appended). env_extra: NULL or "NAME=value" strings
+ * added to the child's environment (e.g. HSA_OVERRIDE_GFX_VERSION). */
+struct supervisor *supervisor_new(struct event_base *base, char *const argv[],
+				  const char *log_path, char *const env_extra[]);
+int supervisor_start(struct supervisor *s, char *err, size_t errlen);
+/* Stops the child and waits for it (up to timeout_s, then SIGKILL). */
+void supervisor_stop(struct supervisor *s, int timeout_s);
+void supervisor_free(struct supervisor *s);
+pid_t supervisor_pid(const struct supervisor *s);
+int supervisor_restarts(const struct supervisor *s);
+
+#endif

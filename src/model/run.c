@@ -1,0 +1,319 @@
+#include "model/run.h"
+
+#include <curl/curl.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/paths.h"
+
+static int run_dir(const char *name, char *out, size_t n)
+{
+	char sub[300];
+	if (!paths_is_safe_name(name))
+		return -1;
+	snprintf(sub, sizeof sub, "run/%s", name);
+	return paths_state_sub(out, n, sub);
+}
+
+static int pid_alive(pid_t pid)
+{
+	return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+static int read_info(const char *dir, struct run_info *ri)
+{
+	char path[4200];
+	snprintf(path, sizeof path, "%s/serve.json", dir);
+	json_error_t jerr;
+	json_t *o = json_load_file(path, 0, &jerr);
+	if (!json_is_object(o)) {
+		json_decref(o);
+		return -1;
+	}
+	memset(ri, 0, sizeof *ri);
+	ri->pid = (pid_t)json_integer_value(json_object_get(o, "pid"));
+	ri->llama_pid = (pid_t)json_integer_value(json_object_get(o, "llama_pid"));
+	ri->port = (int)json_integer_value(json_object_get(o, "port"));
+	ri->llama_port = (int)json_integer_value(json_object_get(o, "llama_port"));
+	ri->ctx = (long)json_integer_value(json_object_get(o, "ctx"));
+	ri->max_output = (long)json_integer_value(json_object_get(o, "max_output"));
+	ri->slots = (int)json_integer_value(json_object_get(o, "slots"));
+	const char *s;
+	if ((s = json_string_value(json_object_get(o, "name"))))
+		snprintf(ri->name, sizeof ri->name, "%s", s);
+	if ((s = json_string_value(json_object_get(o, "model"))))
+		snprintf(ri->model, sizeof ri->model, "%s", s);
+	if ((s = json_string_value(json_object_get(o, "host"))))
+		snprintf(ri->host, sizeof ri->host, "%s", s);
+	if ((s = json_string_value(json_object_get(o, "mode"))))
+		snprintf(ri->mode, sizeof ri->mode, "%s", s);
+	json_decref(o);
+	return pid_alive(ri->pid) ? 0 : -1;
+}
+
+int run_get(const char *name, struct run_info *info)
+{
+	char dir[4096];
+	if (run_dir(name, dir, sizeof dir) != 0)
+		return -1;
+	return read_info(dir, info);
+}
+
+struct membuf {
+	char *p;
+	size_t n;
+};
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct membuf *m = arg;
+	size_t add = size * nmemb;
+	char *np = realloc(m->p, m->n + add + 1);
+	if (!np)
+		return 0;
+	m->p = np;
+	memcpy(m->p + m->n, data, add);
+	m->n += add;
+	m->p[m->n] = '\0';
+	return add;
+}
+
+char *run_http_get(const char *host, int port, const char *path, long *status, int timeout_s)
+{
+	CURL *c = curl_easy_init();
+	if (!c)
+		return NULL;
+	char url[512];
+	snprintf(url, sizeof url, "http://%s:%d%s", host, port, path);
+	struct membuf m = {0};
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, &m);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)timeout_s);
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	/* The local token (when the daemon asks for one) goes with every call. */
+	char tokpath[4096], token[256] = "", hdr[300];
+	struct curl_slist *hl = NULL;
+	const char *envtok = getenv("TOKI_TOKEN");
+	if (envtok && *envtok) {
+		snprintf(token, sizeof token, "%s", envtok);
+	} else if (paths_state_sub(tokpath, sizeof tokpath, "token") == 0) {
+		FILE *f = fopen(tokpath, "r");
+		if (f) {
+			if (fgets(token, sizeof token, f))
+				token[strcspn(token, "\r\n")] = '\0';
+			fclose(f);
+		}
+	}
+	if (*token) {
+		snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", token);
+		hl = curl_slist_append(hl, hdr);
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+	}
+	CURLcode rc = curl_easy_perform(c);
+	if (rc == CURLE_OK)
+		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
+	curl_slist_free_all(hl);
+	curl_easy_cleanup(c);
+	if (rc != CURLE_OK) {
+		free(m.p);
+		return NULL;
+	}
+	if (!m.p)
+		m.p = calloc(1, 1);
+	return m.p;
+}
+
+int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n, char *err,
+	      size_t errlen)
+{
+	char dir[4096];
+	if (run_dir(spec->name, dir, sizeof dir) != 0) {
+		snprintf(err, errlen, "'%s' cannot be a run name", spec->name);
+		return -1;
+	}
+	struct run_info ri;
+	if (read_info(dir, &ri) == 0) {
+		snprintf(err, errlen, "'%s' already runs (pid %d, http://%s:%d); stop it with toki down %s",
+			 spec->name, (int)ri.pid, ri.host, ri.port, spec->name);
+		return -1;
+	}
+	if (paths_mkdir_p(dir, 0700) != 0) {
+		snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	char info[4200], log[4200];
+	snprintf(info, sizeof info, "%s/serve.json", dir);
+	snprintf(log, sizeof log, "%s/serve.log", dir);
+	unlink(info);
+
+	char self[4096];
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+	if (sl <= 0) {
+		snprintf(err, errlen, "cannot find the toki binary: %s", strerror(errno));
+		return -1;
+	}
+	self[sl] = '\0';
+	char *argv[200];
+	int a = 0;
+	char port[16], ctx[32], slots[16], maxo[32];
+	snprintf(port, sizeof port, "%d", spec->port);
+	snprintf(ctx, sizeof ctx, "%ld", spec->ctx);
+	snprintf(slots, sizeof slots, "%d", spec->slots > 0 ? spec->slots : 2);
+	snprintf(maxo, sizeof maxo, "%ld", spec->max_output);
+	argv[a++] = self;
+	argv[a++] = "serve";
+	argv[a++] = "--model";
+	argv[a++] = (char *)spec->model_path;
+	argv[a++] = "--name";
+	argv[a++] = (char *)spec->name;
+	argv[a++] = "--port";
+	argv[a++] = port;
+	argv[a++] = "--slots";
+	argv[a++] = slots;
+	if (spec->host) {
+		argv[a++] = "--host";
+		argv[a++] = (char *)spec->host;
+	}
+	if (spec->ctx > 0) {
+		argv[a++] = "--ctx";
+		argv[a++] = ctx;
+	}
+	if (spec->max_output > 0) {
+		argv[a++] = "--max-output";
+		argv[a++] = maxo;
+	}
+	if (spec->binary) {
+		argv[a++] = "--llama-server";
+		argv[a++] = (char *)spec->binary;
+	}
+	if (spec->mode) {
+		argv[a++] = "--reuse";
+		argv[a++] = (char *)spec->mode;
+	}
+	for (int i = 0; i < spec->n_llama_args && a < 190; i++) {
+		argv[a++] = "--llama-arg";
+		argv[a++] = spec->llama_args[i];
+	}
+	for (int i = 0; i < spec->n_llama_env && a < 196; i++) {
+		argv[a++] = "--llama-env";
+		argv[a++] = spec->llama_env[i];
+	}
+	argv[a] = NULL;
+
+	pid_t pid = fork();
+	if (pid < 0) {
+		snprintf(err, errlen, "fork: %s", strerror(errno));
+		return -1;
+	}
+	if (pid == 0) {
+		/* Detach: a session of its own, outliving this command. */
+		setsid();
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+		int nul = open("/dev/null", O_RDWR);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		if (nul >= 0)
+			dup2(nul, 0);
+		execv(self, argv);
+		_exit(127);
+	}
+	char pidpath[4200], pidtxt[32];
+	snprintf(pidpath, sizeof pidpath, "%s/serve.pid", dir);
+	int pf = open(pidpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (pf >= 0) {
+		int l = snprintf(pidtxt, sizeof pidtxt, "%d\n", (int)pid);
+		if (write(pf, pidtxt, (size_t)l) < 0)
+			(void)0;
+		close(pf);
+	}
+	time_t deadline = time(NULL) + wait_s;
+	int last_dot = 0;
+	while (time(NULL) < deadline) {
+		int status;
+		if (waitpid(pid, &status, WNOHANG) == pid) {
+			snprintf(err, errlen, "toki serve exited at start (status %d); see %s",
+				 WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
+			return -1;
+		}
+		if (read_info(dir, &ri) == 0) {
+			long st = 0;
+			char *body = run_http_get(ri.host, ri.port, "/health", &st, 2);
+			free(body);
+			if (st == 200) {
+				snprintf(endpoint, n, "http://%s:%d", ri.host, ri.port);
+				return 0;
+			}
+		}
+		usleep(200000);
+		if (isatty(2) && time(NULL) - last_dot >= 2) {
+			fputc('.', stderr);
+			last_dot = (int)time(NULL);
+		}
+	}
+	snprintf(err, errlen,
+		 "the model did not become ready within %d s (it may still be loading); see %s and "
+		 "%s/llama-server.log",
+		 wait_s, log, dir);
+	return -1;
+}
+
+int run_stop(const char *name, int timeout_s, char *err, size_t errlen)
+{
+	struct run_info ri;
+	if (run_get(name, &ri) != 0) {
+		snprintf(err, errlen, "'%s' is not running", name);
+		return -1;
+	}
+	kill(ri.pid, SIGTERM);
+	for (int i = 0; i < timeout_s * 10; i++) {
+		if (!pid_alive(ri.pid))
+			return 0;
+		usleep(100000);
+	}
+	kill(ri.pid, SIGKILL);
+	if (ri.llama_pid > 0)
+		kill(ri.llama_pid, SIGKILL);
+	return 0;
+}
+
+int run_list(struct run_info **out, int *n)
+{
+	*out = NULL;
+	*n = 0;
+	char base[4096];
+	if (paths_state_sub(base, sizeof base, "run") != 0)
+		return -1;
+	DIR *d = opendir(base);
+	if (!d)
+		return 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		if (!paths_is_safe_name(de->d_name))
+			continue;
+		char dir[4400];
+		snprintf(dir, sizeof dir, "%s/%s", base, de->d_name);
+		struct run_info ri;
+		if (read_info(dir, &ri) != 0)
+			continue;
+		struct run_info *nr = realloc(*out, sizeof **out * (size_t)(*n + 1));
+		if (!nr)
+			break;
+		*out = nr;
+		(*out)[(*n)++] = ri;
+	}
+	closedir(d);
+	return 0;
+}

@@ -1,0 +1,52 @@
+/* Background runs: `toki model use` and `toki up` start `toki serve --model`
+ * as a detached process that supervises its llama-server; `toki down` stops
+ * it; `toki status` lists what runs. A run lives in $TOKI_STATE_DIR/run/<name>/:
+ * serve.json (written by the daemon once it listens), serve.log, serve.pid,
+ * llama-server.log, ctx (the effective context) and slots/. */
+#ifndef TOKI_RUN_H
+#define TOKI_RUN_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct run_spec {
+	const char *name;
+	const char *model_path;
+	const char *binary; /* llama-server */
+	long ctx;	    /* per slot */
+	int slots;
+	long max_output;
+	int port; /* toki's */
+	const char *host;
+	const char *mode; /* exact|fast, or NULL for the default */
+	char *const *llama_args;
+	int n_llama_args;
+	char *const *llama_env; /* "K=V" */
+	int n_llama_env;
+};
+
+struct run_info {
+	char name[160];
+	pid_t pid, llama_pid;
+	int port, llama_port;
+	long ctx, max_output;
+	int slots;
+	char model[4096];
+	char host[64];
+	char mode[16];
+};
+
+/* Starts the run and waits (up to wait_s) until its /health answers 200.
+ * endpoint gets "http://host:port". Fails if a run of that name is alive. */
+int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n, char *err,
+	      size_t errlen);
+/* Stops a run (SIGTERM, then SIGKILL after timeout_s). */
+int run_stop(const char *name, int timeout_s, char *err, size_t errlen);
+/* The live runs; *out is owned by the caller. */
+int run_list(struct run_info **out, int *n);
+/* One run's info if it is alive: 0, else -1. */
+int run_get(const char *name, struct run_info *info);
+/* GET http://127.0.0.1:port/path into a new buffer (or NULL). */
+char *run_http_get(const char *host, int port, const char *path, long *status, int timeout_s);
+
+#endif
