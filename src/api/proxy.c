@@ -47,6 +47,7 @@ struct proxy_req {
 	char save_name[96];
 	char restored_name[96];
 	int restored;
+	int needs_begin;    /* waiting for a backend before tokenizing */
 	long max_tokens;    /* the output cap sent to the backend */
 	int output_clamped; /* the client asked for more than fits */
 	int status;		  /* the backend's HTTP status */
@@ -67,6 +68,7 @@ struct proxy_req {
 static void pr_finish(struct proxy_req *pr);
 static void pr_try_route(struct proxy_req *pr);
 static void save_slot(struct proxy_req *pr);
+static void pr_begin(struct proxy_req *pr, struct backend *b);
 static void unpin_restore(struct proxy_req *pr);
 static void after_save(struct proxy_req *pr);
 
@@ -816,11 +818,13 @@ static void pr_try_route(struct proxy_req *pr)
 	struct route_choice ch;
 	enum route_status st =
 		router_choose(d->router, pr->tokens, pr->n_tokens, clock_now_us(), -1, &ch);
-	if (st == ROUTE_NO_BACKEND) {
+	if (st == ROUTE_NO_BACKEND && !d->supervisor) {
 		wait_remove(pr);
 		fail(pr, 503, "no backend is up");
 		return;
 	}
+	if (st == ROUTE_NO_BACKEND)
+		st = ROUTE_WAIT; /* the supervised llama-server is restarting */
 	if (st == ROUTE_WAIT) {
 		if (pr->state != PS_WAITING)
 			wait_add(pr);
@@ -858,7 +862,16 @@ void proxy_retry_waiting(struct daemon *d)
 	while (pr) {
 		struct proxy_req *next = pr->wait_next;
 		int last = pr == stop;
-		pr_try_route(pr);
+		if (pr->needs_begin) {
+			struct backend *b = daemon_any_backend(d);
+			if (b) {
+				wait_remove(pr);
+				pr->needs_begin = 0;
+				pr_begin(pr, b);
+			}
+		} else {
+			pr_try_route(pr);
+		}
 		if (last)
 			break;
 		pr = next;
@@ -1018,7 +1031,7 @@ static void start_routed(struct daemon *d, struct http_request *req, enum route_
 		return;
 	}
 	struct backend *b = daemon_any_backend(d);
-	if (!b) {
+	if (!b && !d->supervisor) {
 		json_decref(body);
 		http_respond_error(req, 503, "no backend is up");
 		return;
@@ -1033,13 +1046,28 @@ static void start_routed(struct daemon *d, struct http_request *req, enum route_
 	pr->client = req;
 	pr->kind = kind;
 	pr->body = body;
-	pr->backend = b; /* for tokenization; routing picks the real one */
 	pr->stream = json_is_true(json_object_get(body, "stream"));
 	pr->t_start_us = pr->t_last_write_us = clock_now_us();
 	snprintf(pr->backend_path, sizeof pr->backend_path, "%s", backend_path);
 	active_add(pr);
 	http_request_on_close(req, on_client_close, pr);
+	if (!b) {
+		/* The llama-server that toki supervises is (re)starting: wait for
+		 * it rather than fail. */
+		pr->needs_begin = 1;
+		wait_add(pr);
+		return;
+	}
+	pr_begin(pr, b);
+}
 
+/* Tokenizes (through backend b), then routes. */
+static void pr_begin(struct proxy_req *pr, struct backend *b)
+{
+	struct daemon *d = pr->d;
+	json_t *body = pr->body;
+	enum route_kind kind = pr->kind;
+	pr->backend = b; /* for tokenization; routing picks the real one */
 	if (json_object_get(body, "id_slot")) {
 		/* The client pinned a slot itself: respect it, but then the router
 		 * cannot know what that slot holds. */
@@ -1051,8 +1079,11 @@ static void start_routed(struct daemon *d, struct http_request *req, enum route_
 	}
 	if (kind == KIND_CHAT) {
 		pr->state = PS_TEMPLATE;
-		pr->call = backend_call_start(b->http, "POST", "/apply-template", raw, len,
-					      &template_handlers, pr);
+		char *raw = json_dumps(body, JSON_COMPACT);
+		pr->call = raw ? backend_call_start(b->http, "POST", "/apply-template", raw,
+						    strlen(raw), &template_handlers, pr)
+			       : NULL;
+		free(raw);
 		if (!pr->call)
 			fail(pr, 500, "out of memory");
 		return;
@@ -1296,6 +1327,20 @@ void proxy_handle(struct http_request *req, void *ctx)
 		char msg[300];
 		snprintf(msg, sizeof msg, "no route for %s %.200s", method, path);
 		http_respond_error(req, 404, msg);
+	}
+}
+
+void proxy_expire_waiting(struct daemon *d, int64_t now_us)
+{
+	int64_t limit = (int64_t)d->cfg.backend_timeout_s * 1000000;
+	struct proxy_req *pr = d->waiting_head;
+	while (pr) {
+		struct proxy_req *next = pr->wait_next;
+		if (now_us - pr->t_start_us > limit) {
+			wait_remove(pr);
+			fail(pr, 504, "no slot or backend became free in time");
+		}
+		pr = next;
 	}
 }
 

@@ -219,3 +219,9 @@ void backend_start(struct backend *b)
 	b->health_timer = evtimer_new(b->d->base, health_tick, b);
 	health_tick(-1, 0, b);
 }
+
+void backend_expect_restart(struct backend *b)
+{
+	backend_mark_down(b, "its llama-server died");
+	b->ever_up = 0;
+}

@@ -34,5 +34,8 @@ int backend_is_up(const struct backend *b);
 /* A call failed to connect: take the backend out until a health check
  * succeeds again. */
 void backend_mark_down(struct backend *b, const char *why);
+/* The process behind it died and is being restarted: down now, and polled
+ * often until it is back. */
+void backend_expect_restart(struct backend *b);
 
 #endif

@@ -26,7 +26,15 @@ struct supervisor {
 	time_t started_at;
 	struct event *sigchld;
 	struct event *restart_timer;
+	void (*on_exit)(void *arg);
+	void *on_exit_arg;
 };
+
+void supervisor_on_exit(struct supervisor *s, void (*fn)(void *arg), void *arg)
+{
+	s->on_exit = fn;
+	s->on_exit_arg = arg;
+}
 
 static char **copy_strv(char *const v[])
 {
@@ -101,6 +109,8 @@ static void restart_cb(evutil_socket_t fd, short what, void *arg)
 		log_error("restarting llama-server failed: %s", err);
 		struct timeval tv = {s->backoff_s, 0};
 		evtimer_add(s->restart_timer, &tv);
+		if (s->on_exit)
+			s->on_exit(s->on_exit_arg);
 	}
 }
 
@@ -132,6 +142,8 @@ static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 				  (int)p, WEXITSTATUS(status), s->backoff_s, s->restarts);
 		struct timeval tv = {s->backoff_s, 0};
 		evtimer_add(s->restart_timer, &tv);
+		if (s->on_exit)
+			s->on_exit(s->on_exit_arg);
 	}
 }
 

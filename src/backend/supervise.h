@@ -14,6 +14,8 @@ struct supervisor;
  * added to the child's environment (e.g. HSA_OVERRIDE_GFX_VERSION). */
 struct supervisor *supervisor_new(struct event_base *base, char *const argv[],
 				  const char *log_path, char *const env_extra[]);
+/* Called when the child dies unexpectedly, before the restart is scheduled. */
+void supervisor_on_exit(struct supervisor *s, void (*fn)(void *arg), void *arg);
 int supervisor_start(struct supervisor *s, char *err, size_t errlen);
 /* Stops the child and waits for it (up to timeout_s, then SIGKILL). */
 void supervisor_stop(struct supervisor *s, int timeout_s);

@@ -65,6 +65,18 @@ static void usage(FILE *out)
 		"TOKI_LLAMA_SERVER, TOKI_STATE_DIR\n");
 }
 
+static void on_llama_exit(void *arg)
+{
+	struct daemon *d = arg;
+	/* The managed backend is the last one added. */
+	backend_expect_restart(d->backends[d->n_backends - 1]);
+}
+
+static void sweep_waiting(evutil_socket_t fd, short what, void *arg)
+{
+	proxy_expire_waiting(arg, clock_now_us());
+}
+
 /* A llama-server that this daemon starts and supervises. */
 struct managed {
 	const char *model, *binary, *run_dir, *name;
@@ -210,6 +222,7 @@ static int start_managed(struct managed *m, struct daemon *d)
 			d->supervisor ? err : "out of memory");
 		return -1;
 	}
+	supervisor_on_exit(d->supervisor, on_llama_exit, d);
 	log_info("managing llama-server for %s on port %d (log %s)", m->model, m->port, m->log_path);
 	return 0;
 }
@@ -419,6 +432,9 @@ int cmd_serve(int argc, char **argv)
 	d.sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
 	event_add(d.sigint, NULL);
 	event_add(d.sigterm, NULL);
+	struct event *sweeper = event_new(d.base, -1, EV_PERSIST, sweep_waiting, &d);
+	struct timeval one_s = {1, 0};
+	event_add(sweeper, &one_s);
 	for (int i = 0; i < d.n_backends; i++)
 		backend_start(d.backends[i]);
 	log_info("listening on http://%s:%d (reuse %s, ubatch %d, %d backend%s)", d.cfg.host,
@@ -444,6 +460,7 @@ int cmd_serve(int argc, char **argv)
 		backend_free(d.backends[i]);
 	free(d.backends);
 	router_free(d.router);
+	event_free(sweeper);
 	event_free(d.sigint);
 	event_free(d.sigterm);
 	event_base_free(d.base);
