@@ -36,8 +36,16 @@ cleanup() { kill "$tpid" "$lpid" 2>/dev/null || true; }
 
 echo "demo: llama-server on :$lport (log $cache/llama-server.log), toki on :$tport (log $cache/toki.log)"
 python3 - "$tport" <<'PY'
-import http.client, json, sys, time
+import http.client, json, os, sys, time
 port = int(sys.argv[1])
+
+def token():
+    if os.environ.get("TOKI_TOKEN"):
+        return os.environ["TOKI_TOKEN"]
+    state = os.environ.get("TOKI_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "tokirecur")
+    return open(os.path.join(state, "token")).read().strip()
+
 deadline = time.time() + 120
 while True:
     try:
@@ -58,7 +66,8 @@ body = {"messages": [{"role": "system", "content": system},
 def run():
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.time()
-    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    c.request("POST", "/v1/chat/completions", json.dumps(body),
+              {"Content-Type": "application/json", "Authorization": "Bearer " + token()})
     r = c.getresponse()
     ttft = None; text = ""; last = None
     buf = b""
@@ -92,6 +101,6 @@ print(f"\nspeed-up of time to first token: {rows[0][4]/rows[1][4]:.1f}x; "
       f"outputs byte-identical: {rows[0][6] == rows[1][6]}")
 PY
 if [ "$keep" = 1 ]; then
-	echo "demo: still running. OpenAI-compatible API at http://127.0.0.1:$tport/v1 ;" \
-		"stop with: kill $tpid $lpid"
+	echo "demo: still running. OpenAI-compatible API at http://127.0.0.1:$tport/v1" \
+		"(API key: the token in ~/.local/state/tokirecur/token); stop with: kill $tpid $lpid"
 fi

@@ -26,6 +26,7 @@ struct daemon_config {
 	int allow_remote;	/* binding beyond loopback was asked for explicitly */
 	const char *slot_dir;	/* the backends' --slot-save-path, shared with toki */
 	long max_output;	/* cap on a request's output tokens (0: none) */
+	char token[128];	/* the local token every route but /health needs */
 	uint64_t slot_disk_bytes; /* cap on the saved slot files */
 };
 

@@ -23,8 +23,41 @@ const char *api_error_type(int status)
 	}
 }
 
+/* Anthropic's shape: {"type":"error","error":{"type":...,"message":...}}. */
+static const char *anthropic_error_type(int status)
+{
+	switch (status) {
+	case 400:
+	case 405:
+	case 408:
+	case 411:
+	case 431: return "invalid_request_error";
+	case 401: return "authentication_error";
+	case 403: return "permission_error";
+	case 404: return "not_found_error";
+	case 413: return "request_too_large";
+	case 429: return "rate_limit_error";
+	case 503:
+	case 529: return "overloaded_error";
+	case 504: return "timeout_error";
+	default: return status >= 500 ? "api_error" : "invalid_request_error";
+	}
+}
+
+int api_path_is_anthropic(const char *path)
+{
+	return path && !strncmp(path, "/anthropic/", 11);
+}
+
 char *api_error_body(int status, const char *message, const char *path)
 {
+	if (api_path_is_anthropic(path)) {
+		json_t *root = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type",
+					 anthropic_error_type(status), "message", message);
+		char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+		json_decref(root);
+		return s;
+	}
 	json_t *err = json_pack("{s:s, s:s, s:n, s:i}", "message", message, "type",
 				api_error_type(status), "param", "code", status);
 	json_t *root = json_pack("{s:o}", "error", err);

@@ -7,5 +7,7 @@
 /* A new NUL-terminated JSON body; the caller frees it. */
 char *api_error_body(int status, const char *message, const char *path);
 const char *api_error_type(int status);
+/* Routes under /anthropic/ speak Anthropic's error shape. */
+int api_path_is_anthropic(const char *path);
 
 #endif

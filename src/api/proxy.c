@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/api_error.h"
+#include "api/auth.h"
 #include "backend/backend.h"
 #include "backend/supervise.h"
 #include "daemon.h"
@@ -1303,6 +1304,15 @@ void proxy_handle(struct http_request *req, void *ctx)
 		return;
 	}
 	int post = !strcmp(method, "POST");
+	if (strcmp(path, "/health") != 0 &&
+	    !auth_check(d->cfg.token, http_request_header(req, "Authorization"),
+			http_request_header(req, "x-api-key"))) {
+		http_response_header(req, "WWW-Authenticate", "Bearer realm=\"toki\"");
+		http_respond_error(req, 401,
+				   "missing or wrong token: send the local token as Authorization: "
+				   "Bearer <token> or x-api-key (see $TOKI_STATE_DIR/token, or TOKI_TOKEN)");
+		return;
+	}
 	if (!strcmp(path, "/health")) {
 		handle_health(d, req);
 	} else if (!strcmp(path, "/toki/stats")) {

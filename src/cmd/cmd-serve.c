@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "api/api_error.h"
+#include "api/auth.h"
 #include "api/proxy.h"
 #include "backend/backend.h"
 #include "cmd/cmd.h"
@@ -61,8 +62,11 @@ static void usage(FILE *out)
 		"  --run-dir DIR      logs, slot files and serve.json (default\n"
 		"                     $TOKI_STATE_DIR/run/<model name>)\n"
 		"\n"
+		"Every route but /health needs the local token (Authorization: Bearer, or\n"
+		"x-api-key): $TOKI_TOKEN, else $TOKI_STATE_DIR/token, created on first start.\n"
+		"\n"
 		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_LOG,\n"
-		"TOKI_LLAMA_SERVER, TOKI_STATE_DIR\n");
+		"TOKI_LLAMA_SERVER, TOKI_STATE_DIR, TOKI_TOKEN\n");
 }
 
 static void on_llama_exit(void *arg)
@@ -396,6 +400,11 @@ int cmd_serve(int argc, char **argv)
 			uint64_t quarter = (uint64_t)vfs.f_bavail * vfs.f_frsize / 4;
 			d.cfg.slot_disk_bytes = quarter < (32ull << 30) ? quarter : (32ull << 30);
 		}
+	}
+	char terr[512];
+	if (auth_load_token(d.cfg.token, sizeof d.cfg.token, terr, sizeof terr) != 0) {
+		fprintf(stderr, "toki serve: %s\n", terr);
+		return 1;
 	}
 	d.cfg.backend_urls = urls;
 	d.cfg.n_backends = n_urls;

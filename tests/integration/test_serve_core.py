@@ -170,7 +170,8 @@ class ServeCore(unittest.TestCase):
                            "max_tokens": 1500, "stream": True, "ignore_eos": True}).encode()
         s = socket.create_connection(("127.0.0.1", self.toki.port))
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  b"application/json\r\nContent-Length: " + str(len(body)).encode() +
+                  b"application/json\r\nAuthorization: Bearer " + th.TEST_TOKEN.encode() +
+                  b"\r\nContent-Length: " + str(len(body)).encode() +
                   b"\r\n\r\n" + body)
         got = b""
         while got.count(b"data:") < 3:
@@ -184,6 +185,69 @@ class ServeCore(unittest.TestCase):
             time.sleep(0.1)
         self.assertFalse(busy, "the backend kept generating for a client that left")
         self.chat([{"role": "user", "content": "still there?"}], max_tokens=2)
+
+
+    def test_token_is_required_everywhere_but_health(self):
+        p = self.toki.port
+        wrong = "x" * len(th.TEST_TOKEN)  # the right length, the wrong bytes
+        routes = [("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                  ("POST", "/v1/completions", {"prompt": "x"}), ("GET", "/v1/models", None),
+                  ("GET", "/toki/stats", None), ("POST", "/tokenize", {"content": "x"}),
+                  ("GET", "/props", None), ("GET", "/slots", None), ("GET", "/nowhere", None)]
+        for method, path, body in routes:
+            for headers in ({}, {"Authorization": "Bearer " + wrong}, {"x-api-key": wrong},
+                            {"Authorization": "Bearer " + th.TEST_TOKEN[:-1]},
+                            {"Authorization": th.TEST_TOKEN}):
+                st, err = th.request(p, method, path, body, headers=headers, auth=False)
+                self.assertEqual(st, 401, (method, path, headers, err))
+                self.assertEqual(err["error"]["type"], "authentication_error")
+        st, _ = th.request(p, "GET", "/health", auth=False)
+        self.assertEqual(st, 200)
+        # Both header forms work.
+        st, _ = th.request(p, "GET", "/v1/models", headers={"x-api-key": th.TEST_TOKEN},
+                           auth=False)
+        self.assertEqual(st, 200)
+        st, _ = th.request(p, "GET", "/v1/models",
+                           headers={"Authorization": "Bearer " + th.TEST_TOKEN}, auth=False)
+        self.assertEqual(st, 200)
+
+
+class Token(unittest.TestCase):
+    def test_token_file_is_created_0600_and_used(self):
+        import stat
+        import subprocess
+        import tempfile
+        state = tempfile.mkdtemp(prefix="toki-state-")
+        env = dict(os.environ, TOKI_STATE_DIR=state)
+        env.pop("TOKI_TOKEN")
+        llama = th.LlamaServer(slots=1)
+        p = subprocess.Popen([th.TOKI_BIN, "serve", "--port", "0", "--backend", llama.url],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        try:
+            port = int(p.stdout.readline().strip().rsplit(":", 1)[1])
+            th.wait_http(port)
+            path = os.path.join(state, "token")
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            self.assertEqual(mode, 0o600)
+            token = open(path).read().strip()
+            self.assertEqual(len(token), 64)
+            st, _ = th.request(port, "GET", "/v1/models", auth=False,
+                               headers={"Authorization": "Bearer " + token})
+            self.assertEqual(st, 200)
+            st, _ = th.request(port, "GET", "/v1/models")  # the test token is not this one
+            self.assertEqual(st, 401)
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+            llama.kill()
+
+    def test_remote_bind_needs_the_flag(self):
+        import subprocess
+        r = subprocess.run([th.TOKI_BIN, "serve", "--host", "0.0.0.0", "--port", "0",
+                            "--backend", "http://127.0.0.1:9"], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--allow-remote", r.stderr)
 
 
 class BodyLimit(unittest.TestCase):

@@ -26,6 +26,19 @@ WORK_DIR = os.environ.get("TOKI_TEST_WORK") or os.path.join(
 
 _llama_server = None
 
+# Every toki the tests start uses this token (via the environment), and every
+# request carries it unless a test says otherwise (auth=False / its own header).
+TEST_TOKEN = "toki-test-token-0123456789abcdef"
+os.environ["TOKI_TOKEN"] = TEST_TOKEN
+
+
+def _auth_headers(headers, auth):
+    h = {"Content-Type": "application/json"}
+    if auth:
+        h["Authorization"] = "Bearer " + TEST_TOKEN
+    h.update(headers or {})
+    return h
+
 
 def llama_server_path():
     global _llama_server
@@ -79,11 +92,10 @@ def wait_http(port, path="/health", timeout=60, want=200):
     raise RuntimeError(f"port {port}{path} not ready: {last}")
 
 
-def request(port, method, path, body=None, headers=None, timeout=120, raw=False):
+def request(port, method, path, body=None, headers=None, timeout=120, raw=False, auth=True):
     """One HTTP request; returns (status, parsed JSON or text)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
+    h = _auth_headers(headers, auth)
     data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
     conn.request(method, path, body=data, headers=h)
     resp = conn.getresponse()
@@ -97,11 +109,10 @@ def request(port, method, path, body=None, headers=None, timeout=120, raw=False)
         return resp.status, text
 
 
-def stream(port, path, body, timeout=300, headers=None):
+def stream(port, path, body, timeout=300, headers=None, auth=True):
     """A streamed request; returns (status, list of raw SSE events as text)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
+    h = _auth_headers(headers, auth)
     conn.request("POST", path, body=json.dumps(body), headers=h)
     resp = conn.getresponse()
     text = resp.read().decode("utf-8", "replace")
