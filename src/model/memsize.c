@@ -1,0 +1,454 @@
+#include "model/memsize.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/paths.h"
+
+/* Largest context ever chosen: far past any model, and small enough that
+ * ctx * n_slots stays a sane llama-server -c. */
+#define MEMSIZE_MAX_CTX (1L << 30)
+#define NVIDIA_SMI_TIMEOUT_MS 10000
+
+/* --- Machine ---------------------------------------------------------------- */
+
+/* The value in kB of "Key:   123 kB" at the start of a meminfo line. */
+static int meminfo_value(const char *text, const char *key, uint64_t *out)
+{
+	size_t klen = strlen(key);
+	for (const char *line = text; line && *line;) {
+		if (!strncmp(line, key, klen) && line[klen] == ':') {
+			const char *p = line + klen + 1;
+			while (*p == ' ' || *p == '\t')
+				p++;
+			if (*p < '0' || *p > '9')
+				return -1;
+			errno = 0;
+			char *end;
+			unsigned long long kb = strtoull(p, &end, 10);
+			if (errno || kb > UINT64_MAX / 1024)
+				return -1;
+			*out = (uint64_t)kb * 1024;
+			return 0;
+		}
+		line = strchr(line, '\n');
+		if (line)
+			line++;
+	}
+	return -1;
+}
+
+int memsize_parse_meminfo(const char *text, struct mem_budget *b)
+{
+	uint64_t total, avail;
+	if (meminfo_value(text, "MemTotal", &total) != 0 || total == 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (meminfo_value(text, "MemAvailable", &avail) != 0) {
+		/* Kernels before 3.14 have no MemAvailable: free memory plus the
+		 * page cache is the usual stand-in (it overstates a little). */
+		uint64_t fr = 0, bufs = 0, cached = 0;
+		if (meminfo_value(text, "MemFree", &fr) != 0) {
+			errno = EINVAL;
+			return -1;
+		}
+		(void)meminfo_value(text, "Buffers", &bufs);
+		(void)meminfo_value(text, "Cached", &cached);
+		avail = fr + bufs + cached;
+	}
+	memset(b, 0, sizeof *b);
+	b->total = total;
+	b->available = avail < total ? avail : total;
+	return 0;
+}
+
+int memsize_read_meminfo_file(const char *path, struct mem_budget *b)
+{
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -1;
+	char buf[16384];
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	int rerr = ferror(f);
+	fclose(f);
+	if (rerr) {
+		errno = EIO;
+		return -1;
+	}
+	buf[n] = '\0';
+	return memsize_parse_meminfo(buf, b);
+}
+
+int memsize_read_machine(struct mem_budget *b)
+{
+	return memsize_read_meminfo_file("/proc/meminfo", b);
+}
+
+int memsize_parse_nvidia_smi(const char *text, uint64_t *vram_total, uint64_t *vram_free)
+{
+	uint64_t tot = 0, fr = 0;
+	int gpus = 0;
+	for (const char *p = text; *p;) {
+		while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+			p++;
+		if (!*p)
+			break;
+		/* "81559, 1234": total and used, MiB. Anything else ("[N/A]",
+		 * "No devices were found") means we do not know the VRAM. */
+		char *end;
+		if (*p < '0' || *p > '9')
+			return -1;
+		errno = 0;
+		unsigned long long t = strtoull(p, &end, 10);
+		p = end;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p != ',')
+			return -1;
+		p++;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p < '0' || *p > '9')
+			return -1;
+		unsigned long long u = strtoull(p, &end, 10);
+		p = end;
+		while (*p == ' ' || *p == '\t' || *p == '\r')
+			p++;
+		if (errno || (*p && *p != '\n') || t > (UINT64_MAX >> 21) || u > (UINT64_MAX >> 21))
+			return -1;
+		tot += (uint64_t)t << 20;
+		fr += (uint64_t)(u < t ? t - u : 0) << 20;
+		gpus++;
+	}
+	if (!gpus || !tot)
+		return -1;
+	*vram_total = tot;
+	*vram_free = fr;
+	return 0;
+}
+
+/* Runs argv (PATH searched) with stdin and stderr on /dev/null and captures
+ * up to n-1 bytes of stdout, NUL-terminated; more than that is an error (a
+ * cut-off line could parse as a wrong number). A child still running after
+ * timeout_ms is killed: a wedged GPU driver can hang nvidia-smi for minutes,
+ * and `toki model use` must not hang with it. 0 when it exited 0. */
+static int run_capture(char *const argv[], char *out, size_t n, int timeout_ms)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		int nul = open("/dev/null", O_RDWR);
+		if (nul >= 0) {
+			dup2(nul, 0);
+			dup2(nul, 2);
+		}
+		dup2(p[1], 1);
+		execvp(argv[0], argv);
+		_exit(127);
+	}
+	close(p[1]);
+	size_t got = 0;
+	int64_t deadline = clock_now_us() + (int64_t)timeout_ms * 1000;
+	int timed_out = 0, overflow = 0;
+	for (;;) {
+		int64_t left = (deadline - clock_now_us()) / 1000;
+		if (left <= 0) {
+			timed_out = 1;
+			break;
+		}
+		struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+		int pr = poll(&pfd, 1, (int)left);
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr < 0)
+			break;
+		if (pr == 0)
+			continue; /* the deadline check above ends it */
+		char scratch[512];
+		char *dst = got + 1 < n ? out + got : scratch;
+		size_t room = got + 1 < n ? n - 1 - got : sizeof scratch;
+		ssize_t r = read(p[0], dst, room);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		if (dst != scratch)
+			got += (size_t)r;
+		else
+			overflow = 1; /* drained so the child can finish, but not trusted */
+	}
+	close(p[0]);
+	if (n)
+		out[got < n ? got : n - 1] = '\0';
+	if (timed_out)
+		kill(pid, SIGKILL);
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return !timed_out && !overflow && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+int memsize_read_gpu(struct mem_budget *b)
+{
+	char *const argv[] = {"nvidia-smi", "--query-gpu=memory.total,memory.used",
+	                      "--format=csv,noheader,nounits", NULL};
+	char out[4096];
+	int timeout_ms = NVIDIA_SMI_TIMEOUT_MS;
+	const char *t = getenv("TOKI_NVIDIA_SMI_TIMEOUT_MS");
+	if (t && atoi(t) > 0)
+		timeout_ms = atoi(t);
+	if (run_capture(argv, out, sizeof out, timeout_ms) != 0)
+		return -1;
+	uint64_t tot, fr;
+	if (memsize_parse_nvidia_smi(out, &tot, &fr) != 0)
+		return -1;
+	b->gpu = 1;
+	b->vram_total = tot;
+	b->vram_free = fr;
+	return 0;
+}
+
+/* --- Sizing --------------------------------------------------------------------- */
+
+static const struct {
+	const char *name;
+	int type;
+} kv_types[] = {
+    {"f32", 0},  {"f16", 1},  {"bf16", 30}, {"q8_0", 8},    {"q4_0", 2},
+    {"q4_1", 3}, {"q5_0", 6}, {"q5_1", 7},  {"iq4_nl", 20},
+};
+
+int memsize_kv_type(const char *name)
+{
+	if (!name)
+		return -1;
+	for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
+		if (!strcasecmp(kv_types[i].name, name))
+			return kv_types[i].type;
+	return -1;
+}
+
+static long round_step(uint64_t v)
+{
+	if (v > (uint64_t)MEMSIZE_MAX_CTX)
+		v = (uint64_t)MEMSIZE_MAX_CTX;
+	return (long)(v / MEMSIZE_CTX_STEP * MEMSIZE_CTX_STEP);
+}
+
+long memsize_fit_context(const struct gguf_model_info *mi, const struct mem_budget *b,
+                         const char *kv_type, int n_slots, struct memsize_report *out)
+{
+	int type = memsize_kv_type(kv_type ? kv_type : "f16");
+	if (!mi || !b || type < 0 || n_slots < 1)
+		return -1;
+	uint64_t kv = gguf_kv_bytes_per_token_type(mi, (uint32_t)type, (uint32_t)type);
+	if (kv == 0 || kv == UINT64_MAX)
+		return -1; /* no layers or heads: nothing to size */
+
+	struct memsize_report r = {0};
+	for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
+		if (kv_types[i].type == type)
+			snprintf(r.kv_type, sizeof r.kv_type, "%s", kv_types[i].name);
+	r.gpu = b->gpu != 0;
+	r.total = r.gpu ? b->vram_total : b->total;
+	r.memory = r.gpu ? b->vram_free : (b->available ? b->available : b->total);
+	/* floor(total * percent / 100) without overflowing on a huge total */
+	r.margin =
+	    r.total / 100 * MEMSIZE_MARGIN_PERCENT + r.total % 100 * MEMSIZE_MARGIN_PERCENT / 100;
+	if (r.margin < MEMSIZE_MARGIN_MIN)
+		r.margin = MEMSIZE_MARGIN_MIN;
+	r.weights = mi->tensor_data_bytes;
+	r.kv_per_token = kv;
+	r.n_slots = n_slots;
+	r.ctx_train = mi->context_length > (uint64_t)MEMSIZE_MAX_CTX ? MEMSIZE_MAX_CTX
+	                                                             : (long)mi->context_length;
+
+	/* Per-token cost of all slots; saturated, so a huge product fits nothing. */
+	uint64_t per = kv > UINT64_MAX / (uint64_t)n_slots ? UINT64_MAX : kv * (uint64_t)n_slots;
+	if (r.memory > r.margin && r.memory - r.margin > r.weights)
+		r.ctx_memory = round_step((r.memory - r.margin - r.weights) / per);
+
+	long ctx = r.ctx_memory;
+	r.limited_by = "memory";
+	if (r.ctx_train > 0) {
+		long train = round_step((uint64_t)r.ctx_train);
+		/* A training context under 512 (toy and test models) is raised to
+		 * the minimum: llama.cpp runs them with a longer context without
+		 * harm, and a shorter one leaves no room for a template and answer. */
+		const char *why = train < MEMSIZE_MIN_CTX ? "minimum" : "training context";
+		if (train < MEMSIZE_MIN_CTX)
+			train = MEMSIZE_MIN_CTX;
+		if (train < ctx) {
+			ctx = train;
+			r.limited_by = why;
+		}
+	}
+	if (r.ctx_memory < MEMSIZE_MIN_CTX) {
+		ctx = 0; /* not even the minimum fits */
+		r.limited_by = "memory";
+	}
+	r.fits = ctx > 0;
+	r.ctx = ctx;
+	r.kv_bytes = (uint64_t)ctx * per; /* ctx <= ctx_memory: no overflow */
+	r.used = r.weights + r.kv_bytes;
+	if (out)
+		*out = r;
+	return ctx;
+}
+
+void memsize_human(uint64_t bytes, char *buf, size_t n)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	if (bytes < 1024) {
+		snprintf(buf, n, "%" PRIu64 " B", bytes);
+		return;
+	}
+	double v = (double)bytes;
+	int u = 0;
+	while (v >= 1024 && u < 6) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, n, v < 99.95 ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+int memsize_explain(const struct memsize_report *r, long asked, char *buf, size_t n)
+{
+	char w[32], kv[32], mem[32], margin[32], used[32], slots[48] = "";
+	memsize_human(r->weights, w, sizeof w);
+	memsize_human(r->kv_per_token, kv, sizeof kv);
+	memsize_human(r->memory, mem, sizeof mem);
+	memsize_human(r->margin, margin, sizeof margin);
+	if (r->n_slots > 1)
+		snprintf(slots, sizeof slots, " x %d slots", r->n_slots);
+	const char *where = r->gpu ? "of free VRAM" : "available";
+	if (!r->fits && r->ctx_memory == 0)
+		return snprintf(buf, n,
+		                "the model does not fit: weights %s + %s kept free is more than "
+		                "the %s %s",
+		                w, margin, mem, where);
+	if (!r->fits)
+		return snprintf(buf, n,
+		                "only %ld tokens fit, under the minimum of %d: weights %s + KV %s "
+		                "%s/token%s in %s %s with %s kept free",
+		                r->ctx_memory, MEMSIZE_MIN_CTX, w, r->kv_type, kv, slots, mem,
+		                where, margin);
+	if (asked > r->ctx) {
+		if (!strcmp(r->limited_by, "memory"))
+			return snprintf(
+			    buf, n,
+			    "asked for %ld tokens, but only %ld fit: weights %s + KV %s "
+			    "%s/token%s in %s %s with %s kept free",
+			    asked, r->ctx, w, r->kv_type, kv, slots, mem, where, margin);
+		return snprintf(buf, n,
+		                "asked for %ld tokens, but the model was trained on %ld: using "
+		                "%ld",
+		                asked, r->ctx_train, r->ctx);
+	}
+	long tokens = asked > 0 ? asked : r->ctx;
+	memsize_human(r->weights + (uint64_t)tokens * r->kv_per_token * (uint64_t)r->n_slots, used,
+	              sizeof used);
+	return snprintf(buf, n,
+	                "%ld tokens fit (at most %ld, limit: %s): weights %s + KV %s %s/token%s "
+	                "= %s of %s %s with %s kept free",
+	                tokens, r->ctx, r->limited_by, w, r->kv_type, kv, slots, used, mem, where,
+	                margin);
+}
+
+/* --- The recorded context ------------------------------------------------------- */
+
+static int ctx_path(const char *name, const char *leaf, char *out, size_t n)
+{
+	if (!name || !paths_is_safe_name(name)) {
+		errno = EINVAL;
+		return -1;
+	}
+	char sub[256];
+	snprintf(sub, sizeof sub, "run/%s%s%s", name, leaf ? "/" : "", leaf ? leaf : "");
+	if (paths_state_sub(out, n, sub) != 0) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	return 0;
+}
+
+int memsize_write_ctx(const char *model_name, long ctx)
+{
+	char dir[4096], path[4096], tmp[4200];
+	if (ctx <= 0 || ctx > MEMSIZE_MAX_CTX) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (ctx_path(model_name, NULL, dir, sizeof dir) != 0 ||
+	    ctx_path(model_name, "ctx", path, sizeof path) != 0)
+		return -1;
+	if (paths_mkdir_p(dir, 0700) != 0)
+		return -1;
+	/* A per-process temporary name: two writers never share one file. */
+	snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	char buf[32];
+	int len = snprintf(buf, sizeof buf, "%ld\n", ctx);
+	int ok = write(fd, buf, (size_t)len) == len && fsync(fd) == 0;
+	int saved = errno;
+	if (close(fd) != 0 && ok) {
+		ok = 0;
+		saved = errno;
+	}
+	if (!ok || rename(tmp, path) != 0) {
+		if (ok)
+			saved = errno;
+		unlink(tmp);
+		errno = saved ? saved : EIO;
+		return -1;
+	}
+	return 0;
+}
+
+long memsize_read_ctx(const char *model_name)
+{
+	char path[4096];
+	if (ctx_path(model_name, "ctx", path, sizeof path) != 0)
+		return -1;
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -1;
+	char buf[64];
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	char *end;
+	errno = 0;
+	long v = buf[0] >= '0' && buf[0] <= '9' ? strtol(buf, &end, 10) : -1;
+	if (v > 0 && !errno) {
+		while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')
+			end++;
+		if (*end == '\0' && v <= MEMSIZE_MAX_CTX)
+			return v;
+	}
+	errno = EINVAL;
+	return -1;
+}
