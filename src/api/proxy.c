@@ -199,15 +199,19 @@ static json_t *cache_block(struct proxy_req *pr)
  * buffer, or NULL when the text is not an object. */
 static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, size_t *out_len)
 {
-	size_t close = len;
-	while (close > 0 && text[close - 1] != '}')
-		close--;
+	/* The object starts after the event's "data:" (in a stream) or at the
+	 * first non-blank byte (a plain body); it ends at the last '}'. */
 	size_t open = 0;
+	const char *data = memmem(text, len, "data:", 5);
+	if (data && (data == text || data[-1] == '\n' || data[-1] == '\r'))
+		open = (size_t)(data - text) + 5;
 	while (open < len && (text[open] == ' ' || text[open] == '\n' || text[open] == '\r' ||
-			      text[open] == '\t' || text[open] == 'd' || text[open] == 'a' ||
-			      text[open] == 't' || text[open] == ':'))
+			      text[open] == '\t'))
 		open++;
-	if (close == 0 || open >= len || text[open] != '{')
+	size_t close = len;
+	while (close > open && text[close - 1] != '}')
+		close--;
+	if (open >= len || text[open] != '{' || close <= open + 1)
 		return NULL;
 	json_t *c = cache_block(pr);
 	char *cs = json_dumps(c, JSON_COMPACT);
@@ -216,7 +220,8 @@ static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, si
 		return NULL;
 	/* An empty object must not get a leading comma. */
 	size_t k = close - 1;
-	while (k > open && (text[k - 1] == ' ' || text[k - 1] == '\n' || text[k - 1] == '\t'))
+	while (k > open + 1 && (text[k - 1] == ' ' || text[k - 1] == '\n' || text[k - 1] == '\t' ||
+				text[k - 1] == '\r'))
 		k--;
 	int empty = k == open + 1;
 	size_t cl = strlen(cs);
@@ -238,8 +243,30 @@ static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, si
 static void note_timings(struct proxy_req *pr, json_t *obj)
 {
 	json_t *t = json_object_get(obj, "timings");
-	if (!json_is_object(t))
+	if (!json_is_object(t)) {
+		/* No timings (the Responses API without streaming): usage has the
+		 * same two numbers, as total and cached input tokens. */
+		json_t *u = json_object_get(obj, "usage");
+		if (!json_is_object(u) && json_is_object(json_object_get(obj, "response")))
+			u = json_object_get(json_object_get(obj, "response"), "usage");
+		json_t *total = json_object_get(u, "input_tokens");
+		json_t *cached =
+			json_object_get(json_object_get(u, "input_tokens_details"), "cached_tokens");
+		if (!json_is_integer(total)) {
+			total = json_object_get(u, "prompt_tokens");
+			cached = json_object_get(json_object_get(u, "prompt_tokens_details"),
+						 "cached_tokens");
+		}
+		if (!json_is_integer(total))
+			return;
+		pr->timings_seen = 1;
+		pr->cache_n = json_integer_value(cached);
+		pr->prompt_n = json_integer_value(total) - pr->cache_n;
+		pr->prompt_ms = 0;
+		pr->predicted_n = 0;
+		pr->predicted_ms = 0;
 		return;
+	}
 	pr->timings_seen = 1;
 	pr->cache_n = json_integer_value(json_object_get(t, "cache_n"));
 	pr->prompt_n = json_integer_value(json_object_get(t, "prompt_n"));

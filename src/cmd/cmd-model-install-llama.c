@@ -1,10 +1,213 @@
-/* Placeholder until this command lands (issue: model lifecycle). */
+/* toki model install-llama: fetch the llama.cpp release build that fits this
+ * machine (OS, CPU, GPU backend) into $state/llama/<name>/. */
+#include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cmd/cmd.h"
+#include "model/release.h"
+#include "util/paths.h"
+
+static const char install_usage[] =
+    "usage: toki model install-llama [--backend B] [--gfx X.Y.Z] [--tag bNNNN]\n"
+    "                                [--name NAME] [--force]\n"
+    "\n"
+    "Downloads a llama.cpp release build (llama-server and its libraries) for\n"
+    "this OS and CPU, checks it against the release's SHA-256 digest, and unpacks\n"
+    "it into $TOKI_STATE_DIR/llama/NAME/.\n"
+    "\n"
+    "  --backend B   cpu, cuda, rocm, sycl, openvino, vulkan or metal (default:\n"
+    "                detected with nvidia-smi, rocminfo, sycl-ls, vulkaninfo; a\n"
+    "                detected backend the release has no build for falls back to\n"
+    "                the next, down to cpu)\n"
+    "  --gfx X.Y.Z   HSA_OVERRIDE_GFX_VERSION for this build's llama-server (ROCm\n"
+    "                on a GPU the build has no kernels for, e.g. 10.3.0)\n"
+    "  --tag bNNNN   a release tag (default: the latest release)\n"
+    "  --name NAME   the install's name (default: <tag>-<backend>)\n"
+    "  --force       replace an install of the same name\n"
+    "\n"
+    "Environment: TOKI_LLAMA_RELEASES_URL (the GitHub API, default\n" RELEASE_DEFAULT_ENDPOINT
+    "), GITHUB_TOKEN (a higher API rate limit).\n"
+    "Prints the installed llama-server's path on stdout.\n";
+
+static int option_value(int argc, char **argv, int *i, const char *opt, const char **value)
+{
+	size_t n = strlen(opt);
+	if (strncmp(argv[*i], opt, n) != 0)
+		return 0;
+	if (argv[*i][n] == '=') {
+		*value = argv[*i] + n + 1;
+		return 1;
+	}
+	if (argv[*i][n] != '\0')
+		return 0;
+	if (*i + 1 >= argc) {
+		fprintf(stderr, "toki model install-llama: %s needs a value\n", opt);
+		return -1;
+	}
+	*value = argv[++*i];
+	return 1;
+}
+
+/* HSA_OVERRIDE_GFX_VERSION is three dot-separated numbers. */
+static int gfx_is_valid(const char *s)
+{
+	int parts = 0;
+	while (*s) {
+		if (!isdigit((unsigned char)*s))
+			return 0;
+		int digits = 0;
+		while (isdigit((unsigned char)*s)) {
+			s++;
+			if (++digits > 3)
+				return 0;
+		}
+		parts++;
+		if (*s == '.')
+			s++;
+		else if (*s)
+			return 0;
+		else
+			break;
+	}
+	return parts == 3 && s[-1] != '.';
+}
 
 int cmd_model_install_llama(int argc, char **argv)
 {
-	fprintf(stderr, "toki: '%s' is not built yet\n", argv[0]);
-	return 1;
+	const char *backend = NULL, *gfx = NULL, *tag = NULL, *name = NULL;
+	int force = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *v = NULL;
+		int r;
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			fputs(install_usage, stdout);
+			return 0;
+		}
+		if (!strcmp(argv[i], "--force")) {
+			force = 1;
+		} else if ((r = option_value(argc, argv, &i, "--backend", &v)) != 0) {
+			if (r < 0)
+				return 2;
+			backend = v;
+		} else if ((r = option_value(argc, argv, &i, "--gfx", &v)) != 0) {
+			if (r < 0)
+				return 2;
+			gfx = v;
+		} else if ((r = option_value(argc, argv, &i, "--tag", &v)) != 0) {
+			if (r < 0)
+				return 2;
+			tag = v;
+		} else if ((r = option_value(argc, argv, &i, "--name", &v)) != 0) {
+			if (r < 0)
+				return 2;
+			name = v;
+		} else {
+			fprintf(stderr, "toki model install-llama: unexpected '%s'\n\n%s", argv[i],
+			        install_usage);
+			return 2;
+		}
+	}
+	if (backend && !release_backend_is_known(backend)) {
+		fprintf(stderr,
+		        "toki model install-llama: unknown backend '%s' (cpu, cuda, rocm, sycl, "
+		        "openvino, vulkan, metal)\n",
+		        backend);
+		return 2;
+	}
+	if (gfx && !gfx_is_valid(gfx)) {
+		fprintf(stderr,
+		        "toki model install-llama: --gfx '%s' is not of the form X.Y.Z (e.g. "
+		        "10.3.0, as HSA_OVERRIDE_GFX_VERSION takes it)\n",
+		        gfx);
+		return 2;
+	}
+	if (tag && !paths_is_safe_name(tag)) {
+		fprintf(stderr,
+		        "toki model install-llama: '%s' is not a release tag (e.g. b6000)\n", tag);
+		return 2;
+	}
+	if (name && !paths_is_safe_name(name)) {
+		fprintf(stderr,
+		        "toki model install-llama: --name '%s' must be 1-128 of A-Z a-z 0-9 . _ - "
+		        "(it becomes a directory name)\n",
+		        name);
+		return 2;
+	}
+
+	char err[4096];
+	const char *os, *arch;
+	if (release_platform(&os, &arch, err, sizeof err) != 0) {
+		fprintf(stderr, "toki model install-llama: %s\n", err);
+		return 1;
+	}
+	const char *candidates[8];
+	int ncand;
+	char detected_gfx[32] = "";
+	if (backend) {
+		candidates[0] = backend;
+		ncand = 1;
+	} else {
+		ncand = release_detect_backends(candidates, 8, detected_gfx, sizeof detected_gfx);
+		fprintf(stderr, "toki: backends this machine can use, best first:");
+		for (int i = 0; i < ncand; i++)
+			fprintf(stderr, " %s", candidates[i]);
+		if (detected_gfx[0])
+			fprintf(stderr, " (ROCm GPU %s)", detected_gfx);
+		fprintf(stderr, "\n");
+	}
+	if (gfx && strcmp(backend ? backend : candidates[0], "rocm") != 0)
+		fprintf(stderr,
+		        "toki: note: --gfx only matters to ROCm builds; it is recorded anyway\n");
+
+	struct release_info rel;
+	if (release_fetch(tag, &rel, err, sizeof err) != 0) {
+		fprintf(stderr, "toki model install-llama: %s\n", err);
+		return 1;
+	}
+	int rc = 1;
+	int asset = -1;
+	const char *chosen = NULL;
+	char first_err[4096] = "";
+	for (int i = 0; i < ncand && asset < 0; i++) {
+		asset = release_choose_asset(&rel, os, arch, candidates[i], err, sizeof err);
+		if (asset >= 0)
+			chosen = candidates[i];
+		else if (i == 0)
+			snprintf(first_err, sizeof first_err, "%s", err);
+	}
+	if (asset < 0) {
+		fprintf(stderr, "toki model install-llama: %s\n", first_err);
+		goto out;
+	}
+	if (chosen != candidates[0])
+		fprintf(stderr, "toki: %s\ntoki: using the %s build instead (--backend chooses)\n",
+		        first_err, chosen);
+	char default_name[160];
+	if (!name) {
+		snprintf(default_name, sizeof default_name, "%s-%s", rel.tag, chosen);
+		name = default_name;
+	}
+	fprintf(stderr, "toki: installing llama.cpp %s (%s, %s %s) as %s: %s\n", rel.tag, chosen,
+	        os, arch, name, rel.assets[asset].name);
+	struct release_install_opts o = {
+	    .name = name, .backend = chosen, .gfx = gfx, .force = force};
+	char server[8192];
+	if (release_install(&rel, (size_t)asset, &o, server, sizeof server, err, sizeof err) != 0) {
+		fprintf(stderr, "toki model install-llama: %s\n", err);
+		goto out;
+	}
+	if (gfx)
+		fprintf(
+		    stderr,
+		    "toki: installed %s; its llama-server runs with HSA_OVERRIDE_GFX_VERSION=%s\n",
+		    name, gfx);
+	else
+		fprintf(stderr, "toki: installed %s\n", name);
+	printf("%s\n", server);
+	rc = 0;
+out:
+	release_info_free(&rel);
+	return rc;
 }

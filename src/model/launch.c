@@ -1,0 +1,157 @@
+#include "model/launch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/gguf.h"
+#include "model/memsize.h"
+#include "model/release.h"
+#include "model/run.h"
+
+int launch_find_llama_server(char *path, size_t n, char *gfx, size_t gfxn)
+{
+	gfx[0] = '\0';
+	const char *env = getenv("TOKI_LLAMA_SERVER");
+	if (env && *env && access(env, X_OK) == 0) {
+		snprintf(path, n, "%s", env);
+		return 0;
+	}
+	struct release_build b;
+	char err[256];
+	if (release_find_build(NULL, &b, err, sizeof err) == 0) {
+		snprintf(path, n, "%s", b.llama_server);
+		snprintf(gfx, gfxn, "%s", b.gfx);
+		return 0;
+	}
+	if (release_find_llama_server(NULL, path, n) == 0)
+		return 0;
+	/* What scripts/provision-llama-server.sh left (Debian 12's route). */
+	const char *cache = getenv("TOKI_CACHE_DIR");
+	const char *xdg = getenv("XDG_CACHE_HOME");
+	const char *home = getenv("HOME");
+	if (cache && *cache)
+		snprintf(path, n, "%s/llama-server/bin/llama-server", cache);
+	else if (xdg && *xdg)
+		snprintf(path, n, "%s/tokirecur/llama-server/bin/llama-server", xdg);
+	else
+		snprintf(path, n, "%s/.cache/tokirecur/llama-server/bin/llama-server",
+			 home ? home : "");
+	return access(path, X_OK) == 0 ? 0 : -1;
+}
+
+/* The KV cache type from llama-server's arguments (-ctk/--cache-type-k). */
+static const char *kv_type_of(char *const *args, int n)
+{
+	for (int i = 0; i + 1 < n; i++)
+		if (!strcmp(args[i], "-ctk") || !strcmp(args[i], "--cache-type-k"))
+			return args[i + 1];
+	return "f16";
+}
+
+static int uses_gpu(char *const *args, int n)
+{
+	for (int i = 0; i + 1 < n; i++)
+		if ((!strcmp(args[i], "-ngl") || !strcmp(args[i], "--n-gpu-layers") ||
+		     !strcmp(args[i], "--gpu-layers")) &&
+		    strcmp(args[i + 1], "0") != 0)
+			return 1;
+	return 0;
+}
+
+int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen)
+{
+	char binary[4096], gfx[32] = "";
+	if (o->binary) {
+		snprintf(binary, sizeof binary, "%s", o->binary);
+		/* A registry binary: that is an installed build carries its gfx. */
+		struct release_build b;
+		char berr[256];
+		if (release_build_of_server(o->binary, &b, berr, sizeof berr) == 0)
+			snprintf(gfx, sizeof gfx, "%s", b.gfx);
+	} else if (launch_find_llama_server(binary, sizeof binary, gfx, sizeof gfx) != 0) {
+		snprintf(err, errlen,
+			 "no llama-server found: install one with `toki model install-llama`, put "
+			 "llama-server on PATH, or set TOKI_LLAMA_SERVER");
+		return -1;
+	}
+	struct gguf_error gerr;
+	struct gguf *g = gguf_open(o->model_path, &gerr);
+	struct gguf_model_info mi;
+	if (!g || !gguf_model_info_read(g, &mi)) {
+		snprintf(err, errlen, "cannot read %s: %s", o->model_path,
+			 g ? "no architecture in its header" : gerr.text);
+		gguf_close(g);
+		return -1;
+	}
+	gguf_close(g);
+
+	struct mem_budget budget;
+	if (memsize_read_machine(&budget) != 0) {
+		snprintf(err, errlen, "cannot read /proc/meminfo: %s", strerror(errno));
+		return -1;
+	}
+	/* TOKI_MEMORY_MB pretends the machine has that much (free) memory:
+	 * for trying what a smaller machine would get, and for tests. */
+	const char *sim = getenv("TOKI_MEMORY_MB");
+	if (sim && atol(sim) > 0)
+		budget.total = budget.available = (uint64_t)atol(sim) << 20;
+	else if (uses_gpu(o->llama_args, o->n_llama_args))
+		memsize_read_gpu(&budget);
+	int slots = o->slots > 0 ? o->slots : 2;
+	struct memsize_report rep;
+	long fit = memsize_fit_context(&mi, &budget, kv_type_of(o->llama_args, o->n_llama_args),
+				       slots, &rep);
+	char why[512];
+	if (fit < 0) {
+		snprintf(err, errlen, "cannot size the context for %s (unknown KV cache type, or no "
+				      "layer/head counts in its header)", o->model_path);
+		return -1;
+	}
+	if (o->ctx > 0 && rep.ctx_train > 0 && o->ctx > rep.ctx_train) {
+		snprintf(err, errlen,
+			 "refused: asked for a context of %ld tokens, but %s was trained on %ld; ask "
+			 "for at most %ld",
+			 o->ctx, o->name, rep.ctx_train, fit);
+		return -1;
+	}
+	if (fit == 0 || (o->ctx > 0 && o->ctx > fit)) {
+		memsize_explain(&rep, o->ctx, why, sizeof why);
+		snprintf(err, errlen, "refused: %s does not fit this machine: %s", o->name, why);
+		return -1;
+	}
+	long ctx = o->ctx > 0 ? o->ctx : fit;
+	if (memsize_write_ctx(o->name, ctx) != 0) {
+		snprintf(err, errlen, "cannot record the context: %s", strerror(errno));
+		return -1;
+	}
+	memsize_explain(&rep, o->ctx, why, sizeof why);
+	fprintf(stderr, "toki: %s: context %ld tokens per slot, %d slots (%s)\n", o->name, ctx,
+		slots, why);
+
+	char env_gfx[64];
+	char *envs[1];
+	int n_env = 0;
+	if (*gfx) {
+		snprintf(env_gfx, sizeof env_gfx, "HSA_OVERRIDE_GFX_VERSION=%s", gfx);
+		envs[n_env++] = env_gfx;
+	}
+	struct run_spec spec = {
+		.name = o->name,
+		.model_path = o->model_path,
+		.binary = binary,
+		.ctx = ctx,
+		.slots = slots,
+		.max_output = o->max_output,
+		.port = o->port > 0 ? o->port : 8787,
+		.host = o->host,
+		.mode = o->mode,
+		.llama_args = o->llama_args,
+		.n_llama_args = o->n_llama_args,
+		.llama_env = envs,
+		.n_llama_env = n_env,
+	};
+	return run_start(&spec, o->wait_s > 0 ? o->wait_s : 600, endpoint, n, err, errlen);
+}
