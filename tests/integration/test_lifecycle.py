@@ -1,0 +1,121 @@
+"""The model lifecycle as a user runs it: a registered model is started with
+`toki model use`, answers through the cache, shows in `toki status` and
+`toki model list`, refuses removal while running, and stops with `toki down`.
+Contexts that do not fit are refused with the numbers."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import toki_harness as th
+
+
+class Lifecycle(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="toki-life-")
+        self.env = dict(os.environ, TOKI_STATE_DIR=os.path.join(self.tmp, "state"),
+                        TOKI_MODEL_REGISTRY=os.path.join(self.tmp, "models.yaml"),
+                        TOKI_LLAMA_SERVER=th.llama_server_path())
+        self.env.pop("TOKI_TOKEN", None)  # the run makes its own token file
+        self.model = os.path.join(self.tmp, "tiny.gguf")
+        shutil.copy(th.test_model(), self.model)
+        with open(self.env["TOKI_MODEL_REGISTRY"], "w") as f:
+            f.write("models:\n  tiny:\n    path: %s\n    ctx: 1024\n    max_output: 16\n"
+                    % self.model)
+
+    def tearDown(self):
+        self.toki("down")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def toki(self, *args, env=None):
+        return subprocess.run([th.TOKI_BIN, *args], capture_output=True, text=True,
+                              env=env or self.env, timeout=300)
+
+    def token(self):
+        return open(os.path.join(self.env["TOKI_STATE_DIR"], "token")).read().strip()
+
+    def test_use_request_status_remove_down(self):
+        port = th.free_port()
+        r = self.toki("model", "use", "tiny", "--port", str(port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"http://127.0.0.1:{port}/v1", r.stdout)
+        self.assertIn("context 1024 tokens per slot", r.stderr)
+        # The recorded context is the one the daemon and /v1/models use.
+        ctx_file = os.path.join(self.env["TOKI_STATE_DIR"], "run", "tiny", "ctx")
+        self.assertEqual(open(ctx_file).read().strip(), "1024")
+        auth = {"Authorization": "Bearer " + self.token()}
+        st, models = th.request(port, "GET", "/v1/models", headers=auth, auth=False)
+        self.assertEqual(models["data"][0]["context_length"], 1024)
+        body = {"messages": [{"role": "user", "content": "Once upon a time"}],
+                "max_tokens": 32000}
+        for turn in range(2):
+            st, resp = th.request(port, "POST", "/v1/chat/completions", body, headers=auth,
+                                  auth=False)
+            self.assertEqual(st, 200, resp)
+            self.assertEqual(resp["cache"]["max_tokens"], 16)  # max_output from the registry
+        self.assertEqual(resp["cache"]["route"], "hit")
+        # A prompt that cannot fit is refused, not cut.
+        st, err = th.request(port, "POST", "/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": "the cat " * 700}]},
+                             headers=auth, auth=False)
+        self.assertEqual(st, 400, err)
+        self.assertIn("context holds 1024", err["error"]["message"])
+
+        r = self.toki("status", "--json")
+        status = json.loads(r.stdout)
+        self.assertEqual(len(status), 1)
+        self.assertEqual(status[0]["name"], "tiny")
+        self.assertEqual(status[0]["effective_ctx"], 1024)
+        self.assertGreaterEqual(status[0]["stats"]["routed"], 2)
+        self.assertGreater(status[0]["llama_rss_kib"], 0)
+        r = self.toki("status")
+        self.assertIn("1024 tokens per slot", r.stdout)
+
+        r = self.toki("model", "list")
+        self.assertIn("* tiny", r.stdout)
+        r = self.toki("model", "remove", "tiny")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("running", r.stderr)
+
+        # Starting it twice does not start a second one.
+        r = self.toki("model", "use", "tiny", "--port", str(port))
+        self.assertIn("already runs", r.stdout)
+
+        r = self.toki("down", "tiny")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRaises(OSError, th.request, port, "GET", "/health", None, None, 2)
+        r = self.toki("model", "remove", "tiny")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(self.model), "remove without --purge kept the weights")
+        r = self.toki("model", "list", "--json")
+        self.assertEqual(json.loads(r.stdout)["models"] if r.stdout.strip().startswith("{")
+                         else json.loads(r.stdout), [])
+
+    def test_context_that_does_not_fit_is_refused(self):
+        big = th.generated_model("fit", params="24M", ctx=32768)
+        env = dict(self.env, TOKI_MEMORY_MB="1700")
+        r = self.toki("up", "--model", big, "--name", "fit", "--ctx", "32768", "--port",
+                      str(th.free_port()), env=env)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("does not fit", r.stderr)
+        self.assertIn("KiB/token", r.stderr)
+        r = self.toki("up", "--model", self.model, "--ctx", "4096", "--port",
+                      str(th.free_port()))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("trained on 2048", r.stderr)
+        # Without --ctx, the largest context that fits is chosen.
+        r = self.toki("up", "--model", big, "--name", "fit", "--port", str(th.free_port()),
+                      env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ctx = int(open(os.path.join(self.env["TOKI_STATE_DIR"], "run", "fit", "ctx")).read())
+        # 1700 MiB - 1.5 GiB margin - 47 MiB weights = 117 MiB; 4 KiB/token x 2 slots
+        # -> 14976 tokens a slot, rounded down to 256: 14848.
+        self.assertEqual(ctx, 14848)
+
+
+if __name__ == "__main__":
+    th.run_tests()
