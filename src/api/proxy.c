@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "api/api_error.h"
+#include "api/anthropic.h"
 #include "api/auth.h"
+#include "api/responses.h"
 #include "backend/backend.h"
 #include "backend/supervise.h"
 #include "daemon.h"
@@ -17,7 +19,11 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-enum route_kind { KIND_CHAT, KIND_COMPLETION };
+/* CHAT and COMPLETION pass through; ANTHROPIC is translated to a chat
+ * request and back (llama-server's own /v1/messages cannot be pinned to a
+ * slot); RESPONSES goes to llama-server's /v1/responses, routed by the
+ * tokens of its chat equivalent. */
+enum route_kind { KIND_CHAT, KIND_COMPLETION, KIND_ANTHROPIC, KIND_RESPONSES };
 
 enum proxy_state {
 	PS_TEMPLATE, /* waiting for /apply-template */
@@ -36,7 +42,10 @@ struct proxy_req {
 	enum route_kind kind;
 	enum proxy_state state;
 	char backend_path[64];
-	json_t *body;
+	json_t *body;	       /* what goes to the backend */
+	json_t *template_body; /* the chat request whose template gives the tokens (RESPONSES) */
+	char *client_model;    /* the model name the client sent (ANTHROPIC echoes it) */
+	struct anthropic_stream *astream;
 	int stream;
 	token_t *tokens;
 	size_t n_tokens;
@@ -49,6 +58,7 @@ struct proxy_req {
 	char restored_name[96];
 	int restored;
 	int needs_begin;    /* waiting for a backend before tokenizing */
+	int count_only;	    /* count_tokens: answer with the count, generate nothing */
 	long max_tokens;    /* the output cap sent to the backend */
 	int output_clamped; /* the client asked for more than fits */
 	int status;		  /* the backend's HTTP status */
@@ -144,11 +154,28 @@ static void client_write(struct proxy_req *pr, const char *data, size_t len)
 	pr->t_last_write_us = clock_now_us();
 }
 
+static void client_write_strbuf(struct proxy_req *pr, struct strbuf *b)
+{
+	if (b->len)
+		client_write(pr, b->p, b->len);
+	strbuf_reset(b);
+}
+
 /* An error for the client: a JSON answer if nothing was sent yet, else an
  * error event that ends the stream. */
 static void fail(struct proxy_req *pr, int status, const char *message)
 {
 	pr->d->stats.errors++;
+	if (pr->client && pr->astream && pr->t_forward_us) {
+		struct strbuf b;
+		strbuf_init(&b);
+		anthropic_stream_error(pr->astream, status == 504 ? "timeout_error" : "api_error",
+				       message, &b);
+		client_write_strbuf(pr, &b);
+		strbuf_free(&b);
+		http_stream_end(pr->client);
+		pr->client = NULL;
+	}
 	if (pr->client) {
 		if (pr->stream && pr->state >= PS_FORWARD && pr->t_forward_us) {
 			char *body = api_error_body(status, message, http_request_path(pr->client));
@@ -316,6 +343,9 @@ static void commit_slot(struct proxy_req *pr, int success)
 static void pr_free(struct proxy_req *pr)
 {
 	json_decref(pr->body);
+	json_decref(pr->template_body);
+	free(pr->client_model);
+	anthropic_stream_free(pr->astream);
 	free(pr->tokens);
 	sse_parser_free(&pr->sse);
 	free(pr->held);
@@ -381,11 +411,41 @@ static void flush_held(struct proxy_req *pr, int with_cache)
 	pr->held_len = 0;
 }
 
+/* ANTHROPIC: each chat chunk becomes Anthropic events; [DONE] ends the
+ * message with the cache block on message_stop. */
+static void on_chat_chunk_for_anthropic(struct proxy_req *pr, const char *data, size_t dl)
+{
+	struct strbuf b;
+	strbuf_init(&b);
+	if (!strcmp(data, "[DONE]")) {
+		json_t *c = cache_block(pr);
+		anthropic_stream_finish(pr->astream, c, &b);
+		json_decref(c);
+		pr->done_sent = 1;
+	} else {
+		json_error_t jerr;
+		json_t *chunk = json_loadb(data, dl, 0, &jerr);
+		if (chunk) {
+			note_timings(pr, chunk);
+			anthropic_stream_feed(pr->astream, chunk, &b);
+			json_decref(chunk);
+		}
+	}
+	client_write_strbuf(pr, &b);
+	strbuf_free(&b);
+}
+
 static void on_sse_event(const char *raw, size_t len, void *arg)
 {
 	struct proxy_req *pr = arg;
 	size_t dl = 0;
 	char *data = sse_event_data(raw, len, &dl);
+	if (pr->astream) {
+		if (data)
+			on_chat_chunk_for_anthropic(pr, data, dl);
+		free(data);
+		return;
+	}
 	if (data && !strcmp(data, "[DONE]")) {
 		flush_held(pr, 1);
 		client_write(pr, raw, len);
@@ -415,8 +475,14 @@ static void keepalive_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct proxy_req *pr = arg;
 	int64_t now = clock_now_us();
-	if (pr->client && now - pr->t_last_write_us >= (int64_t)pr->d->cfg.keepalive_ms * 1000)
-		client_write(pr, ": keep-alive\n\n", 14);
+	if (pr->client && now - pr->t_last_write_us >= (int64_t)pr->d->cfg.keepalive_ms * 1000) {
+		if (pr->astream) {
+			const char *ping = anthropic_ping_event();
+			client_write(pr, ping, strlen(ping));
+		} else {
+			client_write(pr, ": keep-alive\n\n", 14);
+		}
+	}
 }
 
 static void on_forward_head(struct backend_call *call, int status, void *arg)
@@ -473,7 +539,9 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 			free(msg);
 			return;
 		}
-		if (!pr->done_sent)
+		if (!pr->done_sent && pr->astream)
+			on_chat_chunk_for_anthropic(pr, "[DONE]", 6);
+		else if (!pr->done_sent)
 			flush_held(pr, 1);
 		commit_slot(pr, pr->timings_seen);
 		log_done(pr);
@@ -491,6 +559,29 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	json_decref(obj);
 	commit_slot(pr, status == 200 && pr->timings_seen);
 	log_done(pr);
+	if (pr->client && pr->kind == KIND_ANTHROPIC) {
+		json_t *chat = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, pr->cache_n,
+							 pr->prompt_n)
+				   : NULL;
+		json_decref(chat);
+		http_request_on_close(pr->client, NULL, NULL);
+		if (msg) {
+			json_object_set_new(msg, "cache", cache_block(pr));
+			respond_json(pr->client, 200, msg);
+			json_decref(msg);
+		} else {
+			json_t *ej = json_loadb(body, len, 0, &jerr);
+			const char *m = json_string_value(
+				json_object_get(json_object_get(ej, "error"), "message"));
+			http_respond_error(pr->client, status == 200 ? 502 : status,
+					   m ? m : "the backend's answer could not be translated");
+			json_decref(ej);
+		}
+		pr->client = NULL;
+		pr_finish(pr);
+		return;
+	}
 	if (pr->client) {
 		size_t out_len = 0;
 		char *out = status == 200 ? inject_cache(pr, body, len, &out_len) : NULL;
@@ -557,6 +648,17 @@ static void forward(struct proxy_req *pr)
 				 pr->slot ? pr->slot->id : -1, pr->n_tokens, pr->choice.reuse,
 				 pr->n_tokens - pr->choice.reuse, pr->choice.est_prefill_s * 1000.0);
 		client_write(pr, note, (size_t)n);
+		if (pr->kind == KIND_ANTHROPIC) {
+			long long evaluate = (long long)(pr->n_tokens - pr->choice.reuse);
+			pr->astream = anthropic_stream_new(pr->client_model, evaluate,
+							   (long long)pr->choice.reuse);
+			struct strbuf b;
+			strbuf_init(&b);
+			if (pr->astream)
+				anthropic_stream_start(pr->astream, &b);
+			client_write_strbuf(pr, &b);
+			strbuf_free(&b);
+		}
 		sse_parser_init(&pr->sse, 64 * 1024 * 1024);
 		pr->keepalive = event_new(d->base, -1, EV_PERSIST, keepalive_tick, pr);
 		int ms = d->cfg.keepalive_ms > 100 ? d->cfg.keepalive_ms / 2 : 50;
@@ -811,7 +913,9 @@ static int clamp_output(struct proxy_req *pr, int n_ctx_slot)
 	long cap = space;
 	if (pr->d->cfg.max_output > 0 && pr->d->cfg.max_output < cap)
 		cap = pr->d->cfg.max_output;
-	const char *field = !strcmp(pr->backend_path, "/completion") ? "n_predict" : "max_tokens";
+	const char *field = !strcmp(pr->backend_path, "/completion")	   ? "n_predict"
+			    : !strcmp(pr->backend_path, "/v1/responses") ? "max_output_tokens"
+									  : "max_tokens";
 	json_t *v = json_object_get(pr->body, field);
 	if (!v && !strcmp(field, "max_tokens"))
 		v = json_object_get(pr->body, "max_completion_tokens");
@@ -933,6 +1037,15 @@ static void on_tokenize_done(struct backend_call *call, int status, const char *
 	pr->n_tokens = n;
 	pr->routable = n > 0;
 	json_decref(obj);
+	if (pr->count_only) {
+		json_t *o = json_pack("{s:I}", "input_tokens", (json_int_t)n);
+		http_request_on_close(pr->client, NULL, NULL);
+		respond_json(pr->client, 200, o);
+		json_decref(o);
+		pr->client = NULL;
+		pr_finish(pr);
+		return;
+	}
 	pr_try_route(pr);
 }
 
@@ -1017,6 +1130,8 @@ static const char *check_types(json_t *body, enum route_kind kind)
 		return "'model' must be a string";
 	if ((v = json_object_get(body, "id_slot")) && !json_is_integer(v))
 		return "'id_slot' must be an integer";
+	if (kind == KIND_ANTHROPIC || kind == KIND_RESPONSES)
+		return NULL; /* their converters check the rest */
 	if (kind == KIND_CHAT) {
 		v = json_object_get(body, "messages");
 		if (!json_is_array(v) || json_array_size(v) == 0)
@@ -1038,8 +1153,24 @@ static const char *check_types(json_t *body, enum route_kind kind)
 	return NULL;
 }
 
+static void start_request(struct daemon *d, struct http_request *req, enum route_kind kind,
+			  const char *backend_path, int count_only);
+
 static void start_routed(struct daemon *d, struct http_request *req, enum route_kind kind,
 			 const char *backend_path)
+{
+	start_request(d, req, kind, backend_path, 0);
+}
+
+/* Anthropic's count_tokens: the same translation and tokenization as a
+ * message, then the count instead of a generation. */
+static void count_tokens(struct daemon *d, struct http_request *req)
+{
+	start_request(d, req, KIND_ANTHROPIC, "/v1/chat/completions", 1);
+}
+
+static void start_request(struct daemon *d, struct http_request *req, enum route_kind kind,
+			  const char *backend_path, int count_only)
 {
 	size_t len;
 	const char *raw = http_request_body(req, &len);
@@ -1058,8 +1189,33 @@ static void start_routed(struct daemon *d, struct http_request *req, enum route_
 		http_respond_error(req, 400, bad);
 		return;
 	}
+	json_t *template_body = NULL;
+	char *client_model = NULL;
+	if (kind == KIND_ANTHROPIC || kind == KIND_RESPONSES) {
+		char cerr[512];
+		json_t *chat = kind == KIND_RESPONSES ? responses_to_chat(body, cerr, sizeof cerr)
+			       : count_only
+				       ? anthropic_count_tokens_request_to_chat(body, cerr, sizeof cerr)
+				       : anthropic_to_chat(body, cerr, sizeof cerr);
+		if (!chat) {
+			json_decref(body);
+			http_respond_error(req, 400, cerr);
+			return;
+		}
+		const char *model = json_string_value(json_object_get(body, "model"));
+		client_model = strdup(model ? model : "");
+		if (kind == KIND_ANTHROPIC) {
+			/* The chat request is what goes to the backend. */
+			json_decref(body);
+			body = chat;
+		} else {
+			template_body = chat;
+		}
+	}
 	struct backend *b = daemon_any_backend(d);
 	if (!b && !d->supervisor) {
+		json_decref(template_body);
+		free(client_model);
 		json_decref(body);
 		http_respond_error(req, 503, "no backend is up");
 		return;
@@ -1074,6 +1230,9 @@ static void start_routed(struct daemon *d, struct http_request *req, enum route_
 	pr->client = req;
 	pr->kind = kind;
 	pr->body = body;
+	pr->template_body = template_body;
+	pr->client_model = client_model;
+	pr->count_only = count_only;
 	pr->stream = json_is_true(json_object_get(body, "stream"));
 	pr->t_start_us = pr->t_last_write_us = clock_now_us();
 	snprintf(pr->backend_path, sizeof pr->backend_path, "%s", backend_path);
@@ -1105,9 +1264,9 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 		pr_try_route(pr);
 		return;
 	}
-	if (kind == KIND_CHAT) {
+	if (kind != KIND_COMPLETION) {
 		pr->state = PS_TEMPLATE;
-		char *raw = json_dumps(body, JSON_COMPACT);
+		char *raw = json_dumps(pr->template_body ? pr->template_body : body, JSON_COMPACT);
 		pr->call = raw ? backend_call_start(b->http, "POST", "/apply-template", raw,
 						    strlen(raw), &template_handlers, pr)
 			       : NULL;
@@ -1356,6 +1515,21 @@ void proxy_handle(struct http_request *req, void *ctx)
 		else
 			start_routed(d, req, KIND_COMPLETION,
 				     !strcmp(path, "/completion") ? "/completion" : "/v1/completions");
+	} else if (!strcmp(path, "/anthropic/v1/messages")) {
+		if (!post)
+			http_respond_error(req, 405, "use POST");
+		else
+			start_routed(d, req, KIND_ANTHROPIC, "/v1/chat/completions");
+	} else if (!strcmp(path, "/anthropic/v1/messages/count_tokens")) {
+		if (!post)
+			http_respond_error(req, 405, "use POST");
+		else
+			count_tokens(d, req);
+	} else if (!strcmp(path, "/v1/responses") || !strcmp(path, "/responses")) {
+		if (!post)
+			http_respond_error(req, 405, "use POST");
+		else
+			start_routed(d, req, KIND_RESPONSES, "/v1/responses");
 	} else if (!strcmp(path, "/v1/models") || !strcmp(path, "/models")) {
 		handle_models(d, req);
 	} else if (is_passthrough(method, path)) {

@@ -1,0 +1,162 @@
+"""The Anthropic Messages and OpenAI Responses routes on a real backend:
+shapes, streaming event order, pings while the backend prefills, errors in
+each API's own shape, and routing through the same prefix cache."""
+import json
+import os
+import signal
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import toki_harness as th
+
+SYSTEM = "You are a storyteller who tells long stories about cats, dogs and the sun. " * 4
+
+
+def sse_events(events):
+    """[(event name, data json)] for an Anthropic / Responses stream."""
+    out = []
+    for ev in events:
+        name, data = None, None
+        for line in ev.split("\n"):
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line[5:].strip())
+        if name or data:
+            out.append((name, data))
+    return out
+
+
+class AnthropicAndResponses(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.llama = th.LlamaServer(slots=2)
+        cls.toki = th.Toki([cls.llama], mode="fast")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.toki.kill(signal.SIGTERM)
+        cls.llama.kill()
+
+    def msg(self, content, **kw):
+        body = {"model": "claude-test", "max_tokens": 8, "system": SYSTEM,
+                "messages": [{"role": "user", "content": content}]}
+        body.update(kw)
+        return body
+
+    def test_messages_non_streaming(self):
+        st, r1 = th.request(self.toki.port, "POST", "/anthropic/v1/messages",
+                            self.msg("Tell me about the cat"))
+        self.assertEqual(st, 200, r1)
+        self.assertEqual(r1["type"], "message")
+        self.assertEqual(r1["role"], "assistant")
+        self.assertEqual(r1["model"], "claude-test")
+        self.assertEqual(r1["content"][0]["type"], "text")
+        self.assertEqual(r1["stop_reason"], "max_tokens")
+        self.assertEqual(r1["usage"]["output_tokens"], 8)
+        n = r1["cache"]["prompt_tokens"]
+        self.assertEqual(r1["usage"]["input_tokens"] + r1["usage"]["cache_read_input_tokens"], n)
+        st, r2 = th.request(self.toki.port, "POST", "/anthropic/v1/messages",
+                            self.msg("Tell me about the cat"))
+        self.assertEqual(r2["cache"]["route"], "hit")
+        self.assertEqual(r2["cache"]["slot"], r1["cache"]["slot"])
+        self.assertLessEqual(r2["usage"]["input_tokens"], 1)
+        self.assertEqual(r2["usage"]["cache_read_input_tokens"], n - 1)
+        # count_tokens agrees with what the message evaluated.
+        st, c = th.request(self.toki.port, "POST", "/anthropic/v1/messages/count_tokens",
+                           {"model": "claude-test", "system": SYSTEM,
+                            "messages": [{"role": "user", "content": "Tell me about the cat"}]})
+        self.assertEqual((st, c), (200, {"input_tokens": n}))
+
+    def test_messages_streaming_event_order(self):
+        st, events = th.stream(self.toki.port, "/anthropic/v1/messages",
+                               self.msg([{"type": "text", "text": "A dog"}], stream=True))
+        self.assertEqual(st, 200)
+        evs = sse_events(events)
+        names = [n for n, _ in evs if n != "ping"]
+        self.assertEqual(names[0], "message_start")
+        self.assertEqual(names[1], "content_block_start")
+        self.assertEqual(names[-3:], ["content_block_stop", "message_delta", "message_stop"])
+        self.assertTrue(all(n == "content_block_delta" for n in names[2:-3]))
+        for n, d in evs:
+            self.assertEqual(d["type"], n)
+        stop = evs[-1][1]
+        self.assertIn("cache", stop)
+        delta = [d for n, d in evs if n == "message_delta"][0]
+        self.assertEqual(delta["usage"]["output_tokens"], 8)
+        text = "".join(d["delta"]["text"] for n, d in evs if n == "content_block_delta")
+        st, whole = th.request(self.toki.port, "POST", "/anthropic/v1/messages",
+                               self.msg([{"type": "text", "text": "A dog"}], temperature=0))
+        st, events = th.stream(self.toki.port, "/anthropic/v1/messages",
+                               self.msg([{"type": "text", "text": "A dog"}], stream=True,
+                                        temperature=0))
+        text = "".join(d["delta"]["text"] for n, d in sse_events(events)
+                       if n == "content_block_delta")
+        self.assertEqual(text, whole["content"][0]["text"])
+
+    def test_messages_errors_in_anthropic_shape(self):
+        for body, status in (({"model": "x", "max_tokens": 5}, 400),
+                             ({"model": "x", "max_tokens": 5, "messages": "hi"}, 400),
+                             ({"model": "x", "max_tokens": 5,
+                               "messages": [{"role": "robot", "content": "x"}]}, 400)):
+            st, err = th.request(self.toki.port, "POST", "/anthropic/v1/messages", body)
+            self.assertEqual(st, status, err)
+            self.assertEqual(err["type"], "error")
+            self.assertEqual(err["error"]["type"], "invalid_request_error")
+        st, err = th.request(self.toki.port, "POST", "/anthropic/v1/messages", "{bad",)
+        self.assertEqual((st, err["type"]), (400, "error"))
+        st, err = th.request(self.toki.port, "POST", "/anthropic/v1/messages",
+                             self.msg("x"), auth=False, headers={"x-api-key": "sk-ant-wrong"})
+        self.assertEqual(st, 401)
+        self.assertEqual(err["error"]["type"], "authentication_error")
+
+    def test_responses_route(self):
+        body = {"model": "x", "instructions": SYSTEM, "input": "Say something",
+                "max_output_tokens": 6}
+        st, r1 = th.request(self.toki.port, "POST", "/v1/responses", body)
+        self.assertEqual(st, 200, r1)
+        self.assertEqual(r1["object"], "response")
+        self.assertEqual(r1["status"], "completed")
+        self.assertIn("cache", r1)
+        st, r2 = th.request(self.toki.port, "POST", "/v1/responses", body)
+        self.assertEqual(r2["cache"]["route"], "hit")
+        self.assertEqual(r2["cache"]["evaluated"], 1)
+        self.assertEqual(r2["usage"]["input_tokens_details"]["cached_tokens"],
+                         r2["cache"]["prompt_tokens"] - 1)
+        st, events = th.stream(self.toki.port, "/v1/responses", dict(body, stream=True))
+        evs = sse_events(events)
+        done = [d for n, d in evs if n == "response.completed"]
+        self.assertEqual(len(done), 1)
+        self.assertEqual(done[0]["cache"]["route"], "hit")
+        self.assertEqual(done[0]["cache"]["evaluated"], 1)
+        st, err = th.request(self.toki.port, "POST", "/v1/responses", {"model": "x"})
+        self.assertEqual(st, 400)
+        self.assertIn("message", err["error"])
+
+
+class PingsWhilePrefilling(unittest.TestCase):
+    def test_pings_and_keepalives_during_a_slow_prefill(self):
+        model = th.generated_model("ping", params="24M", ctx=8192)
+        llama = th.LlamaServer(model=model, slots=1, ctx=8192)
+        toki = th.Toki([llama], mode="fast", extra=["--keepalive-ms", "100"])
+        try:
+            long = "the cat and the dog walk by the river in the sun " * 200
+            st, events = th.stream(toki.port, "/anthropic/v1/messages",
+                                   {"model": "m", "max_tokens": 2, "stream": True,
+                                    "messages": [{"role": "user", "content": long}]})
+            names = [n for n, _ in sse_events(events)]
+            first_block = names.index("content_block_start")
+            self.assertEqual(names[0], "message_start")
+            self.assertIn("ping", names[1:first_block], "no ping while the backend prefilled")
+            st, events = th.stream(toki.port, "/v1/chat/completions",
+                                   {"messages": [{"role": "user", "content": "Again: " + long}],
+                                    "max_tokens": 2, "stream": True})
+            self.assertTrue(any(e.startswith(": keep-alive") for e in events))
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+
+
+if __name__ == "__main__":
+    th.run_tests()
