@@ -7,6 +7,7 @@
 
 #include "api/proxy.h"
 #include "backend/backend.h"
+#include "backend/slot_store.h"
 #include "util/log.h"
 
 void daemon_slots_changed(struct daemon *d)
@@ -25,13 +26,7 @@ struct backend *daemon_any_backend(struct daemon *d)
 
 void daemon_saved_delete(struct daemon *d, struct router_saved *e)
 {
-	if (d->cfg.slot_dir) {
-		char path[4096];
-		snprintf(path, sizeof path, "%s/%s", d->cfg.slot_dir, e->name);
-		if (unlink(path) != 0 && errno != ENOENT)
-			log_warn("cannot delete %s: %s", path, strerror(errno));
-	}
-	router_saved_remove(d->router, e);
+	slot_store_delete(d, e);
 }
 
 void daemon_saved_enforce_budget(struct daemon *d)
@@ -44,16 +39,5 @@ void daemon_saved_enforce_budget(struct daemon *d)
 		log_info("slot file %s evicted (%zu tokens, %llu bytes): over the disk cap", e->name,
 			 e->n_tokens, (unsigned long long)e->bytes);
 		daemon_saved_delete(d, e);
-	}
-}
-
-void daemon_saved_forget_backend(struct daemon *d, struct router_backend *rb)
-{
-	struct router_saved *e = d->router->saved_head;
-	while (e) {
-		struct router_saved *next = e->next;
-		if (e->backend == rb && !e->pinned)
-			daemon_saved_delete(d, e);
-		e = next;
 	}
 }

@@ -28,12 +28,14 @@ struct daemon_config {
 	long max_output;	/* cap on a request's output tokens (0: none) */
 	char token[128];	/* the local token every route but /health needs */
 	uint64_t slot_disk_bytes; /* cap on the saved slot files */
+	int save_idle_ms;	/* save a slot idle this long (0: only on eviction and exit) */
+	const char *kv_settings; /* llama-server settings that shape KV, for fingerprints */
 };
 
 struct daemon_stats {
 	uint64_t requests, routed, hits, partials, misses, errors;
 	uint64_t prompt_tokens, evaluated_tokens, cached_tokens, trim_tokens;
-	uint64_t saves, restores, disk_hits, saved_evictions;
+	uint64_t saves, restores, disk_hits, saved_evictions, discarded_files;
 };
 
 struct daemon {
@@ -50,6 +52,8 @@ struct daemon {
 	struct supervisor *supervisor; /* the llama-server toki started, if any */
 	int64_t started_us;
 	uint64_t save_counter;
+	int saving;		/* an idle save is running */
+	struct save_all *save_all; /* the shutdown saves */
 	int shutting_down;
 };
 
@@ -59,7 +63,6 @@ void daemon_slots_changed(struct daemon *d);
  * cap, forget all of a backend's. */
 void daemon_saved_delete(struct daemon *d, struct router_saved *e);
 void daemon_saved_enforce_budget(struct daemon *d);
-void daemon_saved_forget_backend(struct daemon *d, struct router_backend *rb);
 /* The first healthy backend, for routes that need no slot. */
 struct backend *daemon_any_backend(struct daemon *d);
 

@@ -11,6 +11,7 @@
 #include "api/auth.h"
 #include "api/responses.h"
 #include "backend/backend.h"
+#include "backend/slot_store.h"
 #include "backend/supervise.h"
 #include "daemon.h"
 #include "http/http_server.h"
@@ -57,6 +58,7 @@ struct proxy_req {
 	char save_name[96];
 	char restored_name[96];
 	int restored;
+	int saving; /* a slot save is out: it holds pr, and frees it if pr ended meanwhile */
 	int needs_begin;    /* waiting for a backend before tokenizing */
 	int count_only;	    /* count_tokens: answer with the count, generate nothing */
 	long max_tokens;    /* the output cap sent to the backend */
@@ -376,7 +378,9 @@ static void pr_finish(struct proxy_req *pr)
 		pr->client = NULL;
 	}
 	pr->state = PS_DONE;
-	pr_free(pr);
+	/* A slot save still out holds a pointer to pr: it frees pr when done. */
+	if (!pr->saving)
+		pr_free(pr);
 	if (released)
 		daemon_slots_changed(d);
 }
@@ -802,6 +806,8 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	snprintf(pr->restored_name, sizeof pr->restored_name, "%s", e->name);
 	unpin_restore(pr);
 	pr->restored = 1;
+	/* A save may have gone over the cap while this state was pinned. */
+	daemon_saved_enforce_budget(d);
 	after_restore(pr);
 }
 
@@ -818,9 +824,22 @@ static void after_save(struct proxy_req *pr)
 		return;
 	}
 	pr->state = PS_RESTORE;
+	if (slot_store_verify(pr->d, e) != 0) {
+		/* Deleted as damaged: recompute instead. */
+		pr->choice.restore = NULL;
+		router_slot_forget(pr->d->router, pr->slot);
+		pr->choice.reuse = 0;
+		pr->choice.matched = 0;
+		pr->choice.must_trim = 0;
+		pr->choice.kind = "miss";
+		forward(pr);
+		return;
+	}
 	char path[64];
 	snprintf(path, sizeof path, "/slots/%d?action=restore", pr->slot->id);
-	json_t *req = json_pack("{s:s}", "filename", e->name);
+	char filename[128];
+	snprintf(filename, sizeof filename, "%s.bin", e->name);
+	json_t *req = json_pack("{s:s}", "filename", filename);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	pr->call = body ? backend_call_start(pr->backend->http, "POST", path, body, strlen(body),
@@ -831,63 +850,26 @@ static void after_save(struct proxy_req *pr)
 		fail(pr, 500, "out of memory");
 }
 
-static void on_save_done(struct backend_call *call, int status, const char *body, size_t len,
-			 void *arg)
+static void on_slot_saved(struct router_saved *e, void *arg)
 {
 	struct proxy_req *pr = arg;
-	struct daemon *d = pr->d;
 	pr->call = NULL;
-	json_t *o = load_object(status, body, len);
-	long long written = json_integer_value(json_object_get(o, "n_written"));
-	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "save_ms"));
-	json_decref(o);
-	if (!o) {
-		if (status == 501) {
-			log_warn("backend %s has no --slot-save-path: slot files are off for it",
-				 pr->slot->backend->url);
-			pr->slot->backend->can_save = 0;
-		} else {
-			log_warn("saving slot %d failed (%d): %.*s", pr->slot->id, status,
-				 (int)(len > 200 ? 200 : len), body);
-		}
-	} else {
-		router_backend_note_save(pr->slot->backend, (uint64_t)written, ms);
-		struct router_saved *e =
-			router_saved_add(d->router, pr->slot, pr->save_name, (uint64_t)written,
-					 clock_now_us());
-		if (e) {
-			d->stats.saves++;
-			log_info("saved slot %d as %s (%zu tokens, %lld bytes, %.1f ms)", pr->slot->id,
-				 e->name, e->n_tokens, written, ms);
-			daemon_saved_enforce_budget(d);
-		}
+	pr->saving = 0;
+	if (!pr->client && pr->state == PS_DONE) {
+		pr_free(pr);
+		return;
 	}
 	after_save(pr);
 }
 
-static const struct backend_call_handlers save_handlers = {
-	.on_done = on_save_done,
-	.on_error = on_forward_error,
-};
-
 static void save_slot(struct proxy_req *pr)
 {
-	struct daemon *d = pr->d;
 	pr->state = PS_SAVE;
-	snprintf(pr->save_name, sizeof pr->save_name, "toki-b%d-%llx-%llx.bin",
-		 pr->slot->backend->index, (unsigned long long)d->started_us,
-		 (unsigned long long)++d->save_counter);
-	char path[64];
-	snprintf(path, sizeof path, "/slots/%d?action=save", pr->slot->id);
-	json_t *req = json_pack("{s:s}", "filename", pr->save_name);
-	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
-	json_decref(req);
-	pr->call = body ? backend_call_start(pr->backend->http, "POST", path, body, strlen(body),
-					     &save_handlers, pr)
-			: NULL;
-	free(body);
-	if (!pr->call)
-		fail(pr, 500, "out of memory");
+	pr->saving = 1;
+	if (slot_store_save(pr->d, pr->backend, pr->slot, on_slot_saved, pr) != 0) {
+		pr->saving = 0;
+		after_save(pr);
+	}
 }
 
 /* ---- the context every part agrees on ---- */
@@ -1417,6 +1399,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	json_object_set_new(o, "saved_files", json_integer((json_int_t)d->router->n_saved));
 	json_object_set_new(o, "saved_bytes", json_integer((json_int_t)d->router->saved_bytes));
 	json_object_set_new(o, "saved_evictions", json_integer((json_int_t)s->saved_evictions));
+	json_object_set_new(o, "discarded_files", json_integer((json_int_t)s->discarded_files));
 	json_t *bs = json_array();
 	for (int i = 0; i < d->n_backends; i++) {
 		struct router_backend *rb = d->backends[i]->rb;
@@ -1435,6 +1418,9 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 				      rb->n_ctx_slot, "n_ubatch", rb->n_ubatch, "prefill_tps",
 				      rb->prefill_tps, "decode_tps", rb->decode_tps, "slots", slots));
 	}
+	for (int i = 0; i < d->n_backends; i++)
+		json_object_set_new(json_array_get(bs, (size_t)i), "discoveries",
+				    json_integer(d->backends[i]->rb->discoveries));
 	json_object_set_new(o, "backends", bs);
 	json_object_set_new(o, "waiting", json_integer(0));
 	respond_json(req, 200, o);

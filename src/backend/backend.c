@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "backend/slot_store.h"
 #include "model/gguf.h"
 #include "util/log.h"
 
@@ -43,6 +44,7 @@ void backend_free(struct backend *b)
 		event_free(b->health_timer);
 	backend_http_free(b->http);
 	free(b->build_info);
+	free(b->model_path);
 	free(b->model_id);
 	json_decref(b->models);
 	free(b);
@@ -55,12 +57,10 @@ int backend_is_up(const struct backend *b)
 
 void backend_mark_down(struct backend *b, const char *why)
 {
-	if (b->rb->up) {
+	/* Its saved states stay on disk: when it comes back, discovery checks
+	 * them against its fingerprint. */
+	if (b->rb->up)
 		log_warn("backend %s is down: %s", b->rb->url, why);
-		/* It may return with another model or settings: its saved states
-		 * are not trusted across that. */
-		daemon_saved_forget_backend(b->d, b->rb);
-	}
 	router_backend_set_up(b->d->router, b->rb, 0);
 }
 
@@ -103,6 +103,8 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 	 * token's KV is, which prices saving a slot before the first save has
 	 * been measured. */
 	const char *model_path = json_string_value(json_object_get(props, "model_path"));
+	free(b->model_path);
+	b->model_path = model_path ? strdup(model_path) : NULL;
 	if (model_path && b->rb->kv_bytes_per_token <= 0) {
 		struct gguf_error gerr;
 		struct gguf *g = gguf_open(model_path, &gerr);
@@ -159,7 +161,9 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	b->model_id = strdup(id ? id : "unknown");
 	json_decref(b->models);
 	b->models = models;
+	slot_store_backend_ready(b->d, b, b->model_path);
 	router_backend_set_up(b->d->router, b->rb, 1);
+	b->rb->discoveries++;
 	b->ever_up = 1;
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
 		 b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
@@ -177,6 +181,27 @@ static void discover(struct backend *b)
 		discovery_failed(b, "out of memory");
 }
 
+/* A slot the router thinks holds content, shown empty by the server, means
+ * the server restarted between two checks: what the router knew is gone,
+ * and the server may have come back with other settings. */
+static int restarted_behind_our_back(struct backend *b, json_t *slots)
+{
+	size_t i;
+	json_t *js;
+	json_array_foreach(slots, i, js)
+	{
+		if (i >= (size_t)b->rb->n_slots)
+			return 1;
+		struct router_slot *s = &b->rb->slots[i];
+		if (s->busy || !s->n_tokens)
+			continue;
+		json_t *held = json_object_get(js, "n_prompt_tokens");
+		if (!json_is_integer(held) || (size_t)json_integer_value(held) < s->n_tokens)
+			return 1;
+	}
+	return json_array_size(slots) != (size_t)b->rb->n_slots;
+}
+
 static void on_health_done(struct backend_call *call, int status, const char *body, size_t len,
 			   void *arg)
 {
@@ -187,8 +212,16 @@ static void on_health_done(struct backend_call *call, int status, const char *bo
 		backend_mark_down(b, "health check answered not ready");
 		return;
 	}
-	if (!b->rb->up)
-		discover(b);
+	if (b->rb->up) {
+		json_error_t jerr;
+		json_t *slots = json_loadb(body, len, 0, &jerr);
+		int restarted = json_is_array(slots) && restarted_behind_our_back(b, slots);
+		json_decref(slots);
+		if (!restarted)
+			return;
+		backend_mark_down(b, "it restarted (its slots are empty)");
+	}
+	discover(b);
 }
 
 static void on_health_error(struct backend_call *call, enum backend_error err, void *arg)
@@ -211,7 +244,10 @@ static void health_tick(evutil_socket_t fd, short what, void *arg)
 	event_add(b->health_timer, &tv);
 	if (b->health_call || b->discovering)
 		return; /* the previous check is still out */
-	b->health_call = backend_call_start(b->http, "GET", "/health", NULL, 0, &health_handlers, b);
+	/* /slots rather than /health: it answers only when the server is ready,
+	 * and shows whether the slots still hold what the router thinks. */
+	b->health_call = backend_call_start(b->http, "GET", b->rb->up ? "/slots" : "/health", NULL, 0,
+					    &health_handlers, b);
 }
 
 void backend_start(struct backend *b)

@@ -23,7 +23,8 @@ struct backend {
 	char *build_info;
 	char *model_id;    /* id reported by /v1/models */
 	json_t *models;    /* the backend's /v1/models answer */
-	int n_vocab_hint;  /* a token id known to exist, for cut-back prompts */
+	char *model_path;  /* /props model_path */
+	char fingerprint[72]; /* what its saved states must match (slot_store) */
 };
 
 struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen);

@@ -25,6 +25,7 @@
 #include "util/log.h"
 #include "util/paths.h"
 #include "backend/supervise.h"
+#include "backend/slot_store.h"
 
 static void usage(FILE *out)
 {
@@ -47,6 +48,12 @@ static void usage(FILE *out)
 		"                     content there before evicting it and restores it later\n"
 		"  --slot-disk-mb N   cap on the files in --slot-dir (default: a quarter of the\n"
 		"                     free space there, at most 32 GiB)\n"
+		"  --slot-save-idle-ms N  save a slot's content once it has been idle this\n"
+		"                     long, so it survives a restart (default 5000; 0: only on\n"
+		"                     eviction and shutdown)\n"
+		"  --kv-settings S    for --backend: the llama-server settings that shape its KV\n"
+		"                     (e.g. \"-ctk q8_0 -fa on\"): part of the saved states'\n"
+		"                     fingerprint\n"
 		"\n"
 		"  --max-output N     cap on a request's output tokens (default: the context)\n"
 		"\n"
@@ -76,9 +83,18 @@ static void on_llama_exit(void *arg)
 	backend_expect_restart(d->backends[d->n_backends - 1]);
 }
 
-static void sweep_waiting(evutil_socket_t fd, short what, void *arg)
+static void every_second(evutil_socket_t fd, short what, void *arg)
 {
 	proxy_expire_waiting(arg, clock_now_us());
+	slot_store_tick(arg);
+}
+
+static void saved_then_exit(void *arg)
+{
+	struct daemon *d = arg;
+	/* One more turn of the loop lets the last bytes reach the clients. */
+	struct timeval tv = {0, 200000};
+	event_base_loopexit(d->base, &tv);
 }
 
 /* A llama-server that this daemon starts and supervises. */
@@ -132,6 +148,39 @@ static void derive_name(struct managed *m)
 		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
 		      *p == '.' || *p == '_' || *p == '-'))
 			*p = '_';
+}
+
+/* The settings of a managed llama-server that change what its KV holds or
+ * how it is laid out, for the saved states' fingerprint. */
+static char *managed_kv_settings(const struct managed *m)
+{
+	static const char *const kv_flags[] = {
+		"-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-fa", "--flash-attn",
+		"--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale",
+		"--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow",
+		"--yarn-beta-fast", "-ngl", "--n-gpu-layers", "--swa-full", "--override-kv",
+	};
+	size_t cap = 64;
+	for (int i = 0; i < m->n_args; i++)
+		cap += strlen(m->args[i]) + 1;
+	char *s = calloc(1, cap);
+	if (!s)
+		return NULL;
+	snprintf(s, cap, "ctx=%ld", m->ctx);
+	for (int i = 0; i < m->n_args; i++) {
+		for (size_t k = 0; k < sizeof kv_flags / sizeof kv_flags[0]; k++) {
+			if (strcmp(m->args[i], kv_flags[k]) != 0)
+				continue;
+			strcat(s, " ");
+			strcat(s, m->args[i]);
+			if (i + 1 < m->n_args) {
+				strcat(s, " ");
+				strcat(s, m->args[++i]);
+			}
+			break;
+		}
+	}
+	return s;
 }
 
 static int prepare_managed(struct managed *m, struct daemon *d, char *url, size_t urllen,
@@ -265,9 +314,8 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	d->shutting_down = 1;
 	http_server_stop_listening(d->http);
 	proxy_abort_all(d, "toki is shutting down");
-	/* One more turn of the loop lets the last bytes reach the clients. */
-	struct timeval tv = {0, 200000};
-	event_base_loopexit(d->base, &tv);
+	/* What the slots hold is saved, so that it survives the restart. */
+	slot_store_save_all(d, 30, saved_then_exit, d);
 }
 
 int cmd_serve(int argc, char **argv)
@@ -284,6 +332,8 @@ int cmd_serve(int argc, char **argv)
 		{"slot-dir", required_argument, NULL, 's'},
 		{"slot-disk-mb", required_argument, NULL, 'S'},
 		{"max-output", required_argument, NULL, 'O'},
+		{"slot-save-idle-ms", required_argument, NULL, 'I'},
+		{"kv-settings", required_argument, NULL, 'K'},
 		{"model", required_argument, NULL, 'M'},
 		{"llama-server", required_argument, NULL, 'L'},
 		{"ctx", required_argument, NULL, 'c'},
@@ -304,6 +354,7 @@ int cmd_serve(int argc, char **argv)
 	d.cfg.health_interval_ms = 2000;
 	d.cfg.max_body_bytes = 64u << 20;
 	d.cfg.backend_timeout_s = 1800;
+	d.cfg.save_idle_ms = 5000;
 	const char *urls[64];
 	int n_urls = 0;
 	struct managed m = {0};
@@ -340,6 +391,8 @@ int cmd_serve(int argc, char **argv)
 		case 's': d.cfg.slot_dir = optarg; break;
 		case 'S': d.cfg.slot_disk_bytes = (uint64_t)atoll(optarg) << 20; break;
 		case 'O': d.cfg.max_output = atol(optarg); break;
+		case 'I': d.cfg.save_idle_ms = atoi(optarg); break;
+		case 'K': d.cfg.kv_settings = optarg; break;
 		case 'M': m.model = optarg; break;
 		case 'L': m.binary = optarg; break;
 		case 'c': m.ctx = atol(optarg); break;
@@ -377,6 +430,7 @@ int cmd_serve(int argc, char **argv)
 		return 2;
 	}
 	char managed_url[64], slot_dir[4096];
+	char *kv_settings = NULL;
 	if (m.model) {
 		if (n_urls == 64) {
 			fprintf(stderr, "toki serve: at most 64 backends\n");
@@ -388,6 +442,8 @@ int cmd_serve(int argc, char **argv)
 		urls[n_urls++] = managed_url;
 		if (!d.cfg.slot_dir)
 			d.cfg.slot_dir = slot_dir;
+		kv_settings = managed_kv_settings(&m);
+		d.cfg.kv_settings = kv_settings;
 	}
 	if (d.cfg.slot_dir) {
 		struct statvfs vfs;
@@ -441,7 +497,7 @@ int cmd_serve(int argc, char **argv)
 	d.sigterm = evsignal_new(d.base, SIGTERM, on_signal, &d);
 	event_add(d.sigint, NULL);
 	event_add(d.sigterm, NULL);
-	struct event *sweeper = event_new(d.base, -1, EV_PERSIST, sweep_waiting, &d);
+	struct event *sweeper = event_new(d.base, -1, EV_PERSIST, every_second, &d);
 	struct timeval one_s = {1, 0};
 	event_add(sweeper, &one_s);
 	for (int i = 0; i < d.n_backends; i++)
@@ -463,6 +519,8 @@ int cmd_serve(int argc, char **argv)
 	}
 	if (m.model)
 		unlink(m.info_path);
+	slot_store_free_pending(&d);
+	free(kv_settings);
 	log_info("stopped");
 	http_server_free(d.http);
 	for (int i = 0; i < d.n_backends; i++)

@@ -521,27 +521,29 @@ void router_saved_remove(struct router *r, struct router_saved *e)
 	free(e);
 }
 
-struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
-				      const char *name, uint64_t bytes, int64_t now_us)
+struct router_saved *router_saved_add_tokens(struct router *r, struct router_backend *b,
+					     const char *name, const token_t *tokens, size_t n,
+					     size_t aligned, uint64_t bytes, unsigned hits,
+					     int64_t now_us)
 {
-	if (!from->n_tokens)
+	if (!n)
 		return NULL;
 	struct router_saved *e = calloc(1, sizeof *e);
 	if (!e)
 		return NULL;
-	e->tokens = malloc(from->n_tokens * sizeof *e->tokens);
+	e->tokens = malloc(n * sizeof *e->tokens);
 	if (!e->tokens) {
 		free(e);
 		return NULL;
 	}
 	e->kind = OWNER_SAVED;
-	e->backend = from->backend;
+	e->backend = b;
 	snprintf(e->name, sizeof e->name, "%s", name);
-	memcpy(e->tokens, from->tokens, from->n_tokens * sizeof *e->tokens);
-	e->n_tokens = from->n_tokens;
-	e->aligned = from->aligned;
+	memcpy(e->tokens, tokens, n * sizeof *e->tokens);
+	e->n_tokens = n;
+	e->aligned = aligned;
 	e->bytes = bytes;
-	e->hits = from->hits;
+	e->hits = hits;
 	e->last_used_us = now_us;
 	if (radix_insert(r->tree, e->tokens, e->n_tokens, e) != 0) {
 		free(e->tokens);
@@ -551,10 +553,30 @@ struct router_saved *router_saved_add(struct router *r, struct router_slot *from
 	saved_push_front(r, e);
 	r->n_saved++;
 	r->saved_bytes += bytes;
-	from->saved = e;
-	if (bytes && e->n_tokens)
-		from->backend->kv_bytes_per_token = (double)bytes / (double)e->n_tokens;
+	if (bytes)
+		b->kv_bytes_per_token = (double)bytes / (double)n;
 	return e;
+}
+
+struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
+				      const char *name, uint64_t bytes, int64_t now_us)
+{
+	struct router_saved *e =
+		router_saved_add_tokens(r, from->backend, name, from->tokens, from->n_tokens,
+					from->aligned, bytes, from->hits, now_us);
+	if (e) {
+		e->verified = 1; /* written and checked by this daemon */
+		from->saved = e;
+	}
+	return e;
+}
+
+struct router_saved *router_saved_find(struct router *r, const char *name)
+{
+	for (struct router_saved *e = r->saved_head; e; e = e->next)
+		if (!strcmp(e->name, name))
+			return e;
+	return NULL;
 }
 
 int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
@@ -591,11 +613,27 @@ int router_slot_restored(struct router *r, struct router_slot *s, struct router_
 
 struct router_saved *router_saved_victim(struct router *r)
 {
-	/* Least recently used first; a state in use is skipped. */
-	for (struct router_saved *e = r->saved_tail; e; e = e->prev)
-		if (!e->pinned)
-			return e;
-	return NULL;
+	/* The least valuable goes first: value is the prefill a file saves per
+	 * byte it takes, more for a state that was restored before, halving
+	 * with every hour unused. A state in use is skipped. */
+	struct router_saved *victim = NULL;
+	double worst = INFINITY;
+	int64_t now = 0;
+	for (struct router_saved *e = r->saved_head; e; e = e->next)
+		if (e->last_used_us > now)
+			now = e->last_used_us;
+	for (struct router_saved *e = r->saved_tail; e; e = e->prev) {
+		if (e->pinned)
+			continue;
+		double age_h = (double)(now - e->last_used_us) / 3.6e9;
+		double value = (double)e->n_tokens / (double)(e->bytes ? e->bytes : 1) *
+			       (1.0 + e->hits) * pow(0.5, age_h);
+		if (value < worst) {
+			worst = value;
+			victim = e;
+		}
+	}
+	return victim;
 }
 
 void router_backend_note_restore(struct router_backend *b, uint64_t bytes, double ms)

@@ -64,6 +64,8 @@ struct router_saved {
 	int64_t last_used_us;
 	unsigned hits;
 	int pinned; /* being restored or written right now: not evictable */
+	int verified; /* its checksum was checked since this daemon indexed it */
+	char fingerprint[72]; /* model, server build and KV settings it was made under */
 	struct router_saved *prev, *next;
 };
 
@@ -82,6 +84,7 @@ struct router_backend {
 	double save_bps;
 	double kv_bytes_per_token; /* learned from saved files */
 	int can_save;	    /* the backend has a slot-save path: save/restore works */
+	unsigned discoveries; /* times it was (re)discovered: each start or restart seen */
 	uint64_t evaluated_tokens, cached_tokens, requests;
 };
 
@@ -154,6 +157,12 @@ double router_estimate_prefill_s(const struct router_backend *b, size_t tokens);
  * Returns NULL on allocation failure. */
 struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
 				      const char *name, uint64_t bytes, int64_t now_us);
+/* The same for a state found on disk (the daemon restarted). */
+struct router_saved *router_saved_add_tokens(struct router *r, struct router_backend *b,
+					     const char *name, const token_t *tokens, size_t n,
+					     size_t aligned, uint64_t bytes, unsigned hits,
+					     int64_t now_us);
+struct router_saved *router_saved_find(struct router *r, const char *name);
 /* The state was restored into the slot: the slot now holds its tokens. */
 int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
 			 int64_t now_us);

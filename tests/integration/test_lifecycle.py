@@ -103,7 +103,8 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("does not fit", r.stderr)
         self.assertIn("KiB/token", r.stderr)
-        r = self.toki("up", "--model", self.model, "--ctx", "4096", "--port",
+        small = th.generated_model("small", params="1M", ctx=2048)
+        r = self.toki("up", "--model", small, "--ctx", "4096", "--port",
                       str(th.free_port()))
         self.assertEqual(r.returncode, 1)
         self.assertIn("trained on 2048", r.stderr)
