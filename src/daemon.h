@@ -29,6 +29,7 @@ struct daemon_config {
 	char token[128];	/* the local token every route but /health needs */
 	uint64_t slot_disk_bytes; /* cap on the saved slot files */
 	int save_idle_ms;	/* save a slot idle this long (0: only on eviction and exit) */
+	int slot_compress;	/* zstd level for slot files (0: stored as they are) */
 	const char *kv_settings; /* llama-server settings that shape KV, for fingerprints */
 };
 

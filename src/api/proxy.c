@@ -778,6 +778,7 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	struct daemon *d = pr->d;
 	struct router_saved *e = pr->choice.restore;
 	pr->call = NULL;
+	slot_store_restored(d, e);
 	json_t *o = load_object(status, body, len);
 	long long n_read = json_integer_value(json_object_get(o, "n_read"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "restore_ms"));

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include "backend/backend.h"
 #include "daemon.h"
@@ -133,11 +134,89 @@ static void fsync_dir(const char *dir)
 	}
 }
 
+/* Streams src through zstd (level > 0: compress; 0: decompress) into dst,
+ * written as dst.tmp, fsynced and renamed. When hex is given, it gets the
+ * XXH3-128 of the uncompressed bytes. */
+static int zstd_copy(const char *src, const char *dst, int level, char hex[33])
+{
+	char tmp[4300];
+	snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+	FILE *in = fopen(src, "rb");
+	FILE *out = in ? fopen(tmp, "wb") : NULL;
+	size_t inz = level ? ZSTD_CStreamInSize() : ZSTD_DStreamInSize();
+	size_t outz = level ? ZSTD_CStreamOutSize() : ZSTD_DStreamOutSize();
+	char *ib = malloc(inz), *ob = malloc(outz);
+	ZSTD_CCtx *cc = level ? ZSTD_createCCtx() : NULL;
+	ZSTD_DCtx *dc = level ? NULL : ZSTD_createDCtx();
+	XXH3_state_t *st = XXH3_createState();
+	int ok = in && out && ib && ob && st && (level ? cc != NULL : dc != NULL);
+	if (ok) {
+		XXH3_128bits_reset(st);
+		if (cc)
+			ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level);
+	}
+	size_t n;
+	while (ok && (n = fread(ib, 1, inz, in)) > 0) {
+		int last = n < inz && feof(in);
+		if (cc)
+			XXH3_128bits_update(st, ib, n);
+		ZSTD_inBuffer zin = {ib, n, 0};
+		for (;;) {
+			ZSTD_outBuffer zout = {ob, outz, 0};
+			size_t r = cc ? ZSTD_compressStream2(cc, &zout, &zin,
+							     last ? ZSTD_e_end : ZSTD_e_continue)
+				      : ZSTD_decompressStream(dc, &zout, &zin);
+			if (ZSTD_isError(r) || fwrite(ob, 1, zout.pos, out) != zout.pos) {
+				ok = 0;
+				break;
+			}
+			if (dc)
+				XXH3_128bits_update(st, ob, zout.pos);
+			if (cc ? (last ? r == 0 : zin.pos == zin.size)
+			       : (zin.pos == zin.size && zout.pos < outz))
+				break;
+		}
+		if (last)
+			break;
+	}
+	if (ok && cc) {
+		/* An input whose size is a multiple of the buffer ends here. */
+		ZSTD_inBuffer zin = {ib, 0, 0};
+		size_t r;
+		do {
+			ZSTD_outBuffer zout = {ob, outz, 0};
+			r = ZSTD_compressStream2(cc, &zout, &zin, ZSTD_e_end);
+			if (ZSTD_isError(r) || fwrite(ob, 1, zout.pos, out) != zout.pos)
+				ok = 0;
+		} while (ok && r != 0);
+	}
+	ok = ok && in && !ferror(in) && fflush(out) == 0 && fsync(fileno(out)) == 0;
+	if (out && fclose(out) != 0)
+		ok = 0;
+	if (in)
+		fclose(in);
+	if (ok && hex) {
+		XXH128_hash_t h = XXH3_128bits_digest(st);
+		snprintf(hex, 33, "%016llx%016llx", (unsigned long long)h.high64,
+			 (unsigned long long)h.low64);
+	}
+	XXH3_freeState(st);
+	ZSTD_freeCCtx(cc);
+	ZSTD_freeDCtx(dc);
+	free(ib);
+	free(ob);
+	if (ok && rename(tmp, dst) != 0)
+		ok = 0;
+	if (!ok)
+		unlink(tmp);
+	return ok ? 0 : -1;
+}
+
 void slot_store_delete(struct daemon *d, struct router_saved *e)
 {
 	char path[4200];
-	const char *exts[] = {".bin", ".json"};
-	for (int i = 0; i < 2; i++) {
+	const char *exts[] = {".bin", ".zst", ".json"};
+	for (int i = 0; i < 3; i++) {
 		dir_path(d, e->name, exts[i], path, sizeof path);
 		if (unlink(path) != 0 && errno != ENOENT)
 			log_warn("cannot delete %s: %s", path, strerror(errno));
@@ -154,6 +233,7 @@ static int write_sidecar(struct daemon *d, struct router_saved *e, const char *c
 			      e->fingerprint, "xxh128", checksum, "bytes", (json_int_t)e->bytes,
 			      "n_tokens", (json_int_t)e->n_tokens, "aligned", (json_int_t)e->aligned,
 			      "hits", (int)e->hits, "tokens", toks);
+	json_object_set_new(o, "compressed", json_boolean(e->compressed));
 	char path[4200], tmp[4300];
 	dir_path(d, e->name, ".json", path, sizeof path);
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -238,19 +318,36 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 		save_finish(op, NULL);
 		return;
 	}
+	uint64_t stored = (uint64_t)written;
+	int compressed = 0;
+	if (d->cfg.slot_compress > 0) {
+		char zst[4200];
+		dir_path(d, op->name, ".zst", zst, sizeof zst);
+		struct stat zs;
+		if (zstd_copy(bin, zst, d->cfg.slot_compress, NULL) == 0 && stat(zst, &zs) == 0) {
+			unlink(bin);
+			stored = (uint64_t)zs.st_size;
+			compressed = 1;
+		} else {
+			log_warn("compressing %s failed: kept as it is", bin);
+		}
+	}
 	fsync_dir(d->cfg.slot_dir);
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
 	struct router_saved *e = router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens,
-							 op->n_tokens, op->aligned,
-							 (uint64_t)written, op->hits, clock_now_us());
+							 op->n_tokens, op->aligned, stored, op->hits,
+							 clock_now_us());
 	if (e) {
 		e->verified = 1; /* written and checked by this daemon */
+		e->compressed = compressed;
 		struct router_slot *s = op->slot;
 		if (s->n_tokens == op->n_tokens &&
 		    !memcmp(s->tokens, op->tokens, op->n_tokens * sizeof *op->tokens))
 			s->saved = e;
 	}
 	if (!e) {
+		unlink(bin);
+		dir_path(d, op->name, ".zst", bin, sizeof bin);
 		unlink(bin);
 		save_finish(op, NULL);
 		return;
@@ -354,19 +451,23 @@ static json_t *read_sidecar(struct daemon *d, const char *name)
 
 int slot_store_verify(struct daemon *d, struct router_saved *e)
 {
-	char bin[4200];
+	char bin[4200], stored[4200];
 	dir_path(d, e->name, ".bin", bin, sizeof bin);
+	dir_path(d, e->name, e->compressed ? ".zst" : ".bin", stored, sizeof stored);
 	struct stat st;
 	const char *why = NULL;
-	if (stat(bin, &st) != 0)
+	if (stat(stored, &st) != 0)
 		why = "missing";
 	else if ((uint64_t)st.st_size != e->bytes)
 		why = "truncated (size differs)";
-	else if (!e->verified) {
+	else if (e->compressed || !e->verified) {
 		json_t *o = read_sidecar(d, e->name);
 		const char *want = json_string_value(json_object_get(o, "xxh128"));
-		char got[33];
-		if (!want || hash_file(bin, got) != 0 || strcmp(want, got) != 0)
+		char got[33] = "";
+		/* A compressed state is expanded for every restore; the checksum
+		 * of what comes out is checked each time, at no extra read. */
+		int rc = e->compressed ? zstd_copy(stored, bin, 0, got) : hash_file(bin, got);
+		if (!want || rc != 0 || strcmp(want, got) != 0)
 			why = "corrupted (checksum differs)";
 		json_decref(o);
 	}
@@ -378,6 +479,15 @@ int slot_store_verify(struct daemon *d, struct router_saved *e)
 	}
 	e->verified = 1;
 	return 0;
+}
+
+void slot_store_restored(struct daemon *d, struct router_saved *e)
+{
+	if (!e->compressed)
+		return;
+	char bin[4200];
+	dir_path(d, e->name, ".bin", bin, sizeof bin);
+	unlink(bin);
 }
 
 static void load_from_disk(struct daemon *d, struct backend *b)
@@ -416,6 +526,8 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 				unlink(path);
 				dir_path(d, name, ".bin", path, sizeof path);
 				unlink(path);
+				dir_path(d, name, ".zst", path, sizeof path);
+				unlink(path);
 				d->stats.discarded_files++;
 				dropped++;
 			}
@@ -434,6 +546,7 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 				clock_now_us());
 			if (e) {
 				snprintf(e->fingerprint, sizeof e->fingerprint, "%s", fp);
+				e->compressed = json_is_true(json_object_get(o, "compressed"));
 				loaded++;
 			}
 			free(t);

@@ -24,8 +24,11 @@ typedef void (*slot_store_done_fn)(struct router_saved *saved, void *arg);
  * (done is then not called). */
 int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
 		    slot_store_done_fn done, void *arg);
-/* Checks a state before it is restored. 0, or -1 after deleting it. */
+/* Checks a state before it is restored (and expands a compressed one to
+ * <name>.bin for the server). 0, or -1 after deleting it. */
 int slot_store_verify(struct daemon *d, struct router_saved *e);
+/* After a restore: removes the expanded copy of a compressed state. */
+void slot_store_restored(struct daemon *d, struct router_saved *e);
 /* After discovery: computes the backend's fingerprint, drops states that do
  * not match it, and indexes the matching ones found on disk. */
 void slot_store_backend_ready(struct daemon *d, struct backend *b, const char *model_path);

@@ -51,6 +51,8 @@ static void usage(FILE *out)
 		"  --slot-save-idle-ms N  save a slot's content once it has been idle this\n"
 		"                     long, so it survives a restart (default 5000; 0: only on\n"
 		"                     eviction and shutdown)\n"
+		"  --slot-compress L  store slot files zstd-compressed at level L (default 0:\n"
+		"                     off; f16 KV shrank 16%% at 1/9 the save speed here)\n"
 		"  --kv-settings S    for --backend: the llama-server settings that shape its KV\n"
 		"                     (e.g. \"-ctk q8_0 -fa on\"): part of the saved states'\n"
 		"                     fingerprint\n"
@@ -334,6 +336,7 @@ int cmd_serve(int argc, char **argv)
 		{"max-output", required_argument, NULL, 'O'},
 		{"slot-save-idle-ms", required_argument, NULL, 'I'},
 		{"kv-settings", required_argument, NULL, 'K'},
+		{"slot-compress", required_argument, NULL, 'Z'},
 		{"model", required_argument, NULL, 'M'},
 		{"llama-server", required_argument, NULL, 'L'},
 		{"ctx", required_argument, NULL, 'c'},
@@ -393,6 +396,7 @@ int cmd_serve(int argc, char **argv)
 		case 'O': d.cfg.max_output = atol(optarg); break;
 		case 'I': d.cfg.save_idle_ms = atoi(optarg); break;
 		case 'K': d.cfg.kv_settings = optarg; break;
+		case 'Z': d.cfg.slot_compress = atoi(optarg); break;
 		case 'M': m.model = optarg; break;
 		case 'L': m.binary = optarg; break;
 		case 'c': m.ctx = atol(optarg); break;

@@ -65,6 +65,7 @@ struct router_saved {
 	unsigned hits;
 	int pinned; /* being restored or written right now: not evictable */
 	int verified; /* its checksum was checked since this daemon indexed it */
+	int compressed; /* stored as <name>.zst, expanded to <name>.bin to restore */
 	char fingerprint[72]; /* model, server build and KV settings it was made under */
 	struct router_saved *prev, *next;
 };

@@ -22,8 +22,9 @@ UB = 64
 
 
 class Persistence(unittest.TestCase):
-    MODEL = None  # set by subclasses
     CTX = 2048
+    EXTRA = []    # more toki serve options
+    EXT = ".bin"  # how saved states are stored
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="toki-persist-")
@@ -47,7 +48,8 @@ class Persistence(unittest.TestCase):
 
     def start_toki(self, mode="exact", idle_ms=200):
         self.toki = th.Toki([self.llama], mode=mode, ubatch=UB,
-                            extra=["--slot-dir", self.dir, "--slot-save-idle-ms", str(idle_ms)])
+                            extra=["--slot-dir", self.dir, "--slot-save-idle-ms", str(idle_ms)]
+                            + self.EXTRA)
 
     def uncached(self, msgs, max_tokens):
         st, r = th.request(self.baseline.port, "POST", "/v1/chat/completions",
@@ -75,7 +77,7 @@ class Persistence(unittest.TestCase):
         self.fail(f"no idle save happened: {self.toki.stats()}")
 
     def files(self):
-        return sorted(f for f in os.listdir(self.dir) if f.endswith(".bin"))
+        return sorted(f for f in os.listdir(self.dir) if f.endswith(self.EXT))
 
     def conversation(self):
         system, users = conversations(21, count=1, turns=4)[0]
@@ -188,6 +190,18 @@ class PersistenceLongContext(Persistence):
 
     def model(self):
         return th.generated_model("persist", params="4M", ctx=32768)
+
+
+class PersistenceCompressed(Persistence):
+    """Slot files stored zstd-compressed (--slot-compress): no expanded copy
+    stays behind, and a damaged compressed file is caught too."""
+    EXTRA = ["--slot-compress", "1"]
+    EXT = ".zst"
+
+    def tearDown(self):
+        leftovers = [f for f in os.listdir(self.dir) if f.endswith((".bin", ".tmp", ".part"))]
+        super().tearDown()
+        self.assertEqual(leftovers, [])
 
 
 del Persistence
