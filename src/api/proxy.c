@@ -60,6 +60,10 @@ struct proxy_req {
 	int restored;
 	int saving; /* a slot save is out: it holds pr, and frees it if pr ended meanwhile */
 	int needs_begin;    /* waiting for a backend before tokenizing */
+	uint64_t allowed;   /* backends serving the requested model (bit i: backend i) */
+	uint64_t excluded;  /* backends that failed this request before it streamed */
+	int set_cache_prompt; /* toki added cache_prompt: false (exact mode, nothing reused) */
+	int retries;
 	int count_only;	    /* count_tokens: answer with the count, generate nothing */
 	long max_tokens;    /* the output cap sent to the backend */
 	int output_clamped; /* the client asked for more than fits */
@@ -86,6 +90,45 @@ static void unpin_restore(struct proxy_req *pr);
 static void after_save(struct proxy_req *pr);
 
 /* ---- small helpers ---- */
+
+/* The backends that serve the model a request names: those whose model id
+ * or an alias equals it. A name no backend has (clients send "gpt-4" or
+ * "claude-..." to a local model) allows every backend. */
+static uint64_t backends_for_model(struct daemon *d, const char *model)
+{
+	uint64_t mask = 0;
+	if (model && *model) {
+		for (int i = 0; i < d->n_backends && i < 64; i++) {
+			struct backend *b = d->backends[i];
+			int match = b->model_id && !strcmp(b->model_id, model);
+			size_t k;
+			json_t *e;
+			json_array_foreach(json_object_get(b->models, "data"), k, e)
+			{
+				size_t a;
+				json_t *alias;
+				json_array_foreach(json_object_get(e, "aliases"), a, alias)
+				{
+					if (json_is_string(alias) && !strcmp(json_string_value(alias), model))
+						match = 1;
+				}
+			}
+			if (match)
+				mask |= (uint64_t)1 << i;
+		}
+	}
+	return mask ? mask : ~(uint64_t)0;
+}
+
+static struct backend *any_allowed_backend(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	uint64_t ok = pr->allowed & ~pr->excluded;
+	for (int i = 0; i < d->n_backends; i++)
+		if ((i >= 64 || (ok >> i) & 1) && backend_is_up(d->backends[i]))
+			return d->backends[i];
+	return NULL;
+}
 
 static void respond_json(struct http_request *req, int status, json_t *obj)
 {
@@ -599,10 +642,53 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	pr_finish(pr);
 }
 
+/* A backend failed before any of its answer reached the client: the request
+ * goes to another backend serving the model, if there is one. Returns 1 when
+ * it was re-routed. */
+static int try_elsewhere(struct proxy_req *pr, enum backend_error err)
+{
+	struct daemon *d = pr->d;
+	if (pr->t_first_byte_us || err == BACKEND_ERR_TIMEOUT || !pr->backend ||
+	    pr->retries >= d->n_backends || d->shutting_down)
+		return 0;
+	int index = pr->backend->rb->index;
+	uint64_t excluded = pr->excluded | (index < 64 ? (uint64_t)1 << index : 0);
+	int other = 0;
+	for (int i = 0; i < d->n_backends; i++)
+		if (i != index && (i >= 64 || ((pr->allowed & ~excluded) >> i) & 1) &&
+		    backend_is_up(d->backends[i]))
+			other = 1;
+	if (!other)
+		return 0;
+	/* Whatever the failed backend did to the slot is unknown now. */
+	if (pr->slot) {
+		unpin_restore(pr);
+		router_slot_forget(d->router, pr->slot);
+		router_slot_end(d->router, pr->slot, clock_now_us());
+		pr->slot = NULL;
+	}
+	backend_mark_down(pr->backend, backend_error_text(err));
+	pr->excluded = excluded;
+	pr->retries++;
+	log_warn("request on %s failed before streaming (%s): retrying on another backend",
+		 pr->backend->rb->url, backend_error_text(err));
+	pr->restored = 0;
+	if (pr->routable)
+		json_object_del(pr->body, "id_slot");
+	if (pr->set_cache_prompt)
+		json_object_del(pr->body, "cache_prompt");
+	pr->set_cache_prompt = 0;
+	pr->state = PS_TOKENIZE; /* routed again right now (or queued) */
+	pr_try_route(pr);
+	return 1;
+}
+
 static void on_forward_error(struct backend_call *call, enum backend_error err, void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
+	if (try_elsewhere(pr, err))
+		return;
 	if (err == BACKEND_ERR_CONNECT && pr->backend)
 		backend_mark_down(pr->backend, backend_error_text(err));
 	log_warn("request on %s failed: %s", pr->backend ? pr->backend->rb->url : "?",
@@ -630,8 +716,11 @@ static void forward(struct proxy_req *pr)
 		json_object_set_new(pr->body, "id_slot", json_integer(pr->slot->id));
 		/* Exact mode with nothing to reuse: evaluate from the start, as
 		 * an uncached run does, whatever the slot holds. */
-		if (pr->routable && pr->d->router->mode == REUSE_EXACT && pr->choice.reuse == 0)
+		if (pr->routable && pr->d->router->mode == REUSE_EXACT && pr->choice.reuse == 0 &&
+		    !json_object_get(pr->body, "cache_prompt")) {
 			json_object_set_new(pr->body, "cache_prompt", json_false());
+			pr->set_cache_prompt = 1;
+		}
 	}
 	char *body = json_dumps(pr->body, JSON_COMPACT);
 	if (!body) {
@@ -639,7 +728,12 @@ static void forward(struct proxy_req *pr)
 		return;
 	}
 	pr->t_forward_us = clock_now_us();
-	if (pr->stream && pr->client) {
+	if (pr->stream) {
+		/* Each attempt parses its backend's stream from the start. */
+		sse_parser_free(&pr->sse);
+		sse_parser_init(&pr->sse, 64 * 1024 * 1024);
+	}
+	if (pr->stream && pr->client && !pr->keepalive) {
 		http_response_header(pr->client, "Cache-Control", "no-cache");
 		http_stream_begin(pr->client, 200, "text/event-stream");
 		/* The first event says how long the prefill should take, so that
@@ -663,7 +757,6 @@ static void forward(struct proxy_req *pr)
 			client_write_strbuf(pr, &b);
 			strbuf_free(&b);
 		}
-		sse_parser_init(&pr->sse, 64 * 1024 * 1024);
 		pr->keepalive = event_new(d->base, -1, EV_PERSIST, keepalive_tick, pr);
 		int ms = d->cfg.keepalive_ms > 100 ? d->cfg.keepalive_ms / 2 : 50;
 		struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -919,7 +1012,7 @@ static void pr_try_route(struct proxy_req *pr)
 {
 	struct daemon *d = pr->d;
 	if (!pr->routable) {
-		struct backend *b = daemon_any_backend(d);
+		struct backend *b = any_allowed_backend(pr);
 		if (!b) {
 			if (pr->state != PS_WAITING)
 				fail(pr, 503, "no backend is up");
@@ -931,8 +1024,8 @@ static void pr_try_route(struct proxy_req *pr)
 		return;
 	}
 	struct route_choice ch;
-	enum route_status st =
-		router_choose(d->router, pr->tokens, pr->n_tokens, clock_now_us(), -1, &ch);
+	enum route_status st = router_choose_among(d->router, pr->tokens, pr->n_tokens,
+						   clock_now_us(), pr->allowed & ~pr->excluded, &ch);
 	if (st == ROUTE_NO_BACKEND && !d->supervisor) {
 		wait_remove(pr);
 		fail(pr, 503, "no backend is up");
@@ -978,7 +1071,7 @@ void proxy_retry_waiting(struct daemon *d)
 		struct proxy_req *next = pr->wait_next;
 		int last = pr == stop;
 		if (pr->needs_begin) {
-			struct backend *b = daemon_any_backend(d);
+			struct backend *b = any_allowed_backend(pr);
 			if (b) {
 				wait_remove(pr);
 				pr->needs_begin = 0;
@@ -1038,6 +1131,14 @@ static void on_aux_error(struct backend_call *call, enum backend_error err, void
 	pr->call = NULL;
 	if (err == BACKEND_ERR_CONNECT && pr->backend)
 		backend_mark_down(pr->backend, backend_error_text(err));
+	/* Tokenizing failed on a backend that went away: another one of the
+	 * same model tokenizes the same. */
+	struct backend *other = err != BACKEND_ERR_TIMEOUT ? any_allowed_backend(pr) : NULL;
+	if (other && other != pr->backend && pr->retries < pr->d->n_backends) {
+		pr->retries++;
+		pr_begin(pr, other);
+		return;
+	}
 	fail(pr, err == BACKEND_ERR_TIMEOUT ? 504 : 502, backend_error_text(err));
 }
 
@@ -1216,6 +1317,8 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	pr->template_body = template_body;
 	pr->client_model = client_model;
 	pr->count_only = count_only;
+	pr->allowed = backends_for_model(
+		d, client_model ? client_model : json_string_value(json_object_get(body, "model")));
 	pr->stream = json_is_true(json_object_get(body, "stream"));
 	pr->t_start_us = pr->t_last_write_us = clock_now_us();
 	snprintf(pr->backend_path, sizeof pr->backend_path, "%s", backend_path);
@@ -1224,6 +1327,13 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	if (!b) {
 		/* The llama-server that toki supervises is (re)starting: wait for
 		 * it rather than fail. */
+		pr->needs_begin = 1;
+		wait_add(pr);
+		return;
+	}
+	/* Tokenize on a backend of the requested model. */
+	b = any_allowed_backend(pr);
+	if (!b) {
 		pr->needs_begin = 1;
 		wait_add(pr);
 		return;

@@ -254,6 +254,16 @@ static size_t reuse_for(const struct router *r, size_t m, size_t aligned, size_t
 	return m < n ? m : (n ? n - 1 : 0);
 }
 
+/* In fast mode requests run side by side on a backend; in exact mode a busy
+ * backend is waited for instead (its wait is priced separately). */
+static double fast_load_penalty(const struct router *r, const struct router_backend *b,
+				size_t to_evaluate)
+{
+	if (r->mode == REUSE_EXACT || b->in_flight <= 0)
+		return 0;
+	return 0.5 * b->in_flight * (double)(to_evaluate ? to_evaluate : 1);
+}
+
 /* Between slots of equal cost: the one that already holds more of this
  * prefix (so the others keep theirs), then the less loaded backend, then the
  * least recently used slot. */
@@ -271,6 +281,20 @@ static int better_tie(const struct router_slot *s, size_t m, const struct router
 
 enum route_status router_choose(struct router *r, const token_t *tokens, size_t n, int64_t now_us,
 				int only_backend, struct route_choice *out)
+{
+	uint64_t allowed = only_backend < 0 ? ~(uint64_t)0
+			   : only_backend < 64 ? (uint64_t)1 << only_backend
+					       : 0;
+	return router_choose_among(r, tokens, n, now_us, allowed, out);
+}
+
+static int backend_allowed(uint64_t allowed, int index)
+{
+	return index >= 64 || (allowed >> index) & 1;
+}
+
+enum route_status router_choose_among(struct router *r, const token_t *tokens, size_t n,
+				      int64_t now_us, uint64_t allowed, struct route_choice *out)
 {
 	int total = 0;
 	int offsets_small[16];
@@ -296,7 +320,7 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 	int best_busy = 0;
 	for (int bi = 0; bi < r->n_backends; bi++) {
 		struct router_backend *b = r->backends[bi];
-		if (!b->up || (only_backend >= 0 && bi != only_backend))
+		if (!b->up || !backend_allowed(allowed, bi))
 			continue;
 		any_up = 1;
 		/* Exact mode runs one request per backend at a time: llama.cpp
@@ -319,7 +343,13 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 			/* The slot with its own content... */
 			size_t reuse = reuse_for(r, m, s->aligned, n, b->n_ubatch);
 			int save_first;
-			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us, &save_first) + wait;
+			/* Requests running on a backend share its compute: each one
+			 * there slows this prefill. That spreads new conversations
+			 * over idle backends, yet a conversation keeps to the backend
+			 * that holds it unless that one is crowded. */
+			double load = fast_load_penalty(r, b, n - reuse);
+			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us, &save_first) + wait +
+				      load;
 			if (cost < best_cost - 1e-9 ||
 			    (cost <= best_cost + 1e-9 && better_tie(s, m, best.slot, best.matched))) {
 				best_cost = cost;
@@ -349,7 +379,7 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
 					continue;
 				double ecost = (double)(n - ereuse) + restore_tokens(b, e->bytes) +
 					       loss_of(r, s, m < me ? m : me, now_us, &save_first) +
-					       wait;
+					       wait + fast_load_penalty(r, b, n - ereuse);
 				if (ecost < best_cost - 1e-9) {
 					best_cost = ecost;
 					best_busy = busy;

@@ -133,6 +133,10 @@ void router_backend_set_up(struct router *r, struct router_backend *b, int up);
  * `only_backend` restricts the choice (-1: any). */
 enum route_status router_choose(struct router *r, const token_t *tokens, size_t n, int64_t now_us,
 				int only_backend, struct route_choice *out);
+/* The same among the backends whose bit is set in allowed (bit i: backend
+ * i; backends past 63 are always allowed). */
+enum route_status router_choose_among(struct router *r, const token_t *tokens, size_t n,
+				      int64_t now_us, uint64_t allowed, struct route_choice *out);
 
 /* Bookkeeping around one request on a slot. */
 void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, double est_s);
