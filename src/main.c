@@ -11,6 +11,7 @@ static const struct cmd_entry commands[] = {
 	{"up", cmd_up, "start llama-server and toki serve for a GGUF file"},
 	{"down", cmd_down, "stop what toki model use / toki up started"},
 	{"status", cmd_status, "what runs, ports, context, memory, cache hit rate"},
+	{"launch", cmd_launch, "start a coding agent pinned to the local model"},
 	{"gguf", cmd_gguf, "inspect GGUF files, or write random-weight test models"},
 	{"version", cmd_version, "print the version"},
 };

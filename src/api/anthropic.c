@@ -798,9 +798,14 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 		}
 		const json_t *rv = json_object_get(msg, "role");
 		const char *role = json_is_string(rv) ? json_string_value(rv) : NULL;
-		if (!role || (strcmp(role, "user") && strcmp(role, "assistant"))) {
+		/* Claude Code also sends "system" messages inside messages (its
+		 * environment block); they pass as chat system messages, as
+		 * llama-server's own conversion passes roles through. */
+		if (!role || (strcmp(role, "user") && strcmp(role, "assistant") &&
+			      strcmp(role, "system"))) {
 			set_err(err, errlen,
-			        "messages[%zu].role: must be \"user\" or \"assistant\"", i);
+			        "messages[%zu].role: must be \"user\", \"assistant\" or \"system\"",
+			        i);
 			goto fail;
 		}
 		const json_t *content = json_object_get(msg, "content");

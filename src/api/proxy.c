@@ -458,6 +458,24 @@ static void flush_held(struct proxy_req *pr, int with_cache)
 	pr->held_len = 0;
 }
 
+/* When toki's max_output (the model's output policy) cut the answer below
+ * what the client asked for, an Anthropic client is told the turn ended:
+ * "max_tokens" would claim its own limit was hit, and Claude Code treats
+ * that as an error. The cache block still says max_tokens_clamped. */
+static void end_turn_at_model_cap(struct proxy_req *pr, json_t *chat)
+{
+	if (!pr->output_clamped)
+		return;
+	size_t i;
+	json_t *ch;
+	json_array_foreach(json_object_get(chat, "choices"), i, ch)
+	{
+		const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
+		if (fr && !strcmp(fr, "length"))
+			json_object_set_new(ch, "finish_reason", json_string("stop"));
+	}
+}
+
 /* ANTHROPIC: each chat chunk becomes Anthropic events; [DONE] ends the
  * message with the cache block on message_stop. */
 static void on_chat_chunk_for_anthropic(struct proxy_req *pr, const char *data, size_t dl)
@@ -474,6 +492,7 @@ static void on_chat_chunk_for_anthropic(struct proxy_req *pr, const char *data, 
 		json_t *chunk = json_loadb(data, dl, 0, &jerr);
 		if (chunk) {
 			note_timings(pr, chunk);
+			end_turn_at_model_cap(pr, chunk);
 			anthropic_stream_feed(pr->astream, chunk, &b);
 			json_decref(chunk);
 		}
@@ -608,6 +627,8 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	log_done(pr);
 	if (pr->client && pr->kind == KIND_ANTHROPIC) {
 		json_t *chat = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+		if (chat)
+			end_turn_at_model_cap(pr, chat);
 		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, pr->cache_n,
 							 pr->prompt_n)
 				   : NULL;

@@ -143,6 +143,11 @@ static void test_system_empty(void **state)
 	            "'max_tokens':4096}");
 	expect_json(convert_ok("{'system':null,'messages':[{'role':'user','content':'Hi'}]}"),
 	            "{'messages':[{'role':'user','content':'Hi'}],'max_tokens':4096}");
+	/* Claude Code puts a system message after the first user message. */
+	expect_json(convert_ok("{'messages':[{'role':'user','content':'Hi'},"
+	                       "{'role':'system','content':'env'}]}"),
+	            "{'messages':[{'role':'user','content':'Hi'},{'role':'system','content':'env'}],"
+	            "'max_tokens':4096}");
 }
 
 static void test_agent_conversation(void **state)
@@ -324,7 +329,7 @@ static void test_malformed(void **state)
 	    {"{'messages':{}}", "messages: must be an array"},
 	    {"{'messages':['x']}", "messages[0]: must be an object"},
 	    {"{'messages':[{'content':'x'}]}", "messages[0].role"},
-	    {"{'messages':[{'role':'system','content':'x'}]}", "messages[0].role"},
+	    {"{'messages':[{'role':'robot','content':'x'}]}", "messages[0].role"},
 	    {"{'messages':[{'role':5,'content':'x'}]}", "messages[0].role"},
 	    {"{'messages':[{'role':'user'}]}", "'content' is required"},
 	    {"{'messages':[{'role':'user','content':5}]}", "messages[0].content"},

@@ -1,0 +1,1452 @@
+/* The agent table and what it takes to pin each agent to toki. Which
+ * mechanism each agent uses, and where it is documented, is in
+ * docs/agents.md; the comment above each builder says the same in short. */
+#include "launch/agents.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model/registry.h"
+#include "model/run.h"
+#include "util/paths.h"
+
+/* The variable that carries the local token to agents whose configuration can
+ * name one (so that their files hold no secret). */
+#define TOKEN_ENV "TOKI_API_KEY"
+/* Claude Code's timeouts on a machine without a GPU: 30 minutes instead of
+ * its default 10, since a long prompt on a CPU can take that long. */
+#define CLAUDE_CPU_TIMEOUT_MS "1800000"
+
+/* --- small owned-string helpers ------------------------------------------- */
+
+static char *xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *xasprintf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	char *s = NULL;
+	int r = vasprintf(&s, fmt, ap);
+	va_end(ap);
+	return r < 0 ? NULL : s;
+}
+
+/* Appends s (taking ownership) to *v; frees s and returns -1 when s is NULL
+ * or the array cannot grow. */
+static int strv_push(char ***v, size_t *n, char *s)
+{
+	if (!s)
+		return -1;
+	char **nv = realloc(*v, (*n + 1) * sizeof *nv);
+	if (!nv) {
+		free(s);
+		return -1;
+	}
+	nv[(*n)++] = s;
+	*v = nv;
+	return 0;
+}
+
+static void strv_free(char **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+static int arg(struct agent_plan *p, const char *s)
+{
+	return strv_push(&p->args, &p->n_args, s ? strdup(s) : NULL);
+}
+
+static int env_set(struct agent_plan *p, const char *name, const char *value)
+{
+	return strv_push(&p->env_set, &p->n_env_set, xasprintf("%s=%s", name, value));
+}
+
+static int env_setl(struct agent_plan *p, const char *name, long value)
+{
+	return strv_push(&p->env_set, &p->n_env_set, xasprintf("%s=%ld", name, value));
+}
+
+static int env_unset(struct agent_plan *p, const char *name)
+{
+	return strv_push(&p->env_unset, &p->n_env_unset, strdup(name));
+}
+
+static int warn(struct agent_plan *p, const char *msg)
+{
+	return strv_push(&p->warnings, &p->n_warnings, strdup(msg));
+}
+
+static int oom(char *err, size_t errlen)
+{
+	snprintf(err, errlen, "out of memory");
+	return -1;
+}
+
+/* --- file writing ------------------------------------------------------- */
+
+int agents_write_private(const char *path, const char *data, size_t len, char *err, size_t errlen)
+{
+	struct stat st;
+	if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s exists and is not a regular file; not replacing it",
+		         path);
+		return -1;
+	}
+	char *tmp = xasprintf("%s.%d.tmp", path, (int)getpid());
+	if (!tmp)
+		return oom(err, errlen);
+	unlink(tmp);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+		free(tmp);
+		return -1;
+	}
+	int ok = fchmod(fd, 0600) == 0;
+	for (size_t off = 0; ok && off < len;) {
+		ssize_t w = write(fd, data + off, len - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			ok = 0;
+		else
+			off += (size_t)w;
+	}
+	ok = ok && fsync(fd) == 0;
+	int saved = errno;
+	close(fd);
+	if (!ok || rename(tmp, path) != 0) {
+		if (ok)
+			saved = errno;
+		snprintf(err, errlen, "cannot write %s: %s", path, strerror(saved));
+		unlink(tmp);
+		free(tmp);
+		return -1;
+	}
+	free(tmp);
+	return 0;
+}
+
+/* Writes text to <dir>/<name> and records it in the plan. */
+static int write_file(struct agent_plan *p, const char *dir, const char *name, const char *text,
+                      char *err, size_t errlen)
+{
+	char *path = xasprintf("%s/%s", dir, name);
+	if (!path)
+		return oom(err, errlen);
+	if (agents_write_private(path, text, strlen(text), err, errlen) != 0) {
+		free(path);
+		return -1;
+	}
+	return strv_push(&p->files, &p->n_files, path) == 0 ? 0 : oom(err, errlen);
+}
+
+static int write_json(struct agent_plan *p, const char *dir, const char *name, json_t *doc,
+                      char *err, size_t errlen)
+{
+	char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+	char *full = text ? xasprintf("%s\n", text) : NULL;
+	free(text);
+	if (!full)
+		return oom(err, errlen);
+	int r = write_file(p, dir, name, full, err, errlen);
+	free(full);
+	return r;
+}
+
+/* A private directory <plan dir>/<sub> (0700). Returns it, owned. */
+static char *private_dir(struct agent_plan *p, const char *sub, char *err, size_t errlen)
+{
+	char *d = xasprintf("%s/%s", p->dir, sub);
+	if (!d) {
+		oom(err, errlen);
+		return NULL;
+	}
+	if (paths_mkdir_p(d, 0700) != 0 || chmod(d, 0700) != 0) {
+		snprintf(err, errlen, "cannot create %s: %s", d, strerror(errno));
+		free(d);
+		return NULL;
+	}
+	return d;
+}
+
+/* --- quoting -------------------------------------------------------------- */
+
+/* "..." with \", \\ and \uXXXX for control characters: valid as a TOML basic
+ * string and as a YAML double-quoted scalar. */
+static char *dquote(const char *s)
+{
+	size_t n = 3;
+	for (const char *c = s; *c; c++)
+		n += 6;
+	char *out = malloc(n);
+	if (!out)
+		return NULL;
+	char *o = out;
+	*o++ = '"';
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		if (*c == '"' || *c == '\\') {
+			*o++ = '\\';
+			*o++ = (char)*c;
+		} else if (*c < 0x20 || *c == 0x7f) {
+			o += sprintf(o, "\\u%04x", *c);
+		} else {
+			*o++ = (char)*c;
+		}
+	}
+	*o++ = '"';
+	*o = '\0';
+	return out;
+}
+
+char *agents_toml_string(const char *s)
+{
+	return dquote(s);
+}
+
+char *agents_yaml_string(const char *s)
+{
+	return dquote(s);
+}
+
+char *agents_shell_quote(const char *s)
+{
+	size_t n = 3;
+	for (const char *c = s; *c; c++)
+		n += *c == '\'' ? 4 : 1;
+	char *out = malloc(n);
+	if (!out)
+		return NULL;
+	char *o = out;
+	*o++ = '\'';
+	for (const char *c = s; *c; c++) {
+		if (*c == '\'') {
+			memcpy(o, "'\\''", 4);
+			o += 4;
+		} else {
+			*o++ = *c;
+		}
+	}
+	*o++ = '\'';
+	*o = '\0';
+	return out;
+}
+
+/* --- the arguments a user gave -------------------------------------------- */
+
+/* Whether user_args hold the option long (or short, may be NULL), as "--x v"
+ * or "--x=v". */
+static int user_has(char *const *user_args, size_t n_user, const char *lng, const char *shrt)
+{
+	for (size_t i = 0; i < n_user; i++) {
+		const char *a = user_args[i];
+		if (!strcmp(a, "--"))
+			return 0;
+		for (int k = 0; k < 2; k++) {
+			const char *o = k ? shrt : lng;
+			size_t l = o ? strlen(o) : 0;
+			if (o && !strncmp(a, o, l) && (a[l] == '\0' || a[l] == '='))
+				return 1;
+		}
+	}
+	return 0;
+}
+
+/* --- shared pieces -------------------------------------------------------- */
+
+struct urls {
+	char *v1;   /* <endpoint>/v1 */
+	char *anth; /* <endpoint>/anthropic */
+};
+
+static int urls_make(const struct agent_target *t, struct urls *u, char *err, size_t errlen)
+{
+	u->v1 = xasprintf("%s/v1", t->endpoint);
+	u->anth = xasprintf("%s/anthropic", t->endpoint);
+	if (!u->v1 || !u->anth) {
+		free(u->v1);
+		free(u->anth);
+		return oom(err, errlen);
+	}
+	return 0;
+}
+
+static void urls_free(struct urls *u)
+{
+	free(u->v1);
+	free(u->anth);
+}
+
+/* The provider block the OpenCode family (OpenCode, Kilo Code, MiMo Code)
+ * reads: an @ai-sdk/openai-compatible provider "toki" with one model. */
+static json_t *opencode_doc(const struct agent_target *t, const char *v1, const char *api_key,
+                            const char *schema)
+{
+	json_t *model = json_pack("{s:s}", "name", t->model_id);
+	if (model && t->context_length > 0 && t->max_output > 0)
+		json_object_set_new(model, "limit",
+		                    json_pack("{s:I, s:I}", "context",
+		                              (json_int_t)t->context_length, "output",
+		                              (json_int_t)t->max_output));
+	json_t *models = json_object();
+	if (models && model)
+		json_object_set_new(models, t->model_id, model);
+	else
+		json_decref(model);
+	char *ref = xasprintf("toki/%s", t->model_id);
+	json_t *doc = NULL;
+	if (models && ref)
+		doc = json_pack("{s:s, s:{s:{s:s, s:s, s:{s:s, s:s}, s:o}}, s:s, s:s}", "$schema",
+		                schema, "provider", "toki", "npm", "@ai-sdk/openai-compatible",
+		                "name", "Toki Recur", "options", "baseURL", v1, "apiKey", api_key,
+		                "models", models, "model", ref, "small_model", ref);
+	else
+		json_decref(models);
+	free(ref);
+	return doc;
+}
+
+/* --- builders --------------------------------------------------------------- */
+
+/* Toki Chat: toki's own TUI, given the run's endpoint with --url (unless the
+ * user gave one) and the token in TOKI_TOKEN. */
+static int build_toki(const struct agent_def *a, const struct agent_target *t,
+                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                      size_t errlen)
+{
+	(void)a;
+	free(p->exe);
+	p->exe = strdup(t->toki_exe ? t->toki_exe : "toki");
+	if (!p->exe || arg(p, "tui") != 0)
+		return oom(err, errlen);
+	if (!user_has(user_args, n_user, "--url", NULL) &&
+	    (arg(p, "--url") != 0 || arg(p, t->endpoint) != 0))
+		return oom(err, errlen);
+	return env_set(p, "TOKI_TOKEN", t->token) == 0 ? 0 : oom(err, errlen);
+}
+
+/* Claude Code: an owner-only settings file given with --settings whose env
+ * block carries ANTHROPIC_BASE_URL (<endpoint>/anthropic),
+ * ANTHROPIC_AUTH_TOKEN (sent as a Bearer token, without the approval an API
+ * key needs), the model for every tier, and telemetry off. ANTHROPIC_API_KEY
+ * is removed from the child's environment. */
+static int build_claude(const struct agent_def *a, const struct agent_target *t,
+                        char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                        size_t errlen)
+{
+	(void)a;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *env = json_pack(
+	    "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "ANTHROPIC_BASE_URL",
+	    u.anth, "ANTHROPIC_AUTH_TOKEN", t->token, "ANTHROPIC_MODEL", t->model_id,
+	    "ANTHROPIC_SMALL_FAST_MODEL", t->model_id, "ANTHROPIC_DEFAULT_HAIKU_MODEL", t->model_id,
+	    "ANTHROPIC_DEFAULT_SONNET_MODEL", t->model_id, "ANTHROPIC_DEFAULT_OPUS_MODEL",
+	    t->model_id, "CLAUDE_CODE_SUBAGENT_MODEL", t->model_id,
+	    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1", "DISABLE_TELEMETRY", "1",
+	    "DISABLE_ERROR_REPORTING", "1", "DISABLE_AUTOUPDATER", "1");
+	urls_free(&u);
+	if (!env)
+		return oom(err, errlen);
+	char num[32];
+	if (t->context_length > 0) {
+		snprintf(num, sizeof num, "%ld", t->context_length);
+		json_object_set_new(env, "CLAUDE_CODE_MAX_CONTEXT_TOKENS", json_string(num));
+	}
+	/* No CLAUDE_CODE_MAX_OUTPUT_TOKENS from max_output: Claude Code treats
+	 * reaching its own max_tokens as an error, while a cut made by toki's
+	 * max_output ends the turn ("end_turn"). It asks for its default, and
+	 * the daemon caps the reply. */
+	/* Timeouts: TOKI_CLAUDE_TIMEOUT_MS, else 30 min on a CPU-only machine,
+	 * else Claude Code's own defaults. */
+	const char *timeout = NULL;
+	if (t->claude_timeout_ms && *t->claude_timeout_ms) {
+		const char *c = t->claude_timeout_ms;
+		while (isdigit((unsigned char)*c))
+			c++;
+		if (*c || strlen(t->claude_timeout_ms) > 10) {
+			json_decref(env);
+			snprintf(
+			    err, errlen,
+			    "TOKI_CLAUDE_TIMEOUT_MS must be a number of milliseconds, not '%s'",
+			    t->claude_timeout_ms);
+			return -1;
+		}
+		timeout = t->claude_timeout_ms;
+	} else if (t->cpu_profile) {
+		timeout = CLAUDE_CPU_TIMEOUT_MS;
+	}
+	if (timeout) {
+		json_object_set_new(env, "API_TIMEOUT_MS", json_string(timeout));
+		json_object_set_new(env, "CLAUDE_STREAM_IDLE_TIMEOUT_MS", json_string(timeout));
+	}
+	json_t *settings = json_pack("{s:o, s:s}", "env", env, "model", t->model_id);
+	if (!settings)
+		return oom(err, errlen);
+	/* Effort: Claude Code's effort level (CLAUDE_CODE_EFFORT_LEVEL, which
+	 * wins over --effort and /effort, and the effortLevel setting); "low"
+	 * also caps the extended-thinking budget (MAX_THINKING_TOKENS) at the
+	 * API's minimum, 1024. */
+	const char *effort = t->claude_effort;
+	if (effort && *effort) {
+		static const char *const levels[] = {"low", "medium", "high", "xhigh", "max"};
+		int ok = 0;
+		for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
+			ok |= !strcmp(effort, levels[i]);
+		if (!ok) {
+			json_decref(settings);
+			snprintf(
+			    err, errlen,
+			    "TOKI_CLAUDE_EFFORT must be low, medium, high, xhigh or max, not '%s'",
+			    effort);
+			return -1;
+		}
+		json_object_set_new(env, "CLAUDE_CODE_EFFORT_LEVEL", json_string(effort));
+		json_object_set_new(settings, "effortLevel", json_string(effort));
+		if (!strcmp(effort, "low"))
+			json_object_set_new(env, "MAX_THINKING_TOKENS", json_string("1024"));
+	}
+	int r = write_json(p, p->dir, "settings.json", settings, err, errlen);
+	json_decref(settings);
+	if (r != 0)
+		return -1;
+	if (arg(p, "--settings") != 0 || arg(p, p->files[p->n_files - 1]) != 0)
+		return oom(err, errlen);
+	if (!user_has(user_args, n_user, "--model", NULL) &&
+	    (arg(p, "--model") != 0 || arg(p, t->model_id) != 0))
+		return oom(err, errlen);
+	const char *bare = t->claude_bare;
+	if (bare && *bare && strcmp(bare, "0") && arg(p, "--bare") != 0)
+		return oom(err, errlen);
+	const char *mcp = t->claude_mcp;
+	if (mcp && *mcp) {
+		if (strcmp(mcp, "none")) {
+			snprintf(err, errlen, "TOKI_CLAUDE_MCP knows only 'none', not '%s'", mcp);
+			return -1;
+		}
+		json_t *empty = json_pack("{s:{}}", "mcpServers");
+		r = empty ? write_json(p, p->dir, "mcp-none.json", empty, err, errlen)
+		          : oom(err, errlen);
+		json_decref(empty);
+		if (r != 0)
+			return -1;
+		if (arg(p, "--mcp-config") != 0 || arg(p, p->files[p->n_files - 1]) != 0 ||
+		    arg(p, "--strict-mcp-config") != 0)
+			return oom(err, errlen);
+	}
+	return env_unset(p, "ANTHROPIC_API_KEY") == 0 ? 0 : oom(err, errlen);
+}
+
+/* Codex: a private CODEX_HOME holding a fresh config.toml with a "toki"
+ * model provider (Responses API, key from $TOKI_API_KEY via env_key). */
+static int build_codex(const struct agent_def *a, const struct agent_target *t,
+                       char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                       size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	char *home = private_dir(p, "home", err, errlen);
+	char *model = agents_toml_string(t->model_id);
+	char *base = agents_toml_string(u.v1);
+	urls_free(&u);
+	char limits[128] = "";
+	if (t->context_length > 0)
+		snprintf(limits, sizeof limits, "model_context_window = %ld\n", t->context_length);
+	if (t->max_output > 0)
+		snprintf(limits + strlen(limits), sizeof limits - strlen(limits),
+		         "model_max_output_tokens = %ld\n", t->max_output);
+	char *toml = home && model && base
+	                 ? xasprintf("# Written by toki launch: Codex pinned to the local model.\n"
+	                             "model = %s\n"
+	                             "model_provider = \"toki\"\n"
+	                             "%s"
+	                             "\n"
+	                             "[model_providers.toki]\n"
+	                             "name = \"Toki Recur\"\n"
+	                             "base_url = %s\n"
+	                             "env_key = \"" TOKEN_ENV "\"\n"
+	                             "wire_api = \"responses\"\n",
+	                             model, limits, base)
+	                 : NULL;
+	free(model);
+	free(base);
+	int r = -1;
+	if (!home)
+		r = -1;
+	else if (!toml)
+		r = oom(err, errlen);
+	else if (write_file(p, home, "config.toml", toml, err, errlen) == 0)
+		r = env_set(p, "CODEX_HOME", home) == 0 && env_set(p, TOKEN_ENV, t->token) == 0
+		        ? 0
+		        : oom(err, errlen);
+	free(toml);
+	free(home);
+	return r;
+}
+
+/* OpenCode: OPENCODE_CONFIG names a config file with a "toki" provider and
+ * the default models set to it; the key is read from $TOKI_API_KEY through
+ * OpenCode's {env:...} substitution. */
+static int build_opencode(const struct agent_def *a, const struct agent_target *t,
+                          char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                          size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *doc =
+	    opencode_doc(t, u.v1, "{env:" TOKEN_ENV "}", "https://opencode.ai/config.json");
+	urls_free(&u);
+	if (doc) {
+		json_object_set_new(doc, "autoupdate", json_false());
+		json_object_set_new(doc, "share", json_string("disabled"));
+	}
+	int r = doc ? write_json(p, p->dir, "opencode.json", doc, err, errlen) : oom(err, errlen);
+	json_decref(doc);
+	if (r != 0)
+		return -1;
+	return env_set(p, "OPENCODE_CONFIG", p->files[p->n_files - 1]) == 0 &&
+	               env_set(p, TOKEN_ENV, t->token) == 0 &&
+	               env_set(p, "OPENCODE_DISABLE_AUTOUPDATE", "1") == 0
+	           ? 0
+	           : oom(err, errlen);
+}
+
+/* Kilo Code (an OpenCode fork): KILO_CONFIG names a config file in the same
+ * format. The key is written into the file (0600). */
+static int build_kilo(const struct agent_def *a, const struct agent_target *t,
+                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                      size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *doc = opencode_doc(t, u.v1, t->token, "https://app.kilo.ai/config.json");
+	urls_free(&u);
+	int r = doc ? write_json(p, p->dir, "kilo.json", doc, err, errlen) : oom(err, errlen);
+	json_decref(doc);
+	if (r != 0)
+		return -1;
+	return env_set(p, "KILO_CONFIG", p->files[p->n_files - 1]) == 0 &&
+	               env_set(p, "KILO_DISABLE_AUTOUPDATE", "1") == 0
+	           ? 0
+	           : oom(err, errlen);
+}
+
+/* MiMo Code (Xiaomi's OpenCode fork): MIMOCODE_CONFIG names a config file in
+ * OpenCode's format. The key is written into the file (0600). */
+static int build_mimo(const struct agent_def *a, const struct agent_target *t,
+                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                      size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *doc = opencode_doc(t, u.v1, t->token, "https://mimo.xiaomi.com/config.json");
+	urls_free(&u);
+	if (doc)
+		json_object_set_new(doc, "autoupdate", json_false());
+	int r = doc ? write_json(p, p->dir, "mimocode.json", doc, err, errlen) : oom(err, errlen);
+	json_decref(doc);
+	if (r != 0)
+		return -1;
+	return env_set(p, "MIMOCODE_CONFIG", p->files[p->n_files - 1]) == 0 &&
+	               env_set(p, "MIMOCODE_DISABLE_AUTOUPDATE", "1") == 0
+	           ? 0
+	           : oom(err, errlen);
+}
+
+/* Qwen Code: OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL, with
+ * --auth-type openai and --model in front so that a provider chosen earlier
+ * in ~/.qwen/settings.json does not win (Qwen Code reads the command line
+ * first). Neither flag is added when the user gave it (Qwen Code refuses a
+ * repeated one). */
+static int build_qwen(const struct agent_def *a, const struct agent_target *t,
+                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                      size_t errlen)
+{
+	(void)a;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	int ok = env_set(p, "OPENAI_BASE_URL", u.v1) == 0 &&
+	         env_set(p, "OPENAI_API_KEY", t->token) == 0 &&
+	         env_set(p, "OPENAI_MODEL", t->model_id) == 0;
+	urls_free(&u);
+	if (ok && !user_has(user_args, n_user, "--auth-type", "--authType"))
+		ok = arg(p, "--auth-type") == 0 && arg(p, "openai") == 0;
+	if (ok && !user_has(user_args, n_user, "--model", "-m"))
+		ok = arg(p, "--model") == 0 && arg(p, t->model_id) == 0;
+	return ok ? 0 : oom(err, errlen);
+}
+
+/* Factory Droid: --settings names a runtime settings file (merged for this
+ * process only) with one custom model on the Chat Completions API, selected
+ * as the session default; the key is ${TOKI_API_KEY}, expanded by Droid. */
+static int build_droid(const struct agent_def *a, const struct agent_target *t,
+                       char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                       size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *model = json_pack("{s:s, s:s, s:i, s:s, s:s, s:s, s:s, s:b}", "model", t->model_id,
+	                          "id", "custom:toki-0", "index", 0, "displayName", "toki",
+	                          "baseUrl", u.v1, "apiKey", "${" TOKEN_ENV "}", "provider",
+	                          "generic-chat-completion-api", "supportsImages", 0);
+	urls_free(&u);
+	if (model && t->max_output > 0)
+		json_object_set_new(model, "maxOutputTokens", json_integer(t->max_output));
+	json_t *doc = model ? json_pack("{s:[o], s:{s:s}, s:b}", "customModels", model,
+	                                "sessionDefaultSettings", "model", "custom:toki-0",
+	                                "cloudSessionSync", 0)
+	                    : NULL;
+	int r = doc ? write_json(p, p->dir, "settings.json", doc, err, errlen) : oom(err, errlen);
+	json_decref(doc);
+	if (r != 0)
+		return -1;
+	return arg(p, "--settings") == 0 && arg(p, p->files[p->n_files - 1]) == 0 &&
+	               env_set(p, TOKEN_ENV, t->token) == 0
+	           ? 0
+	           : oom(err, errlen);
+}
+
+/* Cline CLI: --data-dir names a private state directory whose
+ * settings/providers.json selects the openai-compatible provider (the file
+ * `cline auth -p openai -b URL` writes); --provider/--model select it for
+ * the run. The key is in the file (0600). */
+static int build_cline(const struct agent_def *a, const struct agent_target *t,
+                       char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                       size_t errlen)
+{
+	(void)a;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *doc =
+	    json_pack("{s:i, s:s, s:{}, s:{s:{s:{s:s, s:s, s:s, s:s}, s:s}}}", "version", 1,
+	              "lastUsedProvider", "openai-compatible", "modes", "providers",
+	              "openai-compatible", "settings", "provider", "openai-compatible", "apiKey",
+	              t->token, "model", t->model_id, "baseUrl", u.v1, "tokenSource", "manual");
+	urls_free(&u);
+	char *data = private_dir(p, "data", err, errlen);
+	char *settings = data ? private_dir(p, "data/settings", err, errlen) : NULL;
+	int r = -1;
+	if (!doc)
+		r = oom(err, errlen);
+	else if (settings)
+		r = write_json(p, settings, "providers.json", doc, err, errlen);
+	json_decref(doc);
+	free(settings);
+	if (r == 0 && (arg(p, "--data-dir") != 0 || arg(p, data) != 0))
+		r = oom(err, errlen);
+	free(data);
+	if (r != 0)
+		return -1;
+	if (!user_has(user_args, n_user, "--provider", "-P") &&
+	    (arg(p, "--provider") != 0 || arg(p, "openai-compatible") != 0))
+		return oom(err, errlen);
+	if (!user_has(user_args, n_user, "--model", "-m") &&
+	    (arg(p, "--model") != 0 || arg(p, t->model_id) != 0))
+		return oom(err, errlen);
+	return 0;
+}
+
+/* Hermes Agent: a private HERMES_HOME with a config.yaml whose model block
+ * is a custom endpoint (provider: custom, base_url, api_key, default). */
+static int build_hermes(const struct agent_def *a, const struct agent_target *t,
+                        char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                        size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	char *home = private_dir(p, "home", err, errlen);
+	char *model = agents_yaml_string(t->model_id);
+	char *base = agents_yaml_string(u.v1);
+	char *key = agents_yaml_string(t->token);
+	urls_free(&u);
+	char ctx[64] = "";
+	if (t->context_length > 0)
+		snprintf(ctx, sizeof ctx, "  context_length: %ld\n", t->context_length);
+	char *yaml = model && base && key ? xasprintf("# Written by toki launch: Hermes pinned to "
+	                                              "the local model.\n"
+	                                              "model:\n"
+	                                              "  default: %s\n"
+	                                              "  provider: \"custom\"\n"
+	                                              "  base_url: %s\n"
+	                                              "  api_key: %s\n"
+	                                              "%s",
+	                                              model, base, key, ctx)
+	                                  : NULL;
+	free(model);
+	free(base);
+	free(key);
+	int r = -1;
+	if (!home)
+		r = -1;
+	else if (!yaml)
+		r = oom(err, errlen);
+	else if (write_file(p, home, "config.yaml", yaml, err, errlen) == 0)
+		r = env_set(p, "HERMES_HOME", home) == 0 ? 0 : oom(err, errlen);
+	free(yaml);
+	free(home);
+	return r;
+}
+
+/* OpenClaw: OPENCLAW_CONFIG_PATH names a config file with a "toki" provider
+ * under models.providers (OpenAI completions API, key ${TOKI_API_KEY}) and
+ * agents.defaults.model.primary set to it. */
+static int build_openclaw(const struct agent_def *a, const struct agent_target *t,
+                          char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                          size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *model = json_pack("{s:s, s:s}", "id", t->model_id, "name", t->model_id);
+	if (model && t->context_length > 0)
+		json_object_set_new(model, "contextWindow", json_integer(t->context_length));
+	if (model && t->max_output > 0)
+		json_object_set_new(model, "maxTokens", json_integer(t->max_output));
+	char *ref = xasprintf("toki/%s", t->model_id);
+	json_t *doc = NULL;
+	/* json_pack takes the "o" reference, on failure too (jansson >= 2.11). */
+	if (ref)
+		doc = json_pack("{s:{s:{s:{s:s, s:s, s:s, s:[o]}}}, s:{s:{s:{s:s}}}}", "models",
+		                "providers", "toki", "baseUrl", u.v1, "apiKey", "${" TOKEN_ENV "}",
+		                "api", "openai-completions", "models", model, "agents", "defaults",
+		                "model", "primary", ref);
+	else
+		json_decref(model);
+	free(ref);
+	urls_free(&u);
+	int r = doc ? write_json(p, p->dir, "openclaw.json", doc, err, errlen) : oom(err, errlen);
+	json_decref(doc);
+	if (r != 0)
+		return -1;
+	return env_set(p, "OPENCLAW_CONFIG_PATH", p->files[p->n_files - 1]) == 0 &&
+	               env_set(p, TOKEN_ENV, t->token) == 0
+	           ? 0
+	           : oom(err, errlen);
+}
+
+/* The provider entry of Pi's models.json (and OMP's models.yml): the key is
+ * the name of the variable that holds it, which both resolve. */
+static json_t *pi_provider(const struct agent_target *t, const char *v1)
+{
+	json_t *model = json_pack("{s:s, s:s, s:b, s:[s]}", "id", t->model_id, "name", t->model_id,
+	                          "reasoning", 0, "input", "text");
+	if (model && t->context_length > 0)
+		json_object_set_new(model, "contextWindow", json_integer(t->context_length));
+	if (model && t->max_output > 0)
+		json_object_set_new(model, "maxTokens", json_integer(t->max_output));
+	return model ? json_pack("{s:s, s:s, s:s, s:{s:b, s:b}, s:[o]}", "baseUrl", v1, "api",
+	                         "openai-completions", "apiKey", TOKEN_ENV, "compat",
+	                         "supportsDeveloperRole", 0, "supportsReasoningEffort", 0, "models",
+	                         model)
+	             : NULL;
+}
+
+/* Pi: PI_CODING_AGENT_DIR names a private agent directory whose models.json
+ * adds a "toki" provider and whose settings.json makes it the default;
+ * --provider/--model select it too. */
+static int build_pi(const struct agent_def *a, const struct agent_target *t, char *const *user_args,
+                    size_t n_user, struct agent_plan *p, char *err, size_t errlen)
+{
+	(void)a;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	json_t *prov = pi_provider(t, u.v1);
+	urls_free(&u);
+	json_t *models = prov ? json_pack("{s:{s:o}}", "providers", "toki", prov) : NULL;
+	json_t *settings =
+	    json_pack("{s:s, s:s}", "defaultProvider", "toki", "defaultModel", t->model_id);
+	char *dir = private_dir(p, "agent", err, errlen);
+	int r = -1;
+	if (!models || !settings)
+		r = oom(err, errlen);
+	else if (dir && write_json(p, dir, "models.json", models, err, errlen) == 0 &&
+	         write_json(p, dir, "settings.json", settings, err, errlen) == 0)
+		r = env_set(p, "PI_CODING_AGENT_DIR", dir) == 0 &&
+		            env_set(p, TOKEN_ENV, t->token) == 0 &&
+		            env_set(p, "PI_OFFLINE", "1") == 0
+		        ? 0
+		        : oom(err, errlen);
+	json_decref(models);
+	json_decref(settings);
+	free(dir);
+	if (r != 0)
+		return -1;
+	if (!user_has(user_args, n_user, "--provider", NULL) &&
+	    !user_has(user_args, n_user, "--model", NULL) &&
+	    (arg(p, "--provider") != 0 || arg(p, "toki") != 0 || arg(p, "--model") != 0 ||
+	     arg(p, t->model_id) != 0))
+		return oom(err, errlen);
+	return 0;
+}
+
+/* OMP (oh-my-pi, a Pi fork): PI_CODING_AGENT_DIR names a private agent
+ * directory with models.yml (a "toki" provider, Pi's format) and config.yml
+ * (setup done); --model toki/<id> selects it. */
+static int build_omp(const struct agent_def *a, const struct agent_target *t,
+                     char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                     size_t errlen)
+{
+	(void)a;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	char *base = agents_yaml_string(u.v1);
+	char *id = agents_yaml_string(t->model_id);
+	urls_free(&u);
+	char lim[128] = "";
+	if (t->context_length > 0)
+		snprintf(lim, sizeof lim, "        contextWindow: %ld\n", t->context_length);
+	if (t->max_output > 0)
+		snprintf(lim + strlen(lim), sizeof lim - strlen(lim), "        maxTokens: %ld\n",
+		         t->max_output);
+	/* JSON is YAML: the same document Pi reads, as YAML for OMP. */
+	char *yaml = base && id ? xasprintf("# Written by toki launch: OMP pinned to the local "
+	                                    "model.\n"
+	                                    "providers:\n"
+	                                    "  toki:\n"
+	                                    "    baseUrl: %s\n"
+	                                    "    api: \"openai-completions\"\n"
+	                                    "    apiKey: \"" TOKEN_ENV "\"\n"
+	                                    "    models:\n"
+	                                    "      - id: %s\n"
+	                                    "        name: %s\n"
+	                                    "        reasoning: false\n"
+	                                    "        input: [\"text\"]\n"
+	                                    "%s",
+	                                    base, id, id, lim)
+	                        : NULL;
+	free(base);
+	free(id);
+	char *dir = private_dir(p, "agent", err, errlen);
+	int r = -1;
+	if (!yaml)
+		r = oom(err, errlen);
+	else if (dir && write_file(p, dir, "models.yml", yaml, err, errlen) == 0 &&
+	         write_file(p, dir, "config.yml", "setupVersion: 1\n", err, errlen) == 0)
+		r = env_set(p, "PI_CODING_AGENT_DIR", dir) == 0 &&
+		            env_set(p, TOKEN_ENV, t->token) == 0
+		        ? 0
+		        : oom(err, errlen);
+	free(yaml);
+	free(dir);
+	if (r != 0)
+		return -1;
+	char *ref = xasprintf("toki/%s", t->model_id);
+	if (!ref)
+		return oom(err, errlen);
+	if (!user_has(user_args, n_user, "--model", NULL))
+		r = arg(p, "--model") == 0 && arg(p, ref) == 0 ? 0 : oom(err, errlen);
+	free(ref);
+	return r;
+}
+
+/* DeepSeek Harness: a --patch overlay (the launcher's last configuration
+ * layer) that points the "settings" plugin at a settings.yaml with a "toki"
+ * provider (openai-completions, key from $TOKI_API_KEY) as the default
+ * model. Without arguments it starts the web profile, as `dsh web` does. */
+static int build_dsh(const struct agent_def *a, const struct agent_target *t,
+                     char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                     size_t errlen)
+{
+	(void)a;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	char *base = agents_yaml_string(u.v1);
+	char *id = agents_yaml_string(t->model_id);
+	urls_free(&u);
+	char lim[128] = "";
+	if (t->context_length > 0)
+		snprintf(lim, sizeof lim, "          contextWindow: %ld\n", t->context_length);
+	if (t->max_output > 0)
+		snprintf(lim + strlen(lim), sizeof lim - strlen(lim), "          maxTokens: %ld\n",
+		         t->max_output);
+	char *settings = base && id ? xasprintf("# Written by toki launch: DeepSeek Harness "
+	                                        "pinned to the local model.\n"
+	                                        "agent-default-model:\n"
+	                                        "  provider: \"toki\"\n"
+	                                        "  model: %s\n"
+	                                        "llm-pi-ai:\n"
+	                                        "  providers:\n"
+	                                        "    toki:\n"
+	                                        "      displayName: \"Toki Recur\"\n"
+	                                        "      apiKeyEnv: \"" TOKEN_ENV "\"\n"
+	                                        "      api: \"openai-completions\"\n"
+	                                        "      baseURL: %s\n"
+	                                        "      models:\n"
+	                                        "        - id: %s\n"
+	                                        "          name: %s\n"
+	                                        "          input: [\"text\"]\n"
+	                                        "%s",
+	                                        id, base, id, id, lim)
+	                            : NULL;
+	free(base);
+	free(id);
+	int r = -1;
+	if (!settings)
+		r = oom(err, errlen);
+	else
+		r = write_file(p, p->dir, "settings.yaml", settings, err, errlen);
+	free(settings);
+	if (r != 0)
+		return -1;
+	char *spath = agents_yaml_string(p->files[p->n_files - 1]);
+	char *patch = spath ? xasprintf("# Written by toki launch: use the settings next to "
+	                                "this file.\n"
+	                                "- id: settings\n"
+	                                "  config:\n"
+	                                "    path: %s\n",
+	                                spath)
+	                    : NULL;
+	free(spath);
+	r = patch ? write_file(p, p->dir, "toki.cordis.yml", patch, err, errlen) : oom(err, errlen);
+	free(patch);
+	if (r != 0)
+		return -1;
+	if (n_user == 0 && (arg(p, "--profile") != 0 || arg(p, "web") != 0))
+		return oom(err, errlen);
+	return arg(p, "--patch") == 0 && arg(p, p->files[p->n_files - 1]) == 0 &&
+	               env_set(p, TOKEN_ENV, t->token) == 0
+	           ? 0
+	           : oom(err, errlen);
+}
+
+/* Grok Build: its documented variables -- GROK_MODELS_BASE_URL (a custom
+ * inference base URL), GROK_DEFAULT_MODEL, XAI_API_KEY -- and no updater. */
+static int build_grok(const struct agent_def *a, const struct agent_target *t,
+                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                      size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	int ok = env_set(p, "GROK_MODELS_BASE_URL", u.v1) == 0 &&
+	         env_set(p, "GROK_DEFAULT_MODEL", t->model_id) == 0 &&
+	         env_set(p, "XAI_API_KEY", t->token) == 0 &&
+	         env_set(p, "GROK_DISABLE_AUTOUPDATER", "1") == 0;
+	urls_free(&u);
+	return ok ? 0 : oom(err, errlen);
+}
+
+/* GitHub Copilot CLI: its BYOK variables (COPILOT_PROVIDER_BASE_URL,
+ * _TYPE=openai, _API_KEY, _WIRE_API=completions, COPILOT_MODEL, the token
+ * limits) and COPILOT_OFFLINE, so it talks to nothing but toki. */
+static int build_copilot(const struct agent_def *a, const struct agent_target *t,
+                         char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                         size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	int ok = env_set(p, "COPILOT_PROVIDER_BASE_URL", u.v1) == 0 &&
+	         env_set(p, "COPILOT_PROVIDER_TYPE", "openai") == 0 &&
+	         env_set(p, "COPILOT_PROVIDER_API_KEY", t->token) == 0 &&
+	         env_set(p, "COPILOT_PROVIDER_WIRE_API", "completions") == 0 &&
+	         env_set(p, "COPILOT_MODEL", t->model_id) == 0 &&
+	         env_set(p, "COPILOT_OFFLINE", "true") == 0;
+	urls_free(&u);
+	if (ok && t->context_length > 0)
+		ok = env_setl(p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS", t->context_length) == 0;
+	if (ok && t->max_output > 0)
+		ok = env_setl(p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS", t->max_output) == 0;
+	return ok ? 0 : oom(err, errlen);
+}
+
+/* Kimi Code: the KIMI_MODEL_* variables, which define a temporary provider
+ * and model in memory (nothing is written to its config.toml), and no
+ * telemetry. */
+static int build_kimi(const struct agent_def *a, const struct agent_target *t,
+                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
+                      size_t errlen)
+{
+	(void)a, (void)user_args, (void)n_user;
+	struct urls u;
+	if (urls_make(t, &u, err, errlen) != 0)
+		return -1;
+	int ok = env_set(p, "KIMI_MODEL_NAME", t->model_id) == 0 &&
+	         env_set(p, "KIMI_MODEL_API_KEY", t->token) == 0 &&
+	         env_set(p, "KIMI_MODEL_PROVIDER_TYPE", "openai") == 0 &&
+	         env_set(p, "KIMI_MODEL_BASE_URL", u.v1) == 0 &&
+	         env_set(p, "KIMI_MODEL_CAPABILITIES", "") == 0 &&
+	         env_set(p, "KIMI_DISABLE_TELEMETRY", "1") == 0;
+	urls_free(&u);
+	if (ok && t->context_length > 0)
+		ok = env_setl(p, "KIMI_MODEL_MAX_CONTEXT_SIZE", t->context_length) == 0;
+	return ok ? 0 : oom(err, errlen);
+}
+
+/* --- the table ---------------------------------------------------------- */
+
+static const char *const toki_aliases[] = {"toki-chat", "chat", "tui", NULL};
+static const char *const opencode_aliases[] = {"open-code", NULL};
+static const char *const mimo_aliases[] = {"mimo-code", "mimocode", NULL};
+static const char *const hermes_aliases[] = {"hermes-agent", NULL};
+static const char *const openclaw_aliases[] = {"clawdbot", "moltbot", NULL};
+static const char *const codex_aliases[] = {"codex-cli", NULL};
+static const char *const qwen_aliases[] = {"qwen-code", NULL};
+static const char *const droid_aliases[] = {"factory", "factory-droid", NULL};
+static const char *const cline_aliases[] = {"cline-cli", NULL};
+static const char *const dsh_aliases[] = {"deepseek-harness", "deepseek", NULL};
+static const char *const grok_aliases[] = {"grok-build", NULL};
+static const char *const kilo_aliases[] = {"kilo-code", "kilocode", NULL};
+static const char *const pi_aliases[] = {"pi-coding-agent", NULL};
+static const char *const copilot_aliases[] = {"copilot-cli", "github-copilot", NULL};
+static const char *const kimi_aliases[] = {"kimi-code", NULL};
+static const char *const omp_aliases[] = {"oh-my-pi", NULL};
+static const char *const claude_aliases[] = {"claude-code", NULL};
+
+static const struct agent_def agents[] = {
+    {"toki", "Toki Chat", toki_aliases, "toki", "part of toki (toki tui)", AGENT_API_TOKI,
+     AGENT_DOC_DOCUMENTED, "toki tui --url <endpoint>, TOKI_TOKEN", build_toki},
+    {"claude", "Claude Code", claude_aliases, "claude", "npm install -g @anthropic-ai/claude-code",
+     AGENT_API_ANTHROPIC, AGENT_DOC_DOCUMENTED,
+     "--settings file (env: ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, ANTHROPIC_MODEL)",
+     build_claude},
+    {"codex", "Codex", codex_aliases, "codex", "npm install -g @openai/codex",
+     AGENT_API_OPENAI_RESPONSES, AGENT_DOC_DOCUMENTED,
+     "private CODEX_HOME, config.toml model_providers.toki (wire_api = responses)", build_codex},
+    {"opencode", "OpenCode", opencode_aliases, "opencode", "npm install -g opencode-ai",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "OPENCODE_CONFIG file, provider.toki",
+     build_opencode},
+    {"qwen", "Qwen Code", qwen_aliases, "qwen", "npm install -g @qwen-code/qwen-code",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
+     "OPENAI_BASE_URL/OPENAI_API_KEY/OPENAI_MODEL, --auth-type openai --model", build_qwen},
+    {"mimo", "MiMo Code", mimo_aliases, "mimo", "npm install -g @mimo-ai/cli",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "MIMOCODE_CONFIG file, OpenCode-format provider",
+     build_mimo},
+    {"hermes", "Hermes Agent", hermes_aliases, "hermes",
+     "curl -fsSL https://raw.githubusercontent.com/NousResearch/hermes-agent/main/scripts/"
+     "install.sh | bash",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
+     "private HERMES_HOME, config.yaml model.provider custom", build_hermes},
+    {"openclaw", "OpenClaw", openclaw_aliases, "openclaw", "npm install -g openclaw@latest",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
+     "OPENCLAW_CONFIG_PATH file, models.providers.toki", build_openclaw},
+    {"droid", "Factory Droid", droid_aliases, "droid", "npm install -g droid",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "--settings file, customModels (BYOK)",
+     build_droid},
+    {"cline", "Cline CLI", cline_aliases, "cline", "npm install -g cline", AGENT_API_OPENAI_CHAT,
+     AGENT_DOC_PARTIAL, "private --data-dir, settings/providers.json openai-compatible",
+     build_cline},
+    {"dsh", "DeepSeek-Harness", dsh_aliases, "dsh", "npm install -g @deepseek-ai/dsh",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "--patch overlay, settings.yaml provider toki",
+     build_dsh},
+    {"grok", "Grok Build", grok_aliases, "grok", "curl -fsSL https://x.ai/cli/install.sh | bash",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL,
+     "GROK_MODELS_BASE_URL, GROK_DEFAULT_MODEL, XAI_API_KEY", build_grok},
+    {"kilo", "Kilo Code", kilo_aliases, "kilo", "npm install -g @kilocode/cli",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "KILO_CONFIG file, OpenCode-format provider",
+     build_kilo},
+    {"pi", "Pi", pi_aliases, "pi", "npm install -g @mariozechner/pi-coding-agent",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
+     "private PI_CODING_AGENT_DIR, models.json provider toki", build_pi},
+    {"copilot", "GitHub Copilot CLI", copilot_aliases, "copilot", "npm install -g @github/copilot",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
+     "COPILOT_PROVIDER_BASE_URL/_API_KEY, COPILOT_MODEL, COPILOT_OFFLINE", build_copilot},
+    {"kimi", "Kimi Code", kimi_aliases, "kimi",
+     "curl -LsSf https://code.kimi.com/install.sh | bash", AGENT_API_OPENAI_CHAT,
+     AGENT_DOC_DOCUMENTED, "KIMI_MODEL_* variables (type openai)", build_kimi},
+    {"omp", "OMP", omp_aliases, "omp", "bun install -g @oh-my-pi/pi-coding-agent",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL,
+     "private PI_CODING_AGENT_DIR, models.yml provider toki", build_omp},
+};
+
+const struct agent_def *agents_all(size_t *n)
+{
+	*n = sizeof agents / sizeof agents[0];
+	return agents;
+}
+
+const struct agent_def *agents_find(const char *name)
+{
+	for (size_t i = 0; i < sizeof agents / sizeof agents[0]; i++) {
+		if (!strcasecmp(agents[i].name, name))
+			return &agents[i];
+		for (const char *const *al = agents[i].aliases; al && *al; al++)
+			if (!strcasecmp(*al, name))
+				return &agents[i];
+	}
+	return NULL;
+}
+
+void agents_target_knobs(struct agent_target *t)
+{
+	t->claude_bare = getenv("TOKI_CLAUDE_BARE");
+	t->claude_mcp = getenv("TOKI_CLAUDE_MCP");
+	t->claude_effort = getenv("TOKI_CLAUDE_EFFORT");
+	t->claude_timeout_ms = getenv("TOKI_CLAUDE_TIMEOUT_MS");
+}
+
+/* --- building and launching ------------------------------------------------ */
+
+void agent_plan_free(struct agent_plan *p)
+{
+	free(p->dir);
+	free(p->exe);
+	strv_free(p->args, p->n_args);
+	strv_free(p->env_set, p->n_env_set);
+	strv_free(p->env_unset, p->n_env_unset);
+	strv_free(p->files, p->n_files);
+	strv_free(p->warnings, p->n_warnings);
+	memset(p, 0, sizeof *p);
+}
+
+/* env.sh: the plan's environment as shell commands, so that the agent can be
+ * started by hand the same way (`. env.sh && <agent> <args>`). */
+static int write_env_sh(struct agent_plan *p, char *err, size_t errlen)
+{
+	char *text = strdup("# Written by toki launch: source this, then start the agent.\n");
+	int ok = text != NULL;
+	for (size_t i = 0; ok && i < p->n_env_unset; i++) {
+		char *next = xasprintf("%sunset %s\n", text, p->env_unset[i]);
+		free(text);
+		ok = (text = next) != NULL;
+	}
+	for (size_t i = 0; ok && i < p->n_env_set; i++) {
+		const char *eq = strchr(p->env_set[i], '=');
+		char *q = agents_shell_quote(eq + 1);
+		char *next = q ? xasprintf("%sexport %.*s=%s\n", text, (int)(eq - p->env_set[i]),
+		                           p->env_set[i], q)
+		               : NULL;
+		free(q);
+		free(text);
+		ok = (text = next) != NULL;
+	}
+	int r = ok ? write_file(p, p->dir, "env.sh", text, err, errlen) : oom(err, errlen);
+	free(text);
+	return r;
+}
+
+int agents_build(const struct agent_def *a, const struct agent_target *t, char *const *user_args,
+                 size_t n_user, struct agent_plan *p, char *err, size_t errlen)
+{
+	memset(p, 0, sizeof *p);
+	p->exe = strdup(a->binary);
+	if (!p->exe)
+		return oom(err, errlen);
+	if (!t->endpoint || !t->model_id || !t->token || !t->state_dir) {
+		snprintf(err, errlen, "no endpoint, model, token or state directory to pin %s to",
+		         a->display);
+		agent_plan_free(p);
+		return -1;
+	}
+	if (a->api != AGENT_API_TOKI) {
+		p->dir = xasprintf("%s/agents/%s", t->state_dir, a->name);
+		if (!p->dir) {
+			agent_plan_free(p);
+			return oom(err, errlen);
+		}
+		if (paths_mkdir_p(p->dir, 0700) != 0 || chmod(p->dir, 0700) != 0) {
+			snprintf(err, errlen, "cannot create %s: %s", p->dir, strerror(errno));
+			agent_plan_free(p);
+			return -1;
+		}
+	}
+	if (a->doc == AGENT_DOC_PARTIAL) {
+		char msg[256];
+		snprintf(msg, sizeof msg,
+		         "part of how toki pins %s is not in its vendor's documentation "
+		         "(docs/agents.md says which part)",
+		         a->display);
+		if (warn(p, msg) != 0) {
+			agent_plan_free(p);
+			return oom(err, errlen);
+		}
+	}
+	if (a->doc == AGENT_DOC_UNKNOWN) {
+		char msg[256];
+		snprintf(msg, sizeof msg,
+		         "%s documents no way to use a custom endpoint that toki could find; "
+		         "trying the OpenAI variables (OPENAI_BASE_URL, OPENAI_API_KEY, "
+		         "OPENAI_MODEL)",
+		         a->display);
+		if (warn(p, msg) != 0) {
+			agent_plan_free(p);
+			return oom(err, errlen);
+		}
+	}
+	if (a->build(a, t, user_args, n_user, p, err, errlen) != 0 ||
+	    (p->dir && write_env_sh(p, err, errlen) != 0)) {
+		agent_plan_free(p);
+		return -1;
+	}
+	return 0;
+}
+
+char **agents_argv(const struct agent_plan *p, char *const *user_args, size_t n_user)
+{
+	char **v = calloc(p->n_args + n_user + 2, sizeof *v);
+	if (!v)
+		return NULL;
+	size_t k = 0;
+	v[k++] = p->exe;
+	for (size_t i = 0; i < p->n_args; i++)
+		v[k++] = p->args[i];
+	for (size_t i = 0; i < n_user; i++)
+		v[k++] = user_args[i];
+	v[k] = NULL;
+	return v;
+}
+
+static int name_is(const char *entry, const char *name, size_t len)
+{
+	return !strncmp(entry, name, len) && entry[len] == '=';
+}
+
+char **agents_envp(const struct agent_plan *p, char *const *environ_in)
+{
+	size_t n = 0;
+	while (environ_in && environ_in[n])
+		n++;
+	char **v = calloc(n + p->n_env_set + 1, sizeof *v);
+	if (!v)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		const char *e = environ_in[i];
+		int drop = 0;
+		for (size_t j = 0; !drop && j < p->n_env_unset; j++)
+			drop = name_is(e, p->env_unset[j], strlen(p->env_unset[j]));
+		for (size_t j = 0; !drop && j < p->n_env_set; j++)
+			drop = name_is(e, p->env_set[j],
+			               (size_t)(strchr(p->env_set[j], '=') - p->env_set[j]));
+		if (!drop)
+			v[k++] = (char *)e;
+	}
+	for (size_t j = 0; j < p->n_env_set; j++)
+		v[k++] = p->env_set[j];
+	v[k] = NULL;
+	return v;
+}
+
+char *agents_which(const char *binary)
+{
+	if (!binary || !*binary)
+		return NULL;
+	struct stat st;
+	if (strchr(binary, '/'))
+		return stat(binary, &st) == 0 && S_ISREG(st.st_mode) && access(binary, X_OK) == 0
+		           ? strdup(binary)
+		           : NULL;
+	const char *path = getenv("PATH");
+	if (!path || !*path)
+		path = "/usr/local/bin:/usr/bin:/bin";
+	for (const char *s = path;;) {
+		const char *e = strchr(s, ':');
+		size_t len = e ? (size_t)(e - s) : strlen(s);
+		char *cand =
+		    len ? xasprintf("%.*s/%s", (int)len, s, binary) : xasprintf("./%s", binary);
+		if (cand && stat(cand, &st) == 0 && S_ISREG(st.st_mode) && access(cand, X_OK) == 0)
+			return cand;
+		free(cand);
+		if (!e)
+			return NULL;
+		s = e + 1;
+	}
+}
+
+/* Runs tool (with one argument, or none), output discarded, killed after
+ * timeout_ms: its exit status, or -1 when it cannot run or is killed. */
+static int run_quiet(const char *tool, const char *arg1, int timeout_ms)
+{
+	char *path = agents_which(tool);
+	if (!path)
+		return -1;
+	pid_t pid = fork();
+	if (pid < 0) {
+		free(path);
+		return -1;
+	}
+	if (pid == 0) {
+		int fd = open("/dev/null", O_RDWR);
+		if (fd >= 0) {
+			dup2(fd, 0);
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		setpgid(0, 0);
+		char *const argv[] = {(char *)tool, (char *)arg1, NULL};
+		execv(path, argv);
+		_exit(127);
+	}
+	free(path);
+	int status = 0;
+	for (int waited = 0;; waited += 20) {
+		pid_t r = waitpid(pid, &status, WNOHANG);
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (waited >= timeout_ms) {
+			kill(-pid, SIGKILL);
+			kill(pid, SIGKILL);
+			while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+				;
+			return -1;
+		}
+		struct timespec ts = {0, 20 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int agents_detect_cpu_profile(void)
+{
+	const char *forced = getenv("TOKI_PROFILE");
+	if (forced && !strcmp(forced, "cpu"))
+		return 1;
+	if (forced && !strcmp(forced, "gpu"))
+		return 0;
+	if (run_quiet("nvidia-smi", "-L", 5000) == 0)
+		return 0;
+	if (run_quiet("rocminfo", NULL, 5000) == 0)
+		return 0;
+	return 1;
+}
+
+/* --- which run, which model --------------------------------------------- */
+
+static void run_endpoint(const struct run_info *ri, char *endpoint, size_t n)
+{
+	const char *h = ri->host;
+	if (!*h || !strcmp(h, "0.0.0.0"))
+		h = "127.0.0.1";
+	else if (!strcmp(h, "::"))
+		h = "::1";
+	if (strchr(h, ':'))
+		snprintf(endpoint, n, "http://[%s]:%d", h, ri->port);
+	else
+		snprintf(endpoint, n, "http://%s:%d", h, ri->port);
+}
+
+int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, size_t namelen,
+                       char *err, size_t errlen)
+{
+	struct run_info ri;
+	if (want) {
+		if (!paths_is_safe_name(want) || run_get(want, &ri) != 0) {
+			snprintf(err, errlen,
+			         "no run named '%s' is running (toki status lists the runs; toki "
+			         "model use %s starts it)",
+			         want, paths_is_safe_name(want) ? want : "NAME");
+			return -1;
+		}
+		run_endpoint(&ri, endpoint, n);
+		snprintf(name, namelen, "%s", ri.name[0] ? ri.name : want);
+		return 0;
+	}
+	struct registry reg;
+	char rerr[512];
+	if (registry_load(&reg, rerr, sizeof rerr) == 0) {
+		int found = reg.active && run_get(reg.active, &ri) == 0;
+		if (found) {
+			run_endpoint(&ri, endpoint, n);
+			snprintf(name, namelen, "%s", ri.name[0] ? ri.name : reg.active);
+		}
+		registry_free(&reg);
+		if (found)
+			return 0;
+	}
+	struct run_info *runs = NULL;
+	int nr = 0;
+	run_list(&runs, &nr);
+	if (nr == 1) {
+		run_endpoint(&runs[0], endpoint, n);
+		snprintf(name, namelen, "%s", runs[0].name);
+		free(runs);
+		return 0;
+	}
+	if (nr == 0) {
+		snprintf(err, errlen,
+		         "no model is running; start one with toki model use NAME or toki up "
+		         "--model FILE");
+	} else {
+		size_t len = (size_t)snprintf(err, errlen,
+		                              "%d runs and no active one among them; choose with "
+		                              "--model:",
+		                              nr);
+		for (int i = 0; i < nr && len < errlen; i++)
+			len += (size_t)snprintf(err + len, errlen - len, " %s", runs[i].name);
+	}
+	free(runs);
+	return -1;
+}
+
+int agents_fetch_model(const char *endpoint, char **model_id, long *context_length,
+                       long *max_output, char *err, size_t errlen)
+{
+	*model_id = NULL;
+	*context_length = *max_output = 0;
+	/* endpoint is what agents_resolve_run made: http://host:port. */
+	char host[300];
+	int port = 0;
+	const char *h = endpoint + strlen("http://");
+	const char *colon = strrchr(h, ':');
+	if (strncmp(endpoint, "http://", 7) || !colon || (size_t)(colon - h) >= sizeof host) {
+		snprintf(err, errlen, "cannot read the endpoint %s", endpoint);
+		return -1;
+	}
+	snprintf(host, sizeof host, "%.*s", (int)(colon - h), h);
+	port = atoi(colon + 1);
+	if (host[0] == '[') { /* run_http_get takes the bare address */
+		memmove(host, host + 1, strlen(host));
+		host[strcspn(host, "]")] = '\0';
+	}
+	long status = 0;
+	char *body = run_http_get(host, port, "/v1/models", &status, 10);
+	if (!body) {
+		snprintf(err, errlen,
+		         "toki at %s does not answer (is the run still up? toki status)", endpoint);
+		return -1;
+	}
+	json_error_t jerr;
+	json_t *doc = status == 200 ? json_loads(body, 0, &jerr) : NULL;
+	json_t *m0 = json_array_get(json_object_get(doc, "data"), 0);
+	const char *id = json_string_value(json_object_get(m0, "id"));
+	if (!id || !*id) {
+		snprintf(err, errlen, "%s/v1/models answered %ld without a model id: %.200s",
+		         endpoint, status, body);
+		json_decref(doc);
+		free(body);
+		return -1;
+	}
+	*model_id = strdup(id);
+	*context_length = (long)json_integer_value(json_object_get(m0, "context_length"));
+	*max_output = (long)json_integer_value(json_object_get(m0, "max_output"));
+	json_decref(doc);
+	free(body);
+	return *model_id ? 0 : oom(err, errlen);
+}
