@@ -11,7 +11,10 @@ static const struct cmd_entry commands[] = {
 	{"up", cmd_up, "start llama-server and toki serve for a GGUF file"},
 	{"down", cmd_down, "stop what toki model use / toki up started"},
 	{"status", cmd_status, "what runs, ports, context, memory, cache hit rate"},
+	{"tui", cmd_tui, "chat with the running model in the terminal: raw, cached, compare"},
+	{"diff", cmd_diff, "run a prompt raw, then cached: tokens, TTFT, speed-up, identical?"},
 	{"launch", cmd_launch, "start a coding agent pinned to the local model"},
+	{"web", cmd_web, "a browser chat UI: raw vs cached turns, live numbers, a chart"},
 	{"gguf", cmd_gguf, "inspect GGUF files, or write random-weight test models"},
 	{"version", cmd_version, "print the version"},
 };

@@ -1063,6 +1063,15 @@ static void pr_try_route(struct proxy_req *pr)
 	struct router_backend *rb = ch.slot->backend;
 	if (clamp_output(pr, rb->n_ctx_slot) != 0)
 		return;
+	if (json_is_false(json_object_get(pr->body, "cache_prompt")) && !pr->set_cache_prompt) {
+		/* The client asked for a full evaluation (a raw run): nothing is
+		 * reused, so there is nothing to cut back or restore. */
+		ch.reuse = 0;
+		ch.must_trim = 0;
+		ch.restore = NULL;
+		ch.kind = "miss";
+		ch.est_prefill_s = router_estimate_prefill_s(ch.slot->backend, pr->n_tokens);
+	}
 	pr->choice = ch;
 	pr->slot = ch.slot;
 	pr->backend = d->backends[rb->index];

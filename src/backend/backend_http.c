@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <event2/buffer.h>
 #include <event2/http.h>
@@ -25,6 +26,7 @@ struct backend_http {
 	int timeout_s;
 	struct pooled_conn *idle;
 	int n_open;
+	struct evkeyvalq extra_headers; /* added to every call */
 };
 
 struct backend_call {
@@ -78,6 +80,7 @@ struct backend_http *backend_http_new(struct event_base *base, const char *url, 
 	while (bl && bh->base_path[bl - 1] == '/')
 		bh->base_path[--bl] = '\0';
 	bh->timeout_s = timeout_s;
+	TAILQ_INIT(&bh->extra_headers);
 	evhttp_uri_free(uri);
 	/* Strip the trailing slash from the URL we report. */
 	size_t ul = strlen(bh->url);
@@ -96,6 +99,7 @@ void backend_http_free(struct backend_http *bh)
 		evhttp_connection_free(c->evcon);
 		free(c);
 	}
+	evhttp_clear_headers(&bh->extra_headers);
 	free(bh->url);
 	free(bh->host);
 	free(bh->base_path);
@@ -105,6 +109,12 @@ void backend_http_free(struct backend_http *bh)
 const char *backend_http_url(const struct backend_http *bh)
 {
 	return bh->url;
+}
+
+int backend_http_set_header(struct backend_http *bh, const char *name, const char *value)
+{
+	evhttp_remove_header(&bh->extra_headers, name);
+	return evhttp_add_header(&bh->extra_headers, name, value) == 0 ? 0 : -1;
 }
 
 static struct pooled_conn *conn_take(struct backend_http *bh)
@@ -246,6 +256,9 @@ struct backend_call *backend_call_start(struct backend_http *bh, const char *met
 	snprintf(hostport, sizeof hostport, "%s:%d", bh->host, bh->port);
 	evhttp_add_header(hdr, "Host", hostport);
 	evhttp_add_header(hdr, "Connection", "keep-alive");
+	struct evkeyval *kv;
+	TAILQ_FOREACH(kv, &bh->extra_headers, next)
+		evhttp_add_header(hdr, kv->key, kv->value);
 	if (body) {
 		char cl[32];
 		snprintf(cl, sizeof cl, "%zu", len);

@@ -32,6 +32,10 @@ struct backend_call_handlers {
 struct backend_http *backend_http_new(struct event_base *base, const char *url, int timeout_s,
 				      char *err, size_t errlen);
 void backend_http_free(struct backend_http *bh);
+/* Adds a header to every call this client makes from now on (a client of a
+ * toki daemon sends its token this way). name and value are copied; a second
+ * call with the same name replaces the value. 0, or -1 when out of memory. */
+int backend_http_set_header(struct backend_http *bh, const char *name, const char *value);
 const char *backend_http_url(const struct backend_http *bh);
 
 /* Starts a call. method: "GET" or "POST". body may be NULL. The handlers

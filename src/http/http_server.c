@@ -11,8 +11,12 @@
 #include <sys/socket.h>
 #include <netdb.h>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/listener.h>
 
 #include "http/http_parse.h"
@@ -61,6 +65,7 @@ struct http_server {
 	int port;
 	int n_conns;
 	struct http_conn *conns;
+	SSL_CTX *ssl_ctx; /* NULL: plain HTTP */
 };
 
 static void conn_read_cb(struct bufferevent *bev, void *arg);
@@ -345,6 +350,9 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
 	struct http_conn *c = arg;
 	if (c->state == CONN_CLOSING && evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
 		c->state = CONN_LINGER;
+		SSL *ssl = c->server->ssl_ctx ? bufferevent_openssl_get_ssl(bev) : NULL;
+		if (ssl)
+			SSL_shutdown(ssl); /* close_notify before the TCP half-close */
 		shutdown(bufferevent_getfd(bev), SHUT_WR);
 		struct timeval t = {2, 0};
 		bufferevent_set_timeouts(bev, &t, NULL);
@@ -355,6 +363,8 @@ static void conn_write_cb(struct bufferevent *bev, void *arg)
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct http_conn *c = arg;
+	if (what & BEV_EVENT_CONNECTED)
+		return; /* a TLS handshake completed: nothing to do */
 	if (what & BEV_EVENT_TIMEOUT) {
 		if (c->state == CONN_BODY || (c->state == CONN_HEAD &&
 					      evbuffer_get_length(bufferevent_get_input(bev)))) {
@@ -376,8 +386,22 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		      void *arg)
 {
 	struct http_server *s = arg;
-	struct bufferevent *bev =
-		bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+	struct bufferevent *bev;
+	if (s->ssl_ctx) {
+		SSL *ssl = SSL_new(s->ssl_ctx);
+		if (!ssl) {
+			evutil_closesocket(fd);
+			return;
+		}
+		bev = bufferevent_openssl_socket_new(s->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+						     BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+		if (bev)
+			/* A client that closes without close_notify has still sent a
+			 * complete request or nothing: treat it as a plain EOF. */
+			bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	} else {
+		bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+	}
 	if (!bev) {
 		evutil_closesocket(fd);
 		return;
@@ -457,6 +481,62 @@ int http_server_listen(struct http_server *s, const char *host, int port, char *
 	return 0;
 }
 
+static void tls_error(char *err, size_t errlen, const char *what, const char *path)
+{
+	char reason[256] = "unknown error";
+	unsigned long e = ERR_peek_last_error();
+	if (e)
+		ERR_error_string_n(e, reason, sizeof reason);
+	ERR_clear_error();
+	snprintf(err, errlen, "%s %s: %s", what, path, reason);
+}
+
+int http_server_set_tls(struct http_server *s, const char *cert_path, const char *key_path,
+			char *err, size_t errlen)
+{
+	const char *paths[2] = {cert_path, key_path};
+	for (int i = 0; i < 2; i++) {
+		FILE *f = fopen(paths[i], "r");
+		if (!f) {
+			snprintf(err, errlen, "cannot read the TLS %s %s: %s", i ? "key" : "certificate",
+				 paths[i], strerror(errno));
+			return -1;
+		}
+		fclose(f);
+	}
+	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	if (!ctx) {
+		tls_error(err, errlen, "cannot set up TLS", "");
+		return -1;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert_path) != 1) {
+		tls_error(err, errlen, "cannot load the TLS certificate", cert_path);
+		SSL_CTX_free(ctx);
+		return -1;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key_path, SSL_FILETYPE_PEM) != 1) {
+		tls_error(err, errlen, "cannot load the TLS key", key_path);
+		SSL_CTX_free(ctx);
+		return -1;
+	}
+	if (SSL_CTX_check_private_key(ctx) != 1) {
+		tls_error(err, errlen, "the TLS key does not match the certificate", key_path);
+		SSL_CTX_free(ctx);
+		return -1;
+	}
+	if (s->ssl_ctx)
+		SSL_CTX_free(s->ssl_ctx);
+	s->ssl_ctx = ctx;
+	return 0;
+}
+
+int http_server_is_tls(const struct http_server *s)
+{
+	return s->ssl_ctx != NULL;
+}
+
 int http_server_port(const struct http_server *s)
 {
 	return s->port;
@@ -482,6 +562,8 @@ void http_server_free(struct http_server *s)
 	http_server_stop_listening(s);
 	while (s->conns)
 		conn_free(s->conns);
+	if (s->ssl_ctx)
+		SSL_CTX_free(s->ssl_ctx);
 	free(s);
 }
 

@@ -34,6 +34,13 @@ struct http_server *http_server_new(struct event_base *base, const struct http_s
 				    http_handler_fn handler, void *ctx, http_error_body_fn error_body);
 int http_server_listen(struct http_server *server, const char *host, int port, char *err,
 		       size_t errlen);
+/* Serves HTTPS instead of HTTP: connections accepted from now on speak TLS
+ * (1.2 or later) with this certificate chain and private key, both PEM. Call
+ * before listening. 0, or -1 with a message naming the file and OpenSSL's
+ * reason. */
+int http_server_set_tls(struct http_server *server, const char *cert_path, const char *key_path,
+			char *err, size_t errlen);
+int http_server_is_tls(const struct http_server *server);
 int http_server_port(const struct http_server *server);
 int http_server_connection_count(const struct http_server *server);
 /* Stops accepting; open streams keep going. */
