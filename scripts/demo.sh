@@ -28,7 +28,7 @@ tport=${TOKI_DEMO_PORT:-8787}
 "$llama" -m "$model" --host 127.0.0.1 --port "$lport" -np 2 -c 32768 --cache-ram 0 \
 	--slot-save-path "$cache/slots" >"$cache/llama-server.log" 2>&1 &
 lpid=$!
-build/toki serve --backend "http://127.0.0.1:$lport" --port "$tport" \
+build/toki serve --backend "http://127.0.0.1:$lport" --port "$tport" --reuse fast \
 	--slot-dir "$cache/slots" >"$cache/toki.log" 2>&1 &
 tpid=$!
 cleanup() { kill "$tpid" "$lpid" 2>/dev/null || true; }

@@ -39,8 +39,8 @@ static void usage(FILE *out)
 		"  --host ADDR        address to bind (default 127.0.0.1)\n"
 		"  --port N           port to bind (default 8787; 0 picks a free one)\n"
 		"  --allow-remote     allow binding to a non-loopback address\n"
-		"  --reuse MODE       fast (default: reuse every matching token) or exact\n"
-		"                     (byte-identical to an uncached run, guaranteed)\n"
+		"  --reuse MODE       exact (default: output byte-identical to an uncached run)\n"
+		"                     or fast (reuse every matching token)\n"
 		"  --ubatch N         the backends' micro-batch size, -ub (default 512)\n"
 		"  --keepalive-ms N   SSE keep-alive interval while the backend is silent\n"
 		"                     (default 5000)\n"
@@ -352,7 +352,7 @@ int cmd_serve(int argc, char **argv)
 	struct daemon d = {0};
 	d.cfg.host = "127.0.0.1";
 	d.cfg.port = 8787;
-	d.cfg.mode = REUSE_FAST;
+	d.cfg.mode = REUSE_EXACT;
 	d.cfg.n_ubatch = 512;
 	d.cfg.keepalive_ms = 5000;
 	d.cfg.health_interval_ms = 2000;
