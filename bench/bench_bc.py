@@ -4,9 +4,16 @@ uncached run, at two micro-batch sizes)."""
 import time
 
 import workload
-from common import Client, harness, log, median, pct, prefix_limit, stop, table
+from common import Client, harness, stream_chat_retrying, log, median, pct, prefix_limit, stop, table
 
-MODEL = ("bench", "4M", 32768)  # a generated random-weight model: prefill cost is visible
+# A generated random-weight model: prefill cost is visible. Its greedy text is
+# mostly one token repeated, so the identity check also compares every token's
+# log-probability with the uncached run's (workload.LOGPROBS).
+MODEL = ("bench", "4M", 32768)
+# Seconds between one request's end and the next one's start (an agent runs
+# its tools between turns). Not counted in the wall time. See docs/benchmarks.md:
+# with none, toki reuses a backend connection llama-server has just closed.
+THINK_S = 0.25
 TARGETS = ("direct", "fast", "exact")
 
 
@@ -35,34 +42,47 @@ def run_config(quick, requests, tokens, np, cram, target, ubatch):
             toki = th.Toki([ls], mode=target, ubatch=ubatch, name=f"toki-bench-{tag}")
         c = Client(toki.port if toki else ls.port)
         recs = []
-        t0 = time.perf_counter()
+        wall = 0.0
         for r, toks in zip(requests, tokens):
-            res = c.stream_chat(workload.body_of(r))
+            if THINK_S and recs:
+                time.sleep(THINK_S)
+            t0 = time.perf_counter()
+            res = stream_chat_retrying(c, workload.body_of(r))
+            wall += time.perf_counter() - t0
             if res["status"] != 200 or not res["timings"]:
                 raise RuntimeError(f"{tag}: request {r['i']} failed: {res}")
             t = res["timings"]
             recs.append({"i": r["i"], "kind": r["kind"], "session": r["session"],
                          "prompt_tokens": len(toks), "prompt_n": t["prompt_n"],
                          "cache_n": t["cache_n"], "ttft": res["ttft"], "total": res["total"],
-                         "identical": res["text"] == r["reply"], "cache": res["cache"],
-                         "route": res["route"]})
-        wall = time.perf_counter() - t0
+                         "identical": res["text"] == r["reply"],
+                         "lp_identical": res["text"] == r["reply"] and
+                                         res["logprobs"] == r.get("reply_logprobs"),
+                         "cache": res["cache"],
+                         "route": res["route"], "failures": res["failures"],
+                         "text": res["text"][:120]})
         c.close()
+        if toki and toki.proc.poll() is not None:
+            raise RuntimeError(f"{tag}: toki exited with status {toki.proc.returncode}")
         stats = toki.stats() if toki else None
         lines = toki_log_lines(toki) if toki else []
         log_path = toki.log_path if toki else None
     finally:
         stop(toki, ls)
     ev = sum(r["prompt_n"] for r in recs)
-    res = {"np": np, "cram": cram, "target": target, "ubatch": ubatch, "evaluated": ev,
+    res = {"np": np, "cram": cram, "target": target, "ubatch": ubatch, "think_s": THINK_S,
+           "evaluated": ev,
            "cached": sum(r["cache_n"] for r in recs), "wall_s": wall,
            "ttft_p50": median([r["ttft"] for r in recs]),
            "ttft_p95": pct([r["ttft"] for r in recs], 95),
            "identical": sum(r["identical"] for r in recs), "n": len(recs),
+           "lp_identical": sum(r["lp_identical"] for r in recs),
+           "failed_attempts": sum(len(r["failures"]) for r in recs),
            "count_mismatch": sum(r["prompt_n"] + r["cache_n"] != r["prompt_tokens"] for r in recs),
            "requests": recs, "toki_stats": stats, "toki_log": lines, "toki_log_path": log_path,
            "server_log_path": ls.log_path}
-    log(f"  {tag}: evaluated {ev}, wall {wall:.1f} s, identical {res['identical']}/{res['n']}")
+    log(f"  {tag}: evaluated {ev}, wall {wall:.1f} s, identical {res['identical']}/{res['n']}, "
+        f"logprobs too {res['lp_identical']}/{res['n']}, failed attempts {res['failed_attempts']}")
     return res
 
 
@@ -70,9 +90,20 @@ _runs = {}
 
 
 def cached_run(quick, requests, tokens, np, cram, target, ubatch):
+    """run_config once per configuration (b and c share runs). A run that
+    fails is recorded with its error (and reported as such), not fatal."""
     key = (quick, np, cram, target, ubatch)
     if key not in _runs:
-        _runs[key] = run_config(quick, requests, tokens, np, cram, target, ubatch)
+        try:
+            _runs[key] = run_config(quick, requests, tokens, np, cram, target, ubatch)
+        except Exception as e:
+            log(f"  np{np}-cram{cram}-ub{ubatch}-{target}: FAILED: {e!r}")
+            nan = float("nan")
+            _runs[key] = {"np": np, "cram": cram, "target": target, "ubatch": ubatch,
+                          "error": repr(e)[:300], "evaluated": nan, "cached": nan,
+                          "wall_s": nan, "ttft_p50": nan, "ttft_p95": nan, "identical": 0,
+                          "n": 0, "lp_identical": 0, "failed_attempts": "run failed",
+                          "requests": []}
     return _runs[key]
 
 
@@ -106,9 +137,11 @@ def bench_b(quick):
         rows.append([r["np"], r["cram"], {"direct": "llama-server alone"}.get(
             r["target"], "toki " + r["target"]), r["evaluated"], limit,
             r["evaluated"] / limit, r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
-            f"{r['identical']}/{r['n']}"])
+            f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}", r["failed_attempts"]])
     t1 = table(["-np", "--cache-ram", "path", "evaluated", "limit", "eval/limit",
-                "TTFT p50 ms", "TTFT p95 ms", "wall s", "identical to uncached"], rows)
+                "TTFT p50 ms", "TTFT p95 ms", "wall s", "text = uncached",
+                "text and logprobs = uncached",
+                "failed attempts (retried)"], rows)
     pivot = []
     for np in (1, 2, 4):
         for cram in (0, 8192):
@@ -123,8 +156,11 @@ def bench_b(quick):
           f"({', '.join(f'{v} {k}' for k, v in wl['kinds'].items())}), "
           f"{wl['prompt_tokens_total']} prompt tokens in all, longest prompt "
           f"{wl['prompt_tokens_max']}, limit {limit} tokens. Model "
-          f"{MODEL[1]} generated, -ub 512.\n\nevaluated / limit:\n\n{t2}\n\n{t1}\n")
-    return {"workload": wl, "limit_per_request": per, "runs": runs, "markdown": md}
+          f"{MODEL[1]} generated, -ub 512, per-slot context {workload.params(quick)['per_slot_ctx']}, "
+          f"{int(THINK_S * 1000)} ms between requests.\n\nevaluated / limit:\n\n{t2}\n\n{t1}\n")
+    return {"workload": wl, "limit_per_request": per, "runs": runs, "markdown": md,
+            "reference_replies": [{"i": r["i"], "session": r["session"], "kind": r["kind"],
+                                   "turn": r["turn"], "reply": r["reply"]} for r in requests]}
 
 
 def bench_c(quick):
@@ -142,7 +178,7 @@ def bench_c(quick):
             ref_reqs, _, ref_secs = workload.reference(quick, model, ub, requests=requests)
         uncached = sum(len(t) for t in tokens)
         rows.append([ub, "no cache (cache_prompt false)", uncached, uncached / limit, "", "",
-                     f"{len(tokens)}/{len(tokens)}"])
+                     f"{len(tokens)}/{len(tokens)}", f"{len(tokens)}/{len(tokens)}", ""])
         res = {}
         for target in TARGETS:
             r = cached_run(quick, ref_reqs, tokens, np, cram, target, ub)
@@ -150,19 +186,22 @@ def bench_c(quick):
         fast_ev = res["fast"]["evaluated"]
         for target in TARGETS:
             r = res[target]
-            extra = (r["evaluated"] - fast_ev) / r["n"]
+            extra = (r["evaluated"] - fast_ev) / r["n"] if r["n"] else float("nan")
             per_req = [a["prompt_n"] - b["prompt_n"] for a, b in
                        zip(r["requests"], res["fast"]["requests"])]
             rows.append([ub, {"direct": "llama-server alone"}.get(target, "toki " + target),
                          r["evaluated"], r["evaluated"] / limit,
-                         f"{extra:+.1f}", f"{max(per_req):+d}" if target != "fast" else "",
-                         f"{r['identical']}/{r['n']}"])
+                         f"{extra:+.1f}", f"{max(per_req):+d}" if target != "fast" and per_req else "",
+                         f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
+                         r["failed_attempts"]])
         out["by_ubatch"][ub] = {"runs": {k: v for k, v in res.items()},
                                 "uncached_evaluated": uncached, "reference_s": ref_secs}
     t = table(["-ub", "path", "evaluated", "eval/limit", "extra vs fast per request (mean)",
-               "extra vs fast (max one request)", "identical to uncached"], rows)
+               "extra vs fast (max one request)", "text = uncached",
+               "text and logprobs = uncached", "failed attempts (retried)"], rows)
     out["markdown"] = (f"### c. Exact vs fast\n\nSame workload, -np {np}, --cache-ram {cram}, "
                        f"limit {limit}. Identity: the streamed text compared byte for byte "
                        f"with an uncached run (`cache_prompt: false`, 1 slot, same -ub) of the "
-                       f"same request.\n\n{t}\n")
+                       f"same request; \"text and logprobs\": also every generated token's "
+                       f"log-probability, float for float.\n\n{t}\n")
     return out

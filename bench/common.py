@@ -61,6 +61,9 @@ class Client:
     def _send(self, method, path, body):
         data = None if body is None else json.dumps(body)
         h = {"Content-Type": "application/json", "Connection": "keep-alive"}
+        token = getattr(harness(), "TEST_TOKEN", None)
+        if token:  # toki's local token (the harness starts toki with it); llama-server ignores it
+            h["Authorization"] = "Bearer " + token
         for attempt in (0, 1):
             try:
                 c = self._conn()
@@ -98,6 +101,7 @@ class Client:
             out["total"] = time.perf_counter() - t0
             return out
         parts = []
+        logprobs = []
         while True:
             line = resp.readline()
             if not line:
@@ -118,6 +122,8 @@ class Client:
                     if out["ttft"] is None:
                         out["ttft"] = time.perf_counter() - t0
                     parts.append(c)
+                for t in ((ch.get("logprobs") or {}).get("content") or []):
+                    logprobs.append(t.get("logprob"))
             if "timings" in j:
                 out["timings"] = j["timings"]
             if "cache" in j:
@@ -128,9 +134,33 @@ class Client:
         if out["ttft"] is None:
             out["ttft"] = out["total"]
         out["text"] = "".join(parts)
+        out["logprobs"] = logprobs
         if resp.getheader("Connection", "").lower() == "close":
             self.close()
         return out
+
+
+def stream_chat_retrying(client, body, attempts=40, delay=0.25):
+    """Client.stream_chat, retried (after `delay` seconds) when the answer is a
+    502/503 before any content, as an agent harness retries a failed request.
+    The result's ttft and total count from the first attempt; `failures` lists
+    the failed attempts' errors."""
+    t0 = time.perf_counter()
+    failures = []
+    for _ in range(attempts):
+        t1 = time.perf_counter()
+        r = client.stream_chat(body)
+        if r["status"] in (502, 503) and not r["text"]:
+            failures.append(f"{r['status']} {r.get('error', '')[:120]}")
+            time.sleep(delay)
+            continue
+        shift = t1 - t0
+        r["ttft"] += shift
+        r["total"] += shift
+        r["failures"] = failures
+        return r
+    r["failures"] = failures
+    return r
 
 
 def tokenize_chat(client, messages):
@@ -287,3 +317,122 @@ def table(headers, rows):
 
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- a light asyncio client for many concurrent streams ----
+
+async def async_stream_chat(conn, port, body, timeout):
+    """One streamed chat on an asyncio keep-alive connection. `conn` is a
+    dict holding 'r'/'w' (opened here on first use). Returns the same dict as
+    Client.stream_chat (status, text, ttft, total, timings, cache)."""
+    import asyncio
+    t0 = time.perf_counter()
+    out = {"status": 0, "text": "", "ttft": None, "timings": None, "cache": None, "route": None}
+
+    async def run():
+        if conn.get("w") is None:
+            conn["r"], conn["w"] = await asyncio.open_connection("127.0.0.1", port)
+        r, w = conn["r"], conn["w"]
+        data = json.dumps(dict(body, stream=True)).encode()
+        token = getattr(harness(), "TEST_TOKEN", None)
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                f"Connection: keep-alive\r\n" +
+                (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n")
+        w.write(head.encode() + data)
+        await w.drain()
+        status_line = await r.readline()
+        if not status_line:
+            raise ConnectionError("connection closed before a response")
+        out["status"] = int(status_line.split()[1])
+        headers = {}
+        while True:
+            line = await r.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            headers[k.strip().lower()] = v.strip()
+        parts = []
+        buf = b""
+
+        def feed(chunk):
+            nonlocal buf
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                line = line.decode("utf-8", "replace").rstrip("\r")
+                if line.startswith(": toki"):
+                    out["route"] = line[2:]
+                if not line.startswith("data:"):
+                    continue
+                d = line[5:].strip()
+                if d == "[DONE]":
+                    continue
+                try:
+                    j = json.loads(d)
+                except ValueError:
+                    continue
+                for ch in j.get("choices", []):
+                    c = (ch.get("delta") or {}).get("content")
+                    if c:
+                        if out["ttft"] is None:
+                            out["ttft"] = time.perf_counter() - t0
+                        parts.append(c)
+                if "timings" in j:
+                    out["timings"] = j["timings"]
+                if "cache" in j:
+                    out["cache"] = j["cache"]
+                if "error" in j:
+                    out["error"] = j["error"]
+
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                size_line = await r.readline()
+                if not size_line:
+                    raise ConnectionError("connection closed inside a chunked body")
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while (await r.readline()) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunk = await r.readexactly(size + 2)
+                feed(chunk[:-2])
+        else:
+            n = int(headers.get("content-length", "0"))
+            body_bytes = await r.readexactly(n) if n else b""
+            if out["status"] != 200:
+                out["error"] = body_bytes.decode("utf-8", "replace")
+            else:
+                feed(body_bytes + b"\n")
+        if headers.get("connection", "").lower() == "close":
+            w.close()
+            conn["w"] = None
+        out["text"] = "".join(parts)
+
+    async def run_retrying():
+        # llama-server (build 11669) closes the connection after every streamed
+        # response without saying so: a reused connection that ends before a
+        # status line is retried once on a fresh one, as HTTP clients do.
+        reused = conn.get("w") is not None
+        try:
+            await run()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if not reused or out["status"]:
+                raise
+            if conn.get("w") is not None:
+                conn["w"].close()
+            conn["w"] = None
+            conn["retries"] = conn.get("retries", 0) + 1
+            await run()
+
+    try:
+        await asyncio.wait_for(run_retrying(), timeout)
+    except BaseException:
+        if conn.get("w") is not None:
+            conn["w"].close()
+            conn["w"] = None
+        raise
+    out["total"] = time.perf_counter() - t0
+    if out["ttft"] is None:
+        out["ttft"] = out["total"]
+    return out

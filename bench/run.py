@@ -24,15 +24,38 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
+def build_head():
+    """Exports HEAD to a temporary directory, builds toki there, returns its path."""
+    import subprocess
+    import tempfile
+    d = tempfile.mkdtemp(prefix="toki-head-")
+    common.log(f"building HEAD in {d} ...")
+    subprocess.run(f"git -C {common.SOURCE_DIR} archive HEAD | tar -x -C {d}", shell=True,
+                   check=True)
+    subprocess.run(["cmake", "-S", d, "-B", os.path.join(d, "build")], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", os.path.join(d, "build"), "-j2", "--target", "toki"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(d, "build", "toki")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("which", nargs="*", default=["all"], choices=["a", "b", "c", "d", "all"],
                     help="benchmarks to run (default all)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
     ap.add_argument("--out", help="JSON results (default bench/results/DATE.json)")
+    ap.add_argument("--think-ms", type=float, default=250,
+                    help="pause between one request's end and the next (a, b, c; default 250; "
+                         "not counted in wall times)")
     ap.add_argument("--toki", default=os.path.join(common.SOURCE_DIR, "build", "toki"),
                     help="the toki binary (default build/toki; copied aside for the run)")
+    ap.add_argument("--build-head", action="store_true",
+                    help="build toki from the committed HEAD (git archive, a temporary "
+                         "directory) and measure that: no uncommitted edits in the binary")
     args = ap.parse_args()
+    if args.build_head:
+        args.toki = build_head()
     which = ["a", "b", "c", "d"] if "all" in args.which else sorted(set(args.which))
     if not os.access(args.toki, os.X_OK):
         sys.exit(f"no toki binary at {args.toki}: build it first "
@@ -43,6 +66,10 @@ def main():
 
     common.use_toki_binary(args.toki)
     info = common.machine_info(args.toki)
+    if args.build_head:
+        info["dirty"] = False
+        info["dirty_files"] = []
+        info["toki_built_from"] = "git archive HEAD"
     info["command"] = " ".join(["python3", "bench/run.py"] + sys.argv[1:])
     info["quick"] = args.quick
     results = {"machine": info, "benchmarks": {}}
@@ -51,6 +78,8 @@ def main():
     import bench_a
     import bench_bc
     import bench_d
+    bench_bc.THINK_S = args.think_ms / 1000.0
+    info["think_ms"] = args.think_ms
     fns = {"a": bench_a.bench_a, "b": bench_bc.bench_b, "c": bench_bc.bench_c,
            "d": bench_d.bench_d}
 
@@ -58,8 +87,10 @@ def main():
               f"- date: {info['date']}\n- machine: {info.get('cpu')}, {info['cores']} cores, "
               f"{info.get('ram_gib')} GiB RAM (load average at start: {info['loadavg_start']})\n"
               f"- toki: commit {info['commit']}{' (dirty working tree)' if info['dirty'] else ''}"
+              f"{' (built from git archive HEAD)' if info.get('toki_built_from') else ''}"
               f", {info['toki_version']}, binary sha256 {info['toki_sha256']}\n"
-              f"- llama-server: {info['llama_server']}\n- command: `{info['command']}`\n")
+              f"- llama-server: {info['llama_server']}\n- command: `{info['command']}`\n"
+              f"- pause between sequential requests (a, b, c): {args.think_ms:g} ms\n")
     print(header, flush=True)
     md = [header]
 
@@ -75,6 +106,7 @@ def main():
     for w in which:
         common.log(f"benchmark {w} ...")
         t0 = time.perf_counter()
+        load0 = common.loadavg()
         try:
             r = fns[w](args.quick)
         except Exception as e:
@@ -83,8 +115,10 @@ def main():
             failed = True
             r = {"error": repr(e), "markdown": f"### {w}: FAILED: {e!r}\n"}
         r["seconds"] = time.perf_counter() - t0
+        r["loadavg_start"], r["loadavg_end"] = load0, common.loadavg()
         results["benchmarks"][w] = r
-        text = r["markdown"] + f"\n({w}: {r['seconds']:.0f} s)\n"
+        text = r["markdown"] + (f"\n({w}: {r['seconds']:.0f} s; load average at start "
+                                f"{load0}, at end {r['loadavg_end']})\n")
         print(text, flush=True)
         md.append(text)
         save()

@@ -115,8 +115,16 @@ def build(quick, send, seed=11):
     return requests
 
 
+# Every request asks for the log-probability of each generated token: comparing
+# them with the uncached run's, float for float, is a far more sensitive test
+# of identical numerics than the text (on a random-weight model the greedy
+# text is often one token repeated, which a small numeric difference rarely flips).
+LOGPROBS = {"logprobs": True, "top_logprobs": 1}
+
+
 def body_of(req):
-    return {"messages": req["messages"], "temperature": 0, "max_tokens": req["max_tokens"]}
+    return dict({"messages": req["messages"], "temperature": 0,
+                 "max_tokens": req["max_tokens"]}, **LOGPROBS)
 
 
 _cache = {}
@@ -137,19 +145,25 @@ def reference(quick, model, ubatch=512, requests=None):
     try:
         c = Client(ls.port)
 
+        lps = []
+
         def send(msgs, max_tokens):
             st, r = c.json("POST", "/v1/chat/completions",
-                           {"messages": msgs, "temperature": 0, "max_tokens": max_tokens,
-                            "cache_prompt": False})
+                           dict({"messages": msgs, "temperature": 0, "max_tokens": max_tokens,
+                                 "cache_prompt": False}, **LOGPROBS))
             if st != 200:
                 raise RuntimeError(f"reference request failed: {st} {r}")
-            return r["choices"][0]["message"]["content"]
+            ch = r["choices"][0]
+            lps.append([t.get("logprob") for t in
+                        ((ch.get("logprobs") or {}).get("content") or [])])
+            return ch["message"]["content"]
 
         t0 = time.perf_counter()
         if requests is None:
             reqs = build(quick, send)
         else:
             reqs = [dict(r, reply=send(r["messages"], r["max_tokens"])) for r in requests]
+        reqs = [dict(r, reply_logprobs=lp) for r, lp in zip(reqs, lps)]
         secs = time.perf_counter() - t0
         tokens = [tokenize_chat(c, r["messages"]) for r in reqs]
         c.close()
