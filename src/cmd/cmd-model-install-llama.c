@@ -6,8 +6,11 @@
 #include <string.h>
 
 #include "cmd/cmd.h"
+
 #include "model/release.h"
 #include "util/paths.h"
+
+#define ME "toki model install-llama"
 
 static const char install_usage[] =
     "usage: toki model install-llama [--backend B] [--gfx X.Y.Z] [--tag bNNNN]\n"
@@ -30,25 +33,6 @@ static const char install_usage[] =
     "Environment: TOKI_LLAMA_RELEASES_URL (the GitHub API, default\n" RELEASE_DEFAULT_ENDPOINT
     "), GITHUB_TOKEN (a higher API rate limit).\n"
     "Prints the installed llama-server's path on stdout.\n";
-
-static int option_value(int argc, char **argv, int *i, const char *opt, const char **value)
-{
-	size_t n = strlen(opt);
-	if (strncmp(argv[*i], opt, n) != 0)
-		return 0;
-	if (argv[*i][n] == '=') {
-		*value = argv[*i] + n + 1;
-		return 1;
-	}
-	if (argv[*i][n] != '\0')
-		return 0;
-	if (*i + 1 >= argc) {
-		fprintf(stderr, "toki model install-llama: %s needs a value\n", opt);
-		return -1;
-	}
-	*value = argv[++*i];
-	return 1;
-}
 
 /* HSA_OVERRIDE_GFX_VERSION is three dot-separated numbers. */
 static int gfx_is_valid(const char *s)
@@ -87,19 +71,19 @@ int cmd_model_install_llama(int argc, char **argv)
 		}
 		if (!strcmp(argv[i], "--force")) {
 			force = 1;
-		} else if ((r = option_value(argc, argv, &i, "--backend", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--backend", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			backend = v;
-		} else if ((r = option_value(argc, argv, &i, "--gfx", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--gfx", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			gfx = v;
-		} else if ((r = option_value(argc, argv, &i, "--tag", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--tag", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			tag = v;
-		} else if ((r = option_value(argc, argv, &i, "--name", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--name", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			name = v;

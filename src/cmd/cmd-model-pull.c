@@ -6,10 +6,13 @@
 #include <string.h>
 
 #include "cmd/cmd.h"
+
 #include "model/download.h"
 #include "model/hub.h"
 #include "model/registry.h"
 #include "util/paths.h"
+
+#define ME "toki model pull"
 
 static const char pull_usage[] =
     "usage: toki model pull ORG/REPO [--file PATH | --quant Q] [--name NAME]\n"
@@ -38,25 +41,6 @@ static const char *base_of(const char *path)
 }
 
 /* The value of "--opt VALUE" or "--opt=VALUE"; advances *i past it. */
-static int option_value(int argc, char **argv, int *i, const char *opt, const char **value)
-{
-	size_t n = strlen(opt);
-	if (strncmp(argv[*i], opt, n) != 0)
-		return 0;
-	if (argv[*i][n] == '=') {
-		*value = argv[*i] + n + 1;
-		return 1;
-	}
-	if (argv[*i][n] != '\0')
-		return 0;
-	if (*i + 1 >= argc) {
-		fprintf(stderr, "toki model pull: %s needs a value\n", opt);
-		return -1;
-	}
-	*value = argv[++*i];
-	return 1;
-}
-
 static void warn_if_not_gguf(const char *path)
 {
 	char magic[4];
@@ -119,19 +103,19 @@ int cmd_model_pull(int argc, char **argv)
 			fputs(pull_usage, stdout);
 			return 0;
 		}
-		if ((r = option_value(argc, argv, &i, "--file", &v)) != 0) {
+		if ((r = cmd_option_value(ME, argc, argv, &i, "--file", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			file = v;
-		} else if ((r = option_value(argc, argv, &i, "--quant", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--quant", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			quant = v;
-		} else if ((r = option_value(argc, argv, &i, "--name", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--name", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			name = v;
-		} else if ((r = option_value(argc, argv, &i, "--revision", &v)) != 0) {
+		} else if ((r = cmd_option_value(ME, argc, argv, &i, "--revision", &v)) != 0) {
 			if (r < 0)
 				return 2;
 			revision = v;

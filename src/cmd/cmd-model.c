@@ -36,3 +36,23 @@ int cmd_model(int argc, char **argv)
 	usage(stderr);
 	return 2;
 }
+
+int cmd_option_value(const char *cmd, int argc, char **argv, int *i, const char *opt,
+		     const char **value)
+{
+	size_t n = strlen(opt);
+	if (strncmp(argv[*i], opt, n) != 0)
+		return 0;
+	if (argv[*i][n] == '=') {
+		*value = argv[*i] + n + 1;
+		return 1;
+	}
+	if (argv[*i][n] != '\0')
+		return 0;
+	if (*i + 1 >= argc) {
+		fprintf(stderr, "%s: %s needs a value\n", cmd, opt);
+		return -1;
+	}
+	*value = argv[++*i];
+	return 1;
+}

@@ -20,6 +20,13 @@ int cmd_diff(int argc, char **argv);
 int cmd_web(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 
+/* The value of "--opt VALUE" or "--opt=VALUE" at argv[*i], for commands that
+ * parse their arguments by hand: 1 (and *i advanced past it), 0 when
+ * argv[*i] is another option, -1 (after saying so, as cmd) when the value is
+ * missing. */
+int cmd_option_value(const char *cmd, int argc, char **argv, int *i, const char *opt,
+		     const char **value);
+
 /* `toki model <sub>`: one file each (cmd-model-<sub>.c). */
 int cmd_model_install_llama(int argc, char **argv);
 int cmd_model_pull(int argc, char **argv);
