@@ -15,6 +15,7 @@
 struct pooled_conn {
 	struct evhttp_connection *evcon;
 	struct pooled_conn *next;
+	int used; /* it has carried a request before: the peer may have closed it */
 };
 
 struct backend_http {
@@ -40,7 +41,14 @@ struct backend_call {
 	int status;
 	int cancelled;
 	int finished;
+	int retried;
 	struct event *deferred; /* for cancellation outside libevent's callbacks */
+	/* What was sent, kept to send it again once (see on_done_cb). */
+	enum evhttp_cmd_type type;
+	char *uri;
+	char *payload;
+	size_t payload_len;
+	int has_payload;
 };
 
 const char *backend_error_text(enum backend_error err)
@@ -117,9 +125,9 @@ int backend_http_set_header(struct backend_http *bh, const char *name, const cha
 	return evhttp_add_header(&bh->extra_headers, name, value) == 0 ? 0 : -1;
 }
 
-static struct pooled_conn *conn_take(struct backend_http *bh)
+static struct pooled_conn *conn_take(struct backend_http *bh, int fresh)
 {
-	if (bh->idle) {
+	if (bh->idle && !fresh) {
 		struct pooled_conn *c = bh->idle;
 		bh->idle = c->next;
 		return c;
@@ -146,6 +154,7 @@ static void conn_give_back(struct backend_http *bh, struct pooled_conn *c, int r
 		bh->n_open--;
 		return;
 	}
+	c->used = 1;
 	c->next = bh->idle;
 	bh->idle = c;
 }
@@ -156,8 +165,12 @@ static void call_free(struct backend_call *call)
 		evbuffer_free(call->body);
 	if (call->deferred)
 		event_free(call->deferred);
+	free(call->uri);
+	free(call->payload);
 	free(call);
 }
+
+static int call_send(struct backend_call *call, int fresh);
 
 static int on_header_cb(struct evhttp_request *req, void *arg)
 {
@@ -214,11 +227,27 @@ static void on_done_cb(struct evhttp_request *req, void *arg)
 	}
 	/* libevent keeps using the connection after this callback (keep-alive
 	 * bookkeeping), so it goes back to the pool rather than being freed. */
+	int was_used = call->conn->used;
 	conn_give_back(bh, call->conn, 1);
 	call->conn = NULL;
 	if (call->cancelled) {
 		call_free(call);
 		return;
+	}
+	/* llama-server closes some keep-alive connections right after a
+	 * response (after every streamed one, in the builds we test) without
+	 * saying so; the next request on that connection meets EOF before a
+	 * status line. That says nothing about the backend, and the server
+	 * never saw the request: send it once more on a new connection. A
+	 * timeout is not retried (the server may be working on it). */
+	if (!ok && was_used && !call->retried && call->status == 0 &&
+	    call->err != BACKEND_ERR_TIMEOUT && call->err != BACKEND_ERR_OTHER) {
+		call->retried = 1;
+		call->finished = 0;
+		call->err = BACKEND_ERR_CONNECT;
+		if (call_send(call, 1) == 0)
+			return;
+		call->finished = 1;
 	}
 	if (ok) {
 		size_t len = evbuffer_get_length(call->body);
@@ -230,21 +259,14 @@ static void on_done_cb(struct evhttp_request *req, void *arg)
 	call_free(call);
 }
 
-struct backend_call *backend_call_start(struct backend_http *bh, const char *method,
-					const char *path, const char *body, size_t len,
-					const struct backend_call_handlers *h, void *arg)
+/* Builds the request from what the call keeps and sends it; fresh: on a
+ * new connection rather than a pooled one. 0, or -1 (nothing in flight). */
+static int call_send(struct backend_call *call, int fresh)
 {
-	struct backend_call *call = calloc(1, sizeof *call);
-	if (!call)
-		return NULL;
-	call->bh = bh;
-	call->h = h;
-	call->arg = arg;
-	call->err = BACKEND_ERR_CONNECT;
-	call->body = evbuffer_new();
-	call->conn = conn_take(bh);
-	if (!call->body || !call->conn)
-		goto fail;
+	struct backend_http *bh = call->bh;
+	call->conn = conn_take(bh, fresh);
+	if (!call->conn)
+		return -1;
 	call->req = evhttp_request_new(on_done_cb, call);
 	if (!call->req)
 		goto fail;
@@ -259,36 +281,60 @@ struct backend_call *backend_call_start(struct backend_http *bh, const char *met
 	struct evkeyval *kv;
 	TAILQ_FOREACH(kv, &bh->extra_headers, next)
 		evhttp_add_header(hdr, kv->key, kv->value);
-	if (body) {
+	if (call->has_payload) {
 		char cl[32];
-		snprintf(cl, sizeof cl, "%zu", len);
+		snprintf(cl, sizeof cl, "%zu", call->payload_len);
 		evhttp_add_header(hdr, "Content-Type", "application/json");
 		evhttp_add_header(hdr, "Content-Length", cl);
-		evbuffer_add(evhttp_request_get_output_buffer(call->req), body, len);
+		evbuffer_add(evhttp_request_get_output_buffer(call->req), call->payload,
+			     call->payload_len);
 	}
-	char *uri = malloc(strlen(bh->base_path) + strlen(path) + 1);
-	if (!uri)
-		goto fail_req;
-	strcpy(uri, bh->base_path);
-	strcat(uri, path);
-	enum evhttp_cmd_type type = !strcmp(method, "GET")      ? EVHTTP_REQ_GET
-				    : !strcmp(method, "DELETE") ? EVHTTP_REQ_DELETE
-								: EVHTTP_REQ_POST;
-	int rc = evhttp_make_request(call->conn->evcon, call->req, type, uri);
-	free(uri);
-	if (rc != 0) {
+	if (evhttp_make_request(call->conn->evcon, call->req, call->type, call->uri) != 0) {
 		/* evhttp_make_request frees the request on failure. */
 		call->req = NULL;
 		goto fail;
 	}
-	return call;
-fail_req:
-	evhttp_request_free(call->req);
-	call->req = NULL;
+	return 0;
 fail:
-	if (call->conn)
-		conn_give_back(bh, call->conn, 0);
+	if (call->req)
+		evhttp_request_free(call->req);
+	call->req = NULL;
+	conn_give_back(bh, call->conn, 0);
 	call->conn = NULL;
+	return -1;
+}
+
+struct backend_call *backend_call_start(struct backend_http *bh, const char *method,
+					const char *path, const char *body, size_t len,
+					const struct backend_call_handlers *h, void *arg)
+{
+	struct backend_call *call = calloc(1, sizeof *call);
+	if (!call)
+		return NULL;
+	call->bh = bh;
+	call->h = h;
+	call->arg = arg;
+	call->err = BACKEND_ERR_CONNECT;
+	call->type = !strcmp(method, "GET")	 ? EVHTTP_REQ_GET
+		     : !strcmp(method, "DELETE") ? EVHTTP_REQ_DELETE
+						 : EVHTTP_REQ_POST;
+	call->body = evbuffer_new();
+	call->uri = malloc(strlen(bh->base_path) + strlen(path) + 1);
+	if (body) {
+		call->has_payload = 1;
+		call->payload_len = len;
+		call->payload = malloc(len ? len : 1);
+		if (call->payload)
+			memcpy(call->payload, body, len);
+	}
+	if (!call->body || !call->uri || (body && !call->payload))
+		goto fail;
+	strcpy(call->uri, bh->base_path);
+	strcat(call->uri, path);
+	if (call_send(call, 0) != 0)
+		goto fail;
+	return call;
+fail:
 	call_free(call);
 	return NULL;
 }
