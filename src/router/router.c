@@ -56,13 +56,14 @@ void router_free(struct router *r)
 {
 	if (!r)
 		return;
+	/* Saved states first: removing one looks at every backend's slots. */
+	while (r->saved_head)
+		router_saved_remove(r, r->saved_head);
 	for (int i = 0; i < r->n_backends; i++) {
 		backend_free_slots(r, r->backends[i]);
 		free(r->backends[i]->url);
 		free(r->backends[i]);
 	}
-	while (r->saved_head)
-		router_saved_remove(r, r->saved_head);
 	free(r->backends);
 	radix_free(r->tree);
 	free(r);
@@ -91,19 +92,28 @@ struct router_backend *router_add_backend(struct router *r, const char *url)
 int router_backend_set_slots(struct router *r, struct router_backend *b, int n_slots,
 			     int n_ctx_slot, int n_ubatch)
 {
-	backend_free_slots(r, b);
-	b->slots = calloc((size_t)n_slots, sizeof *b->slots);
-	if (!b->slots)
-		return -1;
-	b->n_slots = n_slots;
-	for (int i = 0; i < n_slots; i++) {
-		b->slots[i].kind = OWNER_SLOT;
-		b->slots[i].backend = b;
-		b->slots[i].id = i;
+	if (b->slots && b->n_slots == n_slots) {
+		/* Rediscovered with as many slots: requests in flight still point
+		 * at these, so the array stays; only the content is forgotten. */
+		for (int i = 0; i < n_slots; i++)
+			router_slot_forget(r, &b->slots[i]);
+	} else {
+		backend_free_slots(r, b);
+		b->slots = calloc((size_t)n_slots, sizeof *b->slots);
+		if (!b->slots)
+			return -1;
+		b->n_slots = n_slots;
+		for (int i = 0; i < n_slots; i++) {
+			b->slots[i].kind = OWNER_SLOT;
+			b->slots[i].backend = b;
+			b->slots[i].id = i;
+		}
 	}
 	b->n_ctx_slot = n_ctx_slot;
 	b->n_ubatch = n_ubatch > 0 ? n_ubatch : 512;
 	b->in_flight = 0;
+	for (int i = 0; i < n_slots; i++)
+		b->in_flight += b->slots[i].busy;
 	return 0;
 }
 
@@ -209,8 +219,10 @@ static uint64_t estimate_bytes(const struct router_backend *b, size_t n_tokens)
 {
 	/* Until the first file tells: 64 KiB a token, between a small model's
 	 * few KiB and a 70B model's few hundred. */
-	return (uint64_t)((double)n_tokens * (b->kv_bytes_per_token > 0 ? b->kv_bytes_per_token
-									 : 65536.0));
+	double bytes = (double)n_tokens * (b->kv_bytes_per_token > 0 ? b->kv_bytes_per_token
+								      : 65536.0);
+	/* A damaged slot-file index can claim any size: saturate, never overflow. */
+	return bytes < 18446744073709551616.0 ? (uint64_t)bytes : UINT64_MAX;
 }
 
 static double save_tokens(const struct router_backend *b, size_t n_tokens)
