@@ -141,6 +141,11 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 		discovery_failed(b, "out of memory");
 		return;
 	}
+	/* llama-server's HTTP pool has at least n_slots + 2 threads, and each
+	 * open connection holds one until it closes. One connection a slot and
+	 * one for tokenizing leaves it a thread for everyone else; 64 clients
+	 * through toki stalled for minutes when every call had its own. */
+	backend_http_set_max_connections(b->http, n + 1);
 	b->health_call =
 		backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
 	if (!b->health_call)

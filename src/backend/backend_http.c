@@ -27,6 +27,10 @@ struct backend_http {
 	int timeout_s;
 	struct pooled_conn *idle;
 	int n_open;
+	int max_open; /* 0: no limit */
+	/* Calls waiting for a connection, oldest first. */
+	struct backend_call *waiting_head, *waiting_tail;
+	struct event *kick; /* starts waiting calls outside libevent's callbacks */
 	struct evkeyvalq extra_headers; /* added to every call */
 };
 
@@ -42,6 +46,8 @@ struct backend_call {
 	int cancelled;
 	int finished;
 	int retried;
+	int queued; /* on the waiting list, no connection yet */
+	struct backend_call *next_waiting;
 	struct event *deferred; /* for cancellation outside libevent's callbacks */
 	/* What was sent, kept to send it again once (see on_done_cb). */
 	enum evhttp_cmd_type type;
@@ -107,6 +113,8 @@ void backend_http_free(struct backend_http *bh)
 		evhttp_connection_free(c->evcon);
 		free(c);
 	}
+	if (bh->kick)
+		event_free(bh->kick);
 	evhttp_clear_headers(&bh->extra_headers);
 	free(bh->url);
 	free(bh->host);
@@ -125,9 +133,9 @@ int backend_http_set_header(struct backend_http *bh, const char *name, const cha
 	return evhttp_add_header(&bh->extra_headers, name, value) == 0 ? 0 : -1;
 }
 
-static struct pooled_conn *conn_take(struct backend_http *bh, int fresh)
+static struct pooled_conn *conn_take(struct backend_http *bh)
 {
-	if (bh->idle && !fresh) {
+	if (bh->idle) {
 		struct pooled_conn *c = bh->idle;
 		bh->idle = c->next;
 		return c;
@@ -152,11 +160,18 @@ static void conn_give_back(struct backend_http *bh, struct pooled_conn *c, int r
 		evhttp_connection_free(c->evcon);
 		free(c);
 		bh->n_open--;
-		return;
+	} else {
+		c->used = 1;
+		c->next = bh->idle;
+		bh->idle = c;
 	}
-	c->used = 1;
-	c->next = bh->idle;
-	bh->idle = c;
+	if (bh->waiting_head && bh->kick)
+		event_active(bh->kick, 0, 0);
+}
+
+static int conn_available(const struct backend_http *bh)
+{
+	return bh->idle || !bh->max_open || bh->n_open < bh->max_open;
 }
 
 static void call_free(struct backend_call *call)
@@ -170,7 +185,7 @@ static void call_free(struct backend_call *call)
 	free(call);
 }
 
-static int call_send(struct backend_call *call, int fresh);
+static int call_send(struct backend_call *call, struct pooled_conn *conn);
 
 static int on_header_cb(struct evhttp_request *req, void *arg)
 {
@@ -227,27 +242,32 @@ static void on_done_cb(struct evhttp_request *req, void *arg)
 	}
 	/* libevent keeps using the connection after this callback (keep-alive
 	 * bookkeeping), so it goes back to the pool rather than being freed. */
-	int was_used = call->conn->used;
-	conn_give_back(bh, call->conn, 1);
-	call->conn = NULL;
-	if (call->cancelled) {
-		call_free(call);
-		return;
-	}
 	/* llama-server closes some keep-alive connections right after a
 	 * response (after every streamed one, in the builds we test) without
 	 * saying so; the next request on that connection meets EOF before a
 	 * status line. That says nothing about the backend, and the server
-	 * never saw the request: send it once more on a new connection. A
-	 * timeout is not retried (the server may be working on it). */
-	if (!ok && was_used && !call->retried && call->status == 0 &&
+	 * never saw the request: send it once more. libevent has reset the
+	 * connection before this callback (and touches it no more after), so
+	 * sending on it again opens a new one. A timeout is not retried (the
+	 * server may be working on it). */
+	if (!ok && !call->cancelled && call->conn->used && !call->retried && call->status == 0 &&
 	    call->err != BACKEND_ERR_TIMEOUT && call->err != BACKEND_ERR_OTHER) {
+		struct pooled_conn *again = call->conn;
+		call->conn = NULL;
 		call->retried = 1;
 		call->finished = 0;
 		call->err = BACKEND_ERR_CONNECT;
-		if (call_send(call, 1) == 0)
+		again->used = 0;
+		if (call_send(call, again) == 0)
 			return;
 		call->finished = 1;
+	} else {
+		conn_give_back(bh, call->conn, 1);
+		call->conn = NULL;
+	}
+	if (call->cancelled) {
+		call_free(call);
+		return;
 	}
 	if (ok) {
 		size_t len = evbuffer_get_length(call->body);
@@ -259,12 +279,26 @@ static void on_done_cb(struct evhttp_request *req, void *arg)
 	call_free(call);
 }
 
-/* Builds the request from what the call keeps and sends it; fresh: on a
- * new connection rather than a pooled one. 0, or -1 (nothing in flight). */
-static int call_send(struct backend_call *call, int fresh)
+/* Builds the request from what the call keeps and sends it, on conn when
+ * given (the call's own, after a failure), else on a pooled connection or,
+ * at the limit, after the calls that wait for one. 0, or -1 (nothing in
+ * flight). */
+static int call_send(struct backend_call *call, struct pooled_conn *conn)
 {
 	struct backend_http *bh = call->bh;
-	call->conn = conn_take(bh, fresh);
+	if (!conn && (!conn_available(bh) || (!call->queued && bh->waiting_head))) {
+		/* At the limit (or others wait first): wait for a connection. */
+		call->queued = 1;
+		call->next_waiting = NULL;
+		if (bh->waiting_tail)
+			bh->waiting_tail->next_waiting = call;
+		else
+			bh->waiting_head = call;
+		bh->waiting_tail = call;
+		return 0;
+	}
+	call->queued = 0;
+	call->conn = conn ? conn : conn_take(bh);
 	if (!call->conn)
 		return -1;
 	call->req = evhttp_request_new(on_done_cb, call);
@@ -304,6 +338,44 @@ fail:
 	return -1;
 }
 
+static void waiting_remove(struct backend_http *bh, struct backend_call *call)
+{
+	struct backend_call **pp = &bh->waiting_head, *prev = NULL;
+	while (*pp && *pp != call) {
+		prev = *pp;
+		pp = &(*pp)->next_waiting;
+	}
+	if (!*pp)
+		return;
+	*pp = call->next_waiting;
+	if (bh->waiting_tail == call)
+		bh->waiting_tail = prev;
+	call->next_waiting = NULL;
+}
+
+static void kick_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct backend_http *bh = arg;
+	while (bh->waiting_head && conn_available(bh)) {
+		struct backend_call *call = bh->waiting_head;
+		waiting_remove(bh, call);
+		if (call_send(call, NULL) != 0) {
+			call->finished = 1;
+			call->h->on_error(call, BACKEND_ERR_OTHER, call->arg);
+			call_free(call);
+		}
+	}
+}
+
+void backend_http_set_max_connections(struct backend_http *bh, int n)
+{
+	bh->max_open = n > 0 ? n : 0;
+	if (bh->waiting_head && bh->kick)
+		event_active(bh->kick, 0, 0);
+}
+
 struct backend_call *backend_call_start(struct backend_http *bh, const char *method,
 					const char *path, const char *body, size_t len,
 					const struct backend_call_handlers *h, void *arg)
@@ -315,6 +387,8 @@ struct backend_call *backend_call_start(struct backend_http *bh, const char *met
 	call->h = h;
 	call->arg = arg;
 	call->err = BACKEND_ERR_CONNECT;
+	if (!bh->kick)
+		bh->kick = event_new(bh->base, -1, 0, kick_cb, bh);
 	call->type = !strcmp(method, "GET")	 ? EVHTTP_REQ_GET
 		     : !strcmp(method, "DELETE") ? EVHTTP_REQ_DELETE
 						 : EVHTTP_REQ_POST;
@@ -331,7 +405,7 @@ struct backend_call *backend_call_start(struct backend_http *bh, const char *met
 		goto fail;
 	strcpy(call->uri, bh->base_path);
 	strcat(call->uri, path);
-	if (call_send(call, 0) != 0)
+	if (call_send(call, NULL) != 0)
 		goto fail;
 	return call;
 fail:
@@ -364,6 +438,11 @@ void backend_call_cancel(struct backend_call *call)
 	call->cancelled = 1;
 	if (call->finished)
 		return;
+	if (call->queued) {
+		waiting_remove(call->bh, call);
+		call_free(call);
+		return;
+	}
 	/* evhttp_cancel_request must not run inside the request's own
 	 * callbacks, so it runs on the next loop turn. Until then, the
 	 * cancelled flag keeps any handler from running; if the request

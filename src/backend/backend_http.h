@@ -37,6 +37,11 @@ void backend_http_free(struct backend_http *bh);
  * call with the same name replaces the value. 0, or -1 when out of memory. */
 int backend_http_set_header(struct backend_http *bh, const char *name, const char *value);
 const char *backend_http_url(const struct backend_http *bh);
+/* At most n connections open at once (0: no limit); calls beyond wait, in
+ * order, for one to come free. llama-server serves each connection on a
+ * thread of a small pool for as long as the connection stays open, so a
+ * client that opens more than the pool has starves itself. */
+void backend_http_set_max_connections(struct backend_http *bh, int n);
 
 /* Starts a call. method: "GET" or "POST". body may be NULL. The handlers
  * struct must outlive the call. Returns NULL only on allocation failure. */
