@@ -1,5 +1,7 @@
 #include "daemon.h"
 
+#include <event2/event.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,10 +12,30 @@
 #include "backend/slot_store.h"
 #include "util/log.h"
 
-void daemon_slots_changed(struct daemon *d)
+static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
+	(void)fd;
+	(void)what;
+	struct daemon *d = arg;
 	if (d->waiting_head)
 		proxy_retry_waiting(d);
+}
+
+void daemon_slots_changed(struct daemon *d)
+{
+	if (!d->wake)
+		d->wake = event_new(d->base, -1, 0, on_wake, d);
+	if (d->wake)
+		event_active(d->wake, 0, 0);
+	else if (d->waiting_head)
+		proxy_retry_waiting(d); /* out of memory: now rather than never */
+}
+
+void daemon_free_events(struct daemon *d)
+{
+	if (d->wake)
+		event_free(d->wake);
+	d->wake = NULL;
 }
 
 struct backend *daemon_any_backend(struct daemon *d)

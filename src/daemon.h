@@ -56,10 +56,14 @@ struct daemon {
 	int saving;		/* an idle save is running */
 	struct save_all *save_all; /* the shutdown saves */
 	int shutting_down;
+	struct event *wake; /* retries the waiting requests on the next loop turn */
 };
 
-/* Retries waiting requests: a slot ended or a backend came up. */
+/* A slot ended or a backend came up: the waiting requests are retried on
+ * the next turn of the loop, never inside the caller's own callback (a
+ * retry can finish requests, and the caller may be in the middle of one). */
 void daemon_slots_changed(struct daemon *d);
+void daemon_free_events(struct daemon *d);
 /* Saved slot files: delete one (file and index), keep the total under the
  * cap, forget all of a backend's. */
 void daemon_saved_delete(struct daemon *d, struct router_saved *e);

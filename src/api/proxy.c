@@ -383,6 +383,9 @@ static void commit_slot(struct proxy_req *pr, int success)
 	}
 	router_slot_end(d->router, s, now);
 	pr->slot = NULL;
+	/* The slot is free (and exact mode's backend too): requests that
+	 * waited for it go now. */
+	daemon_slots_changed(d);
 }
 
 static void pr_free(struct proxy_req *pr)
@@ -403,8 +406,6 @@ static void pr_free(struct proxy_req *pr)
 
 static void pr_finish(struct proxy_req *pr)
 {
-	struct daemon *d = pr->d;
-	int released = pr->slot != NULL;
 	if (pr->call) {
 		backend_call_cancel(pr->call);
 		pr->call = NULL;
@@ -424,8 +425,6 @@ static void pr_finish(struct proxy_req *pr)
 	/* A slot save still out holds a pointer to pr: it frees pr when done. */
 	if (!pr->saving)
 		pr_free(pr);
-	if (released)
-		daemon_slots_changed(d);
 }
 
 static void on_client_close(struct http_request *req, void *arg)
@@ -1563,7 +1562,10 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 		json_object_set_new(json_array_get(bs, (size_t)i), "discoveries",
 				    json_integer(d->backends[i]->rb->discoveries));
 	json_object_set_new(o, "backends", bs);
-	json_object_set_new(o, "waiting", json_integer(0));
+	json_int_t waiting = 0;
+	for (struct proxy_req *w = d->waiting_head; w; w = w->wait_next)
+		waiting++;
+	json_object_set_new(o, "waiting", json_integer(waiting));
 	respond_json(req, 200, o);
 	json_decref(o);
 }

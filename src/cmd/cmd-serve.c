@@ -532,6 +532,7 @@ int cmd_serve(int argc, char **argv)
 		backend_free(d.backends[i]);
 	free(d.backends);
 	router_free(d.router);
+	daemon_free_events(&d);
 	event_free(sweeper);
 	event_free(d.sigint);
 	event_free(d.sigterm);

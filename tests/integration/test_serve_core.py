@@ -53,6 +53,33 @@ class ServeCore(unittest.TestCase):
         self.assertEqual(statuses, [200] * 200)
         self.assertTrue(all(b["up"] for b in self.toki.stats()["backends"]))
 
+    def test_more_clients_than_slots_all_get_answers(self):
+        """24 streaming clients at once on 2 slots, with llama-server's
+        default HTTP thread pool: requests wait for a slot and each one is
+        woken when a slot ends. Before the fix, requests waiting for a slot
+        were woken only when a request failed, and every backend call had a
+        connection of its own: 64 clients stalled with 16 answers."""
+        results = []
+
+        def client(k):
+            for j in range(2):
+                try:
+                    st, events = th.stream(self.toki.port, "/v1/chat/completions", {
+                        "messages": [{"role": "user", "content": f"Client {k} asks {j}: why?"}],
+                        "max_tokens": 8, "stream": True}, timeout=60)
+                    results.append(st == 200 and any("[DONE]" in e for e in events))
+                except Exception as e:  # a timeout is the failure this test is about
+                    results.append(repr(e))
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        self.assertEqual(results, [True] * 48)
+        stats = self.toki.stats()
+        self.assertEqual(stats["waiting"], 0)
+        self.assertTrue(all(b["up"] for b in stats["backends"]))
+
     def test_conversations_return_to_their_slot(self):
         a1 = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hello"}]
         b1 = [{"role": "system", "content": SYSTEM_B}, {"role": "user", "content": "Why?"}]
