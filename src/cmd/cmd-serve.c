@@ -23,6 +23,7 @@
 #include "http/http_server.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/net.h"
 #include "util/paths.h"
 #include "backend/supervise.h"
 #include "backend/slot_store.h"
@@ -300,12 +301,6 @@ static void write_serve_info(struct managed *m, struct daemon *d)
 	json_decref(o);
 }
 
-static int is_loopback(const char *host)
-{
-	return !strcmp(host, "127.0.0.1") || !strcmp(host, "localhost") || !strcmp(host, "::1") ||
-	       !strncmp(host, "127.", 4);
-}
-
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct daemon *d = arg;
@@ -427,7 +422,7 @@ int cmd_serve(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (!is_loopback(d.cfg.host) && !d.cfg.allow_remote) {
+	if (!net_host_is_loopback(d.cfg.host) && !d.cfg.allow_remote) {
 		fprintf(stderr,
 			"toki serve: refusing to bind %s, which is not loopback: anyone who can "
 			"reach it could use your model. Pass --allow-remote to do it anyway.\n",

@@ -1,5 +1,4 @@
 /* toki web: a browser chat UI in front of the running daemon (src/ui/web.c). */
-#include <arpa/inet.h>
 #include <getopt.h>
 #include <openssl/crypto.h>
 #include <signal.h>
@@ -13,6 +12,7 @@
 #include "cmd/cmd.h"
 #include "ui/web.h"
 #include "util/log.h"
+#include "util/net.h"
 
 static void usage(FILE *out)
 {
@@ -40,19 +40,6 @@ static void usage(FILE *out)
 		"$TOKI_STATE_DIR/token) to what it relays; the browser never sees it.\n"
 		"\n"
 		"environment: TOKI_BACKEND_TIMEOUT, TOKI_LOG, TOKI_STATE_DIR, TOKI_TOKEN\n");
-}
-
-static int is_loopback(const char *host)
-{
-	if (!strcmp(host, "localhost"))
-		return 1;
-	struct in_addr a4;
-	struct in6_addr a6;
-	if (inet_pton(AF_INET, host, &a4) == 1)
-		return (ntohl(a4.s_addr) >> 24) == 127;
-	if (inet_pton(AF_INET6, host, &a6) == 1)
-		return !memcmp(&a6, &in6addr_loopback, sizeof a6);
-	return 0;
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -110,7 +97,7 @@ int cmd_web(int argc, char **argv)
 		fprintf(stderr, "toki web: --tls-cert and --tls-key go together\n");
 		return 2;
 	}
-	if (!is_loopback(cfg.host) && !cfg.allow_remote) {
+	if (!net_host_is_loopback(cfg.host) && !cfg.allow_remote) {
 		fprintf(stderr,
 			"toki web: refusing to bind %s, which is not loopback: anyone who can "
 			"reach it and learns the link could use your model. Pass --allow-remote "
