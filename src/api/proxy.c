@@ -78,6 +78,7 @@ struct proxy_req {
 	struct evbuffer *errbuf; /* a non-200 backend body during a stream */
 	struct event *keepalive;
 	int64_t t_start_us, t_last_write_us, t_forward_us, t_first_byte_us;
+	int64_t t_first_data_us; /* the first body bytes of a 200 stream from the backend */
 	struct proxy_req *wait_next, *wait_prev;
 	struct proxy_req *act_next, *act_prev;
 };
@@ -560,6 +561,8 @@ static void on_forward_head(struct backend_call *call, int status, void *arg)
 static void on_forward_data(struct backend_call *call, const char *data, size_t len, void *arg)
 {
 	struct proxy_req *pr = arg;
+	if (pr->status == 200 && !pr->t_first_data_us && len)
+		pr->t_first_data_us = clock_now_us();
 	if (pr->status != 200) {
 		if (!pr->errbuf)
 			pr->errbuf = evbuffer_new();
@@ -664,11 +667,13 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 
 /* A backend failed before any of its answer reached the client: the request
  * goes to another backend serving the model, if there is one. Returns 1 when
- * it was re-routed. */
+ * it was re-routed. The backend's response head does not count (llama-server
+ * sends it before the prompt is even queued); its first body bytes do, and a
+ * non-streamed body reaches the client only when complete. */
 static int try_elsewhere(struct proxy_req *pr, enum backend_error err)
 {
 	struct daemon *d = pr->d;
-	if (pr->t_first_byte_us || err == BACKEND_ERR_TIMEOUT || !pr->backend ||
+	if (pr->t_first_data_us || err == BACKEND_ERR_TIMEOUT || !pr->backend ||
 	    pr->retries >= d->n_backends || d->shutting_down)
 		return 0;
 	int index = pr->backend->rb->index;
