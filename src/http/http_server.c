@@ -52,6 +52,11 @@ struct http_conn {
 	int chunked;
 	struct chunked_decoder chunker;
 	char peer[64];
+	/* A request's head must arrive whole within the idle timeout, and its
+	 * body at a minimum rate: the read timeout alone restarts with every
+	 * byte, so a client trickling one byte at a time (slow loris) kept its
+	 * connection forever. */
+	struct event *deadline;
 	struct http_conn *prev, *next;
 };
 
@@ -139,6 +144,8 @@ static void conn_free(struct http_conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	s->n_conns--;
+	if (c->deadline)
+		event_free(c->deadline);
 	bufferevent_free(c->bev);
 	free(c);
 }
@@ -152,6 +159,45 @@ static void set_timeouts(struct http_conn *c)
 		bufferevent_set_timeouts(c->bev, NULL, &idle);
 	else
 		bufferevent_set_timeouts(c->bev, &idle, &idle);
+}
+
+static void conn_fail(struct http_conn *c, int status, const char *message);
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct http_conn *c = arg;
+	if (c->state == CONN_BODY ||
+	    (c->state == CONN_HEAD && evbuffer_get_length(bufferevent_get_input(c->bev)))) {
+		bufferevent_set_timeouts(c->bev, NULL, NULL);
+		conn_fail(c, 408, "request timed out");
+		struct timeval t = {5, 0};
+		bufferevent_set_timeouts(c->bev, NULL, &t);
+	} else if (c->state == CONN_HEAD) {
+		conn_free(c); /* an idle keep-alive connection: close it quietly */
+	}
+}
+
+/* Arms the deadline for what the connection reads next: a head (from now),
+ * or a body of body_bytes (0: unknown) at no less than 256 KiB/s. */
+static void deadline_arm(struct http_conn *c, size_t body_bytes)
+{
+	if (!c->deadline)
+		c->deadline = evtimer_new(c->server->base, deadline_cb, c);
+	if (!c->deadline)
+		return; /* out of memory: the read timeout still applies */
+	long secs = c->server->limits.idle_timeout_s;
+	if (c->state == CONN_BODY)
+		secs += (long)((body_bytes ? body_bytes : c->server->limits.max_body_bytes) >> 18);
+	struct timeval tv = {secs, 0};
+	evtimer_add(c->deadline, &tv);
+}
+
+static void deadline_clear(struct http_conn *c)
+{
+	if (c->deadline)
+		evtimer_del(c->deadline);
 }
 
 /* Sends a complete response on a connection without a request object (errors
@@ -180,6 +226,7 @@ static void conn_fail(struct http_conn *c, int status, const char *message)
 static void start_request(struct http_conn *c)
 {
 	c->state = CONN_HANDLING;
+	deadline_clear(c);
 	set_timeouts(c);
 	/* Keep reading so that a client's disconnect is seen mid-stream; bytes
 	 * of a pipelined next request wait in the input buffer. */
@@ -314,6 +361,7 @@ static void parse_input(struct http_conn *c)
 				evbuffer_add_printf(bufferevent_get_output(c->bev),
 						    "HTTP/1.1 100 Continue\r\n\r\n");
 			c->state = CONN_BODY;
+			deadline_arm(c, c->chunked ? 0 : c->content_length);
 		}
 		if (c->state == CONN_BODY) {
 			int rc = read_body(c);
@@ -365,6 +413,9 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 	struct http_conn *c = arg;
 	if (what & BEV_EVENT_CONNECTED)
 		return; /* a TLS handshake completed: nothing to do */
+	if ((what & BEV_EVENT_TIMEOUT) && (what & BEV_EVENT_READING) && c->state == CONN_CLOSING &&
+	    evbuffer_get_length(bufferevent_get_output(bev)))
+		return; /* the deadline answered 408 in the same loop turn: send it */
 	if (what & BEV_EVENT_TIMEOUT) {
 		if (c->state == CONN_BODY || (c->state == CONN_HEAD &&
 					      evbuffer_get_length(bufferevent_get_input(bev)))) {
@@ -428,6 +479,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	s->n_conns++;
 	bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	set_timeouts(c);
+	deadline_arm(c, 0);
 	bufferevent_enable(bev, EV_READ | EV_WRITE);
 	if (s->n_conns > s->limits.max_connections) {
 		conn_fail(c, 503, "too many connections");
@@ -646,6 +698,7 @@ static void finish_request(struct http_request *req)
 	}
 	c->state = CONN_HEAD;
 	set_timeouts(c);
+	deadline_arm(c, 0);
 	bufferevent_enable(c->bev, EV_READ);
 	parse_input(c);
 }
