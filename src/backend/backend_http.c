@@ -31,6 +31,7 @@ struct backend_http {
 	/* Calls waiting for a connection, oldest first. */
 	struct backend_call *waiting_head, *waiting_tail;
 	struct event *kick; /* starts waiting calls outside libevent's callbacks */
+	struct backend_call *calls; /* every call not yet freed, for backend_http_free */
 	struct evkeyvalq extra_headers; /* added to every call */
 };
 
@@ -47,6 +48,7 @@ struct backend_call {
 	int finished;
 	int retried;
 	int queued; /* on the waiting list, no connection yet */
+	struct backend_call *prev_call, *next_call;
 	struct backend_call *next_waiting;
 	struct event *deferred; /* for cancellation outside libevent's callbacks */
 	/* What was sent, kept to send it again once (see on_done_cb). */
@@ -103,10 +105,25 @@ struct backend_http *backend_http_new(struct event_base *base, const char *url, 
 	return bh;
 }
 
+static void call_free(struct backend_call *call);
+
 void backend_http_free(struct backend_http *bh)
 {
 	if (!bh)
 		return;
+	/* Calls still out (a health check at shutdown, a cancel whose deferred
+	 * end has not run): their connections go, with the requests libevent
+	 * holds on them, and no handler runs. */
+	while (bh->calls) {
+		struct backend_call *call = bh->calls;
+		if (call->conn) {
+			evhttp_connection_free(call->conn->evcon);
+			free(call->conn);
+			call->conn = NULL;
+			call->req = NULL;
+		}
+		call_free(call);
+	}
 	while (bh->idle) {
 		struct pooled_conn *c = bh->idle;
 		bh->idle = c->next;
@@ -176,6 +193,13 @@ static int conn_available(const struct backend_http *bh)
 
 static void call_free(struct backend_call *call)
 {
+	struct backend_http *bh = call->bh;
+	if (call->prev_call)
+		call->prev_call->next_call = call->next_call;
+	else if (bh->calls == call)
+		bh->calls = call->next_call;
+	if (call->next_call)
+		call->next_call->prev_call = call->prev_call;
 	if (call->body)
 		evbuffer_free(call->body);
 	if (call->deferred)
@@ -386,6 +410,10 @@ struct backend_call *backend_call_start(struct backend_http *bh, const char *met
 	call->bh = bh;
 	call->h = h;
 	call->arg = arg;
+	call->next_call = bh->calls;
+	if (bh->calls)
+		bh->calls->prev_call = call;
+	bh->calls = call;
 	call->err = BACKEND_ERR_CONNECT;
 	if (!bh->kick)
 		bh->kick = event_new(bh->base, -1, 0, kick_cb, bh);
