@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test: installs what the tests need (system packages, a real
-# llama-server), builds with warnings as errors, then runs ctest.
-#   TOKI_TEST_LABEL=unit scripts/test.sh     only the unit tests
+# llama-server), builds with warnings as errors and runs ctest (unit and
+# integration tests against real llama-servers, real agent CLIs and SDKs from
+# npm, headless Chromium, tmux); then the whole suite again under
+# AddressSanitizer and UBSan (a second build), then a short run of every
+# libFuzzer target.
+#   TOKI_TEST_LABEL=unit scripts/test.sh     only the tests with that ctest label
+#   TOKI_TEST_SANITIZE=0                     skip the sanitizer run
+#   TOKI_TEST_FUZZ_SECONDS=N                 seconds per fuzz target (default 60; 0 skips)
 #   TOKI_BUILD_DIR=dir                       where to build (default build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +21,18 @@ cmake --build "$build" -j"$(nproc)"
 
 args=(--test-dir "$build" --output-on-failure)
 [ -n "${TOKI_TEST_LABEL:-}" ] && args+=(-L "$TOKI_TEST_LABEL")
-ctest "${args[@]}"
+passed=0
+failed=0
+run() {
+	echo "== $*"
+	if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+}
+run ctest "${args[@]}"
+if [ "${TOKI_TEST_SANITIZE:-1}" != 0 ]; then
+	run scripts/test-sanitize.sh
+fi
+if [ "${TOKI_TEST_FUZZ_SECONDS:-60}" != 0 ] && [ -z "${TOKI_TEST_LABEL:-}" ]; then
+	run scripts/fuzz.sh "${TOKI_TEST_FUZZ_SECONDS:-60}"
+fi
+echo "test suites: $passed passed, $failed failed"
+[ "$failed" = 0 ]
