@@ -186,25 +186,53 @@ static void discover(struct backend *b)
 		discovery_failed(b, "out of memory");
 }
 
-/* A slot the router thinks holds content, shown empty by the server, means
- * the server restarted between two checks: what the router knew is gone,
- * and the server may have come back with other settings. */
+/* Compares what the server's slots hold with what the router thinks they
+ * hold. A slot that holds fewer tokens than the router knows was used or
+ * erased by someone else (a client talking to llama-server directly): the
+ * router forgets that slot. When every slot the router thought full is
+ * empty, the server restarted between two checks: what the router knew is
+ * gone, and the server may have come back with other settings. Returns 1
+ * for a restart. */
 static int restarted_behind_our_back(struct backend *b, json_t *slots)
 {
+	if (json_array_size(slots) != (size_t)b->rb->n_slots)
+		return 1;
 	size_t i;
 	json_t *js;
+	int known = 0, empty = 0;
 	json_array_foreach(slots, i, js)
 	{
-		if (i >= (size_t)b->rb->n_slots)
-			return 1;
 		struct router_slot *s = &b->rb->slots[i];
 		if (s->busy || !s->n_tokens)
 			continue;
+		known++;
 		json_t *held = json_object_get(js, "n_prompt_tokens");
-		if (!json_is_integer(held) || (size_t)json_integer_value(held) < s->n_tokens)
-			return 1;
+		json_int_t n = json_is_integer(held) ? json_integer_value(held) : 0;
+		if (n <= 0)
+			empty++;
+		else if ((size_t)n < s->n_tokens) {
+			log_info("backend %s slot %zu holds %lld tokens, not the %zu toki sent: "
+				 "someone else used it; forgetting what it held",
+				 b->rb->url, i, (long long)n, s->n_tokens);
+			router_slot_forget(b->d->router, s);
+		}
 	}
-	return json_array_size(slots) != (size_t)b->rb->n_slots;
+	if (empty && empty == known)
+		return 1;
+	if (empty) {
+		json_array_foreach(slots, i, js)
+		{
+			struct router_slot *s = &b->rb->slots[i];
+			json_int_t n = json_integer_value(json_object_get(js, "n_prompt_tokens"));
+			if (!s->busy && s->n_tokens && n <= 0) {
+				log_info("backend %s slot %zu is empty: erased by someone else; "
+					 "forgetting what it held",
+					 b->rb->url, i);
+				router_slot_forget(b->d->router, s);
+			}
+		}
+	}
+	return 0;
 }
 
 static void on_health_done(struct backend_call *call, int status, const char *body, size_t len,

@@ -80,6 +80,27 @@ class ServeCore(unittest.TestCase):
         self.assertEqual(stats["waiting"], 0)
         self.assertTrue(all(b["up"] for b in stats["backends"]))
 
+    def test_a_client_of_llama_server_itself_does_not_take_the_backend_down(self):
+        """Someone else uses the backend directly and overwrites a slot toki
+        knows with a shorter prompt. The health check used to read that as
+        a restart: backend down, every slot forgotten, 503 for whoever asked
+        meanwhile. Now only that slot is forgotten."""
+        msgs = [{"role": "system", "content": SYSTEM_A},
+                {"role": "user", "content": "Tell me about the dog."}]
+        r = self.chat(msgs, max_tokens=4)
+        slot = r["cache"]["slot"]
+        before = self.toki.stats()["backends"][0]["discoveries"]
+        st, _ = th.request(self.llama.port, "POST", "/completion",
+                           {"prompt": "Hi", "n_predict": 1, "id_slot": slot}, auth=False)
+        self.assertEqual(st, 200)
+        time.sleep(3)  # a health check (every 2 s) sees it
+        stats = self.toki.stats()
+        self.assertTrue(stats["backends"][0]["up"])
+        self.assertEqual(stats["backends"][0]["discoveries"], before)
+        r2 = self.chat(msgs, max_tokens=4)
+        self.assertNotEqual(r2["cache"]["route"], "hit", "that slot holds something else now")
+        self.assertEqual(r2["cache"]["evaluated"], r2["timings"]["prompt_n"])
+
     def test_conversations_return_to_their_slot(self):
         a1 = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hello"}]
         b1 = [{"role": "system", "content": SYSTEM_B}, {"role": "user", "content": "Why?"}]
