@@ -83,7 +83,7 @@ def bench_a(quick):
     rows = []
     for target, r in results.items():
         rows.append([{"direct": "llama-server alone"}.get(target, "toki " + target),
-                     median(r["cold_evaluated"]), median(r["hot_evaluated"]),
+                     round(median(r["cold_evaluated"])), round(median(r["hot_evaluated"])),
                      median(r["cold_ttft_ms"]), median(r["hot_ttft_ms"]),
                      median(r["cold_ttft_ms"]) / median(r["hot_ttft_ms"]),
                      "yes" if r["identical_cold_hot"] else "no", r["failed_attempts"]])

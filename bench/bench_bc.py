@@ -30,16 +30,25 @@ def toki_log_lines(toki):
 
 
 def run_config(quick, requests, tokens, np, cram, target, ubatch):
-    """Replays the request list through one fresh server (and toki), streamed."""
+    """Replays the request list through one fresh server (and toki), streamed.
+    target: direct, fast, exact, or fast+slots / exact+slots (toki with slot
+    files: --slot-dir on toki, --slot-save-path on llama-server, same folder)."""
+    import shutil
+    import tempfile
     th = harness()
     p = workload.params(quick)
     tag = f"np{np}-cram{cram}-ub{ubatch}-{target}"
+    mode, _, slots = target.partition("+")
+    slot_dir = tempfile.mkdtemp(prefix="toki-bench-slots-") if slots else None
     ls = th.LlamaServer(model=model_path(), slots=np, ctx=p["per_slot_ctx"], ubatch=ubatch,
-                        cache_ram=cram, name=f"bench-{tag}")
+                        cache_ram=cram, name=f"bench-{tag}",
+                        extra=["--slot-save-path", slot_dir] if slot_dir else [])
     toki = None
     try:
         if target != "direct":
-            toki = th.Toki([ls], mode=target, ubatch=ubatch, name=f"toki-bench-{tag}")
+            toki = th.Toki([ls], mode=mode, ubatch=ubatch, name=f"toki-bench-{tag}",
+                           extra=["--slot-dir", slot_dir, "--slot-save-idle-ms", "0"]
+                           if slot_dir else [])
         c = Client(toki.port if toki else ls.port)
         recs = []
         wall = 0.0
@@ -69,6 +78,8 @@ def run_config(quick, requests, tokens, np, cram, target, ubatch):
         log_path = toki.log_path if toki else None
     finally:
         stop(toki, ls)
+        if slot_dir:
+            shutil.rmtree(slot_dir, ignore_errors=True)
     ev = sum(r["prompt_n"] for r in recs)
     res = {"np": np, "cram": cram, "target": target, "ubatch": ubatch, "think_s": THINK_S,
            "evaluated": ev,
@@ -177,7 +188,7 @@ def bench_c(quick):
         else:
             ref_reqs, _, ref_secs = workload.reference(quick, model, ub, requests=requests)
         uncached = sum(len(t) for t in tokens)
-        rows.append([ub, "no cache (cache_prompt false)", uncached, uncached / limit, "", "",
+        rows.append([ub, "no cache (cache_prompt false)", uncached, uncached / limit, "", "", "",
                      f"{len(tokens)}/{len(tokens)}", f"{len(tokens)}/{len(tokens)}", ""])
         res = {}
         for target in TARGETS:
@@ -189,14 +200,19 @@ def bench_c(quick):
             extra = (r["evaluated"] - fast_ev) / r["n"] if r["n"] else float("nan")
             per_req = [a["prompt_n"] - b["prompt_n"] for a, b in
                        zip(r["requests"], res["fast"]["requests"])]
+            loss = [q["cache"]["matched"] - q["cache"]["reuse"] for q in r["requests"]
+                    if q.get("cache")]
             rows.append([ub, {"direct": "llama-server alone"}.get(target, "toki " + target),
                          r["evaluated"], r["evaluated"] / limit,
+                         f"{sum(loss) / len(loss):.1f} / {max(loss)}" if loss else "",
                          f"{extra:+.1f}", f"{max(per_req):+d}" if target != "fast" and per_req else "",
                          f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
                          r["failed_attempts"]])
         out["by_ubatch"][ub] = {"runs": {k: v for k, v in res.items()},
                                 "uncached_evaluated": uncached, "reference_s": ref_secs}
-    t = table(["-ub", "path", "evaluated", "eval/limit", "extra vs fast per request (mean)",
+    t = table(["-ub", "path", "evaluated", "eval/limit",
+               "grid loss per request: matched - reused, mean / max",
+               "extra vs fast per request (mean)",
                "extra vs fast (max one request)", "text = uncached",
                "text and logprobs = uncached", "failed attempts (retried)"], rows)
     out["markdown"] = (f"### c. Exact vs fast\n\nSame workload, -np {np}, --cache-ram {cram}, "
@@ -205,3 +221,37 @@ def bench_c(quick):
                        f"same request; \"text and logprobs\": also every generated token's "
                        f"log-probability, float for float.\n\n{t}\n")
     return out
+
+
+def bench_e(quick):
+    """b's workload with toki's slot files: before evicting a slot toki saves
+    its content to a file (llama-server's slot save) and restores it when that
+    beats recomputing, which no per-slot cache can do on its own when sessions
+    share a system prompt. --cache-ram 0, so only toki's mechanism is at work."""
+    model = model_path()
+    requests, tokens, _ = workload.reference(quick, model, 512)
+    limit, _ = prefix_limit(tokens)
+    rows = []
+    runs = []
+    for np in (1, 2, 4):
+        for target in ("direct", "fast", "exact", "fast+slots", "exact+slots"):
+            if "slots" not in target and (quick, np, 0, target, 512) not in _runs:
+                continue  # b's rows, when b ran in this process
+            r = cached_run(quick, requests, tokens, np, 0, target, 512)
+            runs.append(r)
+            st = r.get("toki_stats") or {}
+            rows.append([np, {"direct": "llama-server alone"}.get(target, "toki " + target),
+                         r["evaluated"], r["evaluated"] / limit,
+                         st.get("saves", "") if "slots" in target else "",
+                         st.get("restores", "") if "slots" in target else "",
+                         r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
+                         f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
+                         r["failed_attempts"]])
+    t = table(["-np", "path", "evaluated", "eval/limit", "slot saves", "slot restores",
+               "TTFT p50 ms", "TTFT p95 ms", "wall s", "text = uncached",
+               "text and logprobs = uncached", "failed attempts (retried)"], rows)
+    md = (f"### e. The same workload with toki's slot files\n\nb's workload (limit {limit}), "
+          f"--cache-ram 0, -ub 512; toki with --slot-dir (llama-server --slot-save-path, the "
+          f"same folder) and --slot-save-idle-ms 0 (save only on eviction). Rows without "
+          f"slot files are b's runs (when b ran in the same invocation).\n\n{t}\n")
+    return {"limit": limit, "runs": [r for r in runs if "slots" in r["target"]], "markdown": md}

@@ -8,6 +8,7 @@
        llama-server alone vs toki fast vs toki exact, -np 1/2/4 x --cache-ram 0/8192
   c    exact vs fast: evaluated tokens and identity with an uncached run, -ub 512 and 64
   d    overhead: added latency, tokenization round trips, 64-client throughput, RSS
+  e    b's workload with toki's slot files (--slot-dir), -np 1/2/4, --cache-ram 0
 
 Prints markdown tables on stdout (progress on stderr) and writes everything it
 measured, per request, to the JSON file (and the tables next to it, .md).
@@ -41,7 +42,8 @@ def build_head():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", nargs="*", default=["all"], choices=["a", "b", "c", "d", "all"],
+    ap.add_argument("which", nargs="*", default=["all"],
+                    choices=["a", "b", "c", "d", "e", "all"],
                     help="benchmarks to run (default all)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
     ap.add_argument("--out", help="JSON results (default bench/results/DATE.json)")
@@ -56,7 +58,7 @@ def main():
     args = ap.parse_args()
     if args.build_head:
         args.toki = build_head()
-    which = ["a", "b", "c", "d"] if "all" in args.which else sorted(set(args.which))
+    which = ["a", "b", "c", "d", "e"] if "all" in args.which else sorted(set(args.which))
     if not os.access(args.toki, os.X_OK):
         sys.exit(f"no toki binary at {args.toki}: build it first "
                  "(cmake -S . -B build && cmake --build build -j2)")
@@ -81,7 +83,7 @@ def main():
     bench_bc.THINK_S = args.think_ms / 1000.0
     info["think_ms"] = args.think_ms
     fns = {"a": bench_a.bench_a, "b": bench_bc.bench_b, "c": bench_bc.bench_c,
-           "d": bench_d.bench_d}
+           "d": bench_d.bench_d, "e": bench_bc.bench_e}
 
     header = (f"## Toki Recur benchmarks{' (quick)' if args.quick else ''}\n\n"
               f"- date: {info['date']}\n- machine: {info.get('cpu')}, {info['cores']} cores, "
