@@ -19,53 +19,13 @@
 		}                                                                                  \
 	} while (0)
 
-/* A copy of check_types() in src/api/proxy.c, which is static: the checks
- * every routed request body goes through before anything else reads it.
- * Keep in step with proxy.c. */
-enum fuzz_route_kind { FUZZ_KIND_CHAT, FUZZ_KIND_COMPLETION, FUZZ_KIND_ANTHROPIC, FUZZ_KIND_RESPONSES };
-
-static inline const char *fuzz_check_types(json_t *body, enum fuzz_route_kind kind)
-{
-	if (!json_is_object(body))
-		return "the request body must be a JSON object";
-	json_t *v;
-	if ((v = json_object_get(body, "stream")) && !json_is_boolean(v) && !json_is_null(v))
-		return "'stream' must be a boolean";
-	if ((v = json_object_get(body, "max_tokens")) && !json_is_integer(v) && !json_is_null(v))
-		return "'max_tokens' must be an integer";
-	if ((v = json_object_get(body, "max_completion_tokens")) && !json_is_integer(v) &&
-	    !json_is_null(v))
-		return "'max_completion_tokens' must be an integer";
-	if ((v = json_object_get(body, "n_predict")) && !json_is_integer(v))
-		return "'n_predict' must be an integer";
-	if ((v = json_object_get(body, "temperature")) && !json_is_number(v) && !json_is_null(v))
-		return "'temperature' must be a number";
-	if ((v = json_object_get(body, "model")) && !json_is_string(v) && !json_is_null(v))
-		return "'model' must be a string";
-	if ((v = json_object_get(body, "id_slot")) && !json_is_integer(v))
-		return "'id_slot' must be an integer";
-	if (kind == FUZZ_KIND_ANTHROPIC || kind == FUZZ_KIND_RESPONSES)
-		return NULL;
-	if (kind == FUZZ_KIND_CHAT) {
-		v = json_object_get(body, "messages");
-		if (!json_is_array(v) || json_array_size(v) == 0)
-			return "'messages' must be a non-empty array";
-		size_t i;
-		json_t *m;
-		json_array_foreach(v, i, m)
-		{
-			if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
-				return "each message must be an object with a string 'role'";
-		}
-	} else {
-		v = json_object_get(body, "prompt");
-		if (!v)
-			return "'prompt' is required";
-		if (!json_is_string(v) && !json_is_array(v))
-			return "'prompt' must be a string or an array";
-	}
-	return NULL;
-}
+/* The checks every routed request body goes through (src/api/request_check.c). */
+#include "api/request_check.h"
+#define fuzz_check_types request_check_types
+#define FUZZ_KIND_CHAT KIND_CHAT
+#define FUZZ_KIND_COMPLETION KIND_COMPLETION
+#define FUZZ_KIND_ANTHROPIC KIND_ANTHROPIC
+#define FUZZ_KIND_RESPONSES KIND_RESPONSES
 
 /* A converted chat body: what the proxy then serialises for /apply-template
  * and the backend. It must be an object whose messages are objects with a

@@ -9,6 +9,7 @@
 #include "api/api_error.h"
 #include "api/anthropic.h"
 #include "api/auth.h"
+#include "api/request_check.h"
 #include "api/responses.h"
 #include "backend/backend.h"
 #include "backend/slot_store.h"
@@ -24,7 +25,6 @@
  * request and back (llama-server's own /v1/messages cannot be pinned to a
  * slot); RESPONSES goes to llama-server's /v1/responses, routed by the
  * tokens of its chat equivalent. */
-enum route_kind { KIND_CHAT, KIND_COMPLETION, KIND_ANTHROPIC, KIND_RESPONSES };
 
 enum proxy_state {
 	PS_TEMPLATE, /* waiting for /apply-template */
@@ -1226,51 +1226,6 @@ static const struct backend_call_handlers template_handlers = {
 	.on_error = on_aux_error,
 };
 
-/* ---- request validation ---- */
-
-static const char *check_types(json_t *body, enum route_kind kind)
-{
-	if (!json_is_object(body))
-		return "the request body must be a JSON object";
-	json_t *v;
-	if ((v = json_object_get(body, "stream")) && !json_is_boolean(v) && !json_is_null(v))
-		return "'stream' must be a boolean";
-	if ((v = json_object_get(body, "max_tokens")) && !json_is_integer(v) && !json_is_null(v))
-		return "'max_tokens' must be an integer";
-	if ((v = json_object_get(body, "max_completion_tokens")) && !json_is_integer(v) &&
-	    !json_is_null(v))
-		return "'max_completion_tokens' must be an integer";
-	if ((v = json_object_get(body, "n_predict")) && !json_is_integer(v))
-		return "'n_predict' must be an integer";
-	if ((v = json_object_get(body, "temperature")) && !json_is_number(v) && !json_is_null(v))
-		return "'temperature' must be a number";
-	if ((v = json_object_get(body, "model")) && !json_is_string(v) && !json_is_null(v))
-		return "'model' must be a string";
-	if ((v = json_object_get(body, "id_slot")) && !json_is_integer(v))
-		return "'id_slot' must be an integer";
-	if (kind == KIND_ANTHROPIC || kind == KIND_RESPONSES)
-		return NULL; /* their converters check the rest */
-	if (kind == KIND_CHAT) {
-		v = json_object_get(body, "messages");
-		if (!json_is_array(v) || json_array_size(v) == 0)
-			return "'messages' must be a non-empty array";
-		size_t i;
-		json_t *m;
-		json_array_foreach(v, i, m)
-		{
-			if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
-				return "each message must be an object with a string 'role'";
-		}
-	} else {
-		v = json_object_get(body, "prompt");
-		if (!v)
-			return "'prompt' is required";
-		if (!json_is_string(v) && !json_is_array(v))
-			return "'prompt' must be a string or an array";
-	}
-	return NULL;
-}
-
 static void start_request(struct daemon *d, struct http_request *req, enum route_kind kind,
 			  const char *backend_path, int count_only);
 
@@ -1301,7 +1256,7 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 		http_respond_error(req, 400, msg);
 		return;
 	}
-	const char *bad = check_types(body, kind);
+	const char *bad = request_check_types(body, kind);
 	if (bad) {
 		json_decref(body);
 		http_respond_error(req, 400, bad);

@@ -1,0 +1,15 @@
+/* The checks every routed request body goes through before anything else
+ * reads it: the types of the fields toki and the backend rely on. Shared by
+ * the proxy and the fuzz targets. */
+#ifndef TOKI_REQUEST_CHECK_H
+#define TOKI_REQUEST_CHECK_H
+
+#include <jansson.h>
+
+enum route_kind { KIND_CHAT, KIND_COMPLETION, KIND_ANTHROPIC, KIND_RESPONSES };
+
+/* NULL when body is fit for a route of this kind, else what is wrong, in
+ * words for the client's 400. */
+const char *request_check_types(json_t *body, enum route_kind kind);
+
+#endif
