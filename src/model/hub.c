@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include <curl/curl.h>
@@ -176,8 +177,8 @@ static size_t on_page_header(char *buf, size_t size, size_t nitems, void *arg)
 	return len;
 }
 
-static int get_page(const char *url, const char *token, struct page *p, long *status, char *err,
-                    size_t errlen)
+static int get_page_once(const char *url, const char *token, struct page *p, long *status,
+                         char *err, size_t errlen)
 {
 	CURL *curl = curl_easy_init();
 	if (!curl) {
@@ -231,6 +232,25 @@ static int get_page(const char *url, const char *token, struct page *p, long *st
 		return -1;
 	}
 	return 0;
+}
+
+/* A listing page, asked again (after 1 s, then 2 s) when the hub did not
+ * answer or answered 5xx or 429: hubs and proxies drop a request now and
+ * then, and a pull should not fail for it. */
+static int get_page(const char *url, const char *token, struct page *p, long *status, char *err,
+                    size_t errlen)
+{
+	for (int attempt = 0;; attempt++) {
+		*status = 0;
+		int rc = get_page_once(url, token, p, status, err, errlen);
+		int transient = (rc != 0 && !p->too_big) ||
+		                (rc == 0 && (*status >= 500 || *status == 429));
+		if (!transient || attempt == 2)
+			return rc;
+		free(p->data);
+		memset(p, 0, sizeof *p);
+		sleep(1u << attempt);
+	}
 }
 
 static int is_hex64(const char *s)

@@ -17,7 +17,8 @@ GitHub releases (api.github.com's shapes):
 
 Every file answers Range requests (206, or 416 past the end). Knobs for
 failure tests: drop_after[url_path] = n (send n body bytes, then cut the
-connection, once), wrong_sha (advertise a wrong SHA-256 for these repo paths),
+connection, once), listing_failures (what the next tree listings do instead
+of answering: a status such as 503, or "drop" for an empty reply), wrong_sha (advertise a wrong SHA-256 for these repo paths),
 require_token (401 without "Authorization: Bearer <token>"). Every request is
 logged in `requests` as (method, path, headers).
 """
@@ -43,6 +44,8 @@ class FakeHosts:
         self.redirect = True
         self.page_size = 1000
         self.throttle = None  # bytes per second for file bodies (None: as fast as possible)
+        self.listing_failures = []  # what the next tree listings do instead: 503, or "drop"
+
         self.requests = []
         self._blobs = {}  # sha256 -> bytes
         self._lock = threading.Lock()
@@ -143,6 +146,13 @@ class FakeHosts:
                 return self._json(h, 404, {"error": "no such blob"})
             return self._serve_bytes(h, data, url.path)
         if path.startswith("/api/models/"):
+            with self._lock:
+                fail = self.listing_failures.pop(0) if self.listing_failures else None
+            if fail == "drop":
+                h.close_connection = True
+                return  # an empty reply
+            if fail:
+                return self._json(h, fail, {"error": "Service Unavailable"})
             if not self._authorised(h):
                 return
             rest = url.path[len("/api/models/"):]

@@ -100,6 +100,20 @@ class PullTest(FetchCase):
         self.assertIn("already downloaded", r.stderr)
         self.assertEqual(len(self.hosts.requests_to("/cdn/")), before)
 
+    def test_pull_retries_a_hub_that_drops_or_fails_a_listing(self):
+        """An empty reply, then a 503: the third try lands. Four hubs'
+        worth of that (a proxy dropping a request) failed a pull before."""
+        self.hosts.add_file(REPO, "stories260K.gguf", self.model)
+        self.hosts.listing_failures = ["drop", 503]
+        r = self.toki("model", "pull", REPO, "--file", "stories260K.gguf", "--name", "tiny")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(self.hosts.requests_to(f"/api/models/{REPO}/tree/main")), 3)
+        # Three failures in a row are an error that names the hub.
+        self.hosts.listing_failures = [503, 503, 503]
+        r = self.toki("model", "pull", REPO, "--file", "stories260K.gguf", "--name", "tiny2")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("503", r.stderr)
+
     def test_pull_by_quant_picks_one_and_refuses_ambiguity(self):
         variants = {"stories-Q4_K_M.gguf": self.model, "stories-IQ4_XS.gguf": self.model[:-1],
                     "stories-Q8_0.gguf": self.model + b"\0",
