@@ -39,6 +39,12 @@ struct router *router_new(enum reuse_mode mode)
 	return r;
 }
 
+struct retired_slots {
+	struct router_slot *slots;
+	int n;
+	struct retired_slots *next;
+};
+
 static void backend_free_slots(struct router *r, struct router_backend *b)
 {
 	for (int i = 0; i < b->n_slots; i++) {
@@ -63,6 +69,12 @@ void router_free(struct router *r)
 		backend_free_slots(r, r->backends[i]);
 		free(r->backends[i]->url);
 		free(r->backends[i]);
+	}
+	while (r->retired) {
+		struct retired_slots *rs = r->retired;
+		r->retired = rs->next;
+		free(rs->slots);
+		free(rs);
 	}
 	free(r->backends);
 	radix_free(r->tree);
@@ -98,10 +110,26 @@ int router_backend_set_slots(struct router *r, struct router_backend *b, int n_s
 		for (int i = 0; i < n_slots; i++)
 			router_slot_forget(r, &b->slots[i]);
 	} else {
-		backend_free_slots(r, b);
-		b->slots = calloc((size_t)n_slots, sizeof *b->slots);
-		if (!b->slots)
+		struct router_slot *fresh = calloc((size_t)n_slots, sizeof *fresh);
+		struct retired_slots *rs = b->slots ? calloc(1, sizeof *rs) : NULL;
+		if (!fresh || (b->slots && !rs)) {
+			free(fresh);
+			free(rs);
 			return -1;
+		}
+		if (b->slots) {
+			/* Requests in flight may point at the old slots: they are
+			 * emptied and retired, and freed with the router. */
+			for (int i = 0; i < b->n_slots; i++) {
+				router_slot_forget(r, &b->slots[i]);
+				b->slots[i].retired = 1;
+			}
+			rs->slots = b->slots;
+			rs->n = b->n_slots;
+			rs->next = r->retired;
+			r->retired = rs;
+		}
+		b->slots = fresh;
 		b->n_slots = n_slots;
 		for (int i = 0; i < n_slots; i++) {
 			b->slots[i].kind = OWNER_SLOT;
@@ -430,7 +458,8 @@ void router_slot_end(struct router *r, struct router_slot *s, int64_t now_us)
 {
 	if (s->busy) {
 		s->busy = 0;
-		s->backend->in_flight--;
+		if (!s->retired) /* the backend's count began again without it */
+			s->backend->in_flight--;
 	}
 	s->last_used_us = now_us;
 }
@@ -449,7 +478,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 
 void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 {
-	if (n >= s->n_tokens)
+	if (s->retired || n >= s->n_tokens)
 		return;
 	if (n == 0) {
 		router_slot_forget(r, s);
@@ -467,6 +496,8 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 int router_slot_commit(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
 		       size_t reused, int64_t now_us)
 {
+	if (s->retired)
+		return 0; /* its backend was rediscovered: nobody routes here */
 	size_t ub = (size_t)s->backend->n_ubatch;
 	/* How much of the old content matches: that part of the KV is unchanged. */
 	size_t same = 0;
@@ -624,6 +655,8 @@ struct router_saved *router_saved_find(struct router *r, const char *name)
 int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
 			 int64_t now_us)
 {
+	if (s->retired)
+		return -1;
 	if (s->n_tokens)
 		radix_remove(r->tree, s->tokens, s->n_tokens, s);
 	s->n_tokens = 0;

@@ -49,6 +49,10 @@ struct router_slot {
 	/* A saved state holding exactly this content, if any: evicting the
 	 * slot then loses nothing. */
 	struct router_saved *saved;
+	/* The backend came back with another number of slots: this one is no
+	 * longer routed to, holds nothing, and stays allocated only for the
+	 * requests that still point at it. */
+	int retired;
 };
 
 /* A slot state saved to a file by llama-server's slot save, which can be
@@ -104,6 +108,8 @@ struct router {
 	uint64_t saved_bytes;
 	/* Only slot contents at least this long are worth a file. */
 	size_t save_min_tokens;
+	/* Slot arrays replaced by a rediscovery, freed with the router. */
+	struct retired_slots *retired;
 };
 
 struct route_choice {

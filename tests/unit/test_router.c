@@ -592,6 +592,40 @@ static void test_no_backend(void **state)
 	router_free(NULL);
 }
 
+/* A backend rediscovered with another slot count while a request runs on
+ * one of its old slots: that request still ends and commits on the old slot
+ * (freed memory before, under ASan a use-after-free), nothing routes to it,
+ * and the new slots' counts are right. */
+static void test_rediscovered_with_other_slot_count(void **state)
+{
+	struct router_backend *bs[1];
+	struct router *r = mkrouter(REUSE_FAST, 1, 2, UB, bs);
+	serve_at(r, conv(1, 800), 800, SEC(1));
+	struct route_choice c;
+	assert_int_equal(router_choose(r, conv(2, 900), 900, SEC(2), -1, &c), ROUTE_CHOSEN);
+	struct router_slot *old = c.slot;
+	router_slot_begin(r, old, SEC(2), c.est_prefill_s);
+	assert_int_equal(bs[0]->in_flight, 1);
+
+	assert_int_equal(router_backend_set_slots(r, bs[0], 3, 8192, UB), 0);
+	assert_int_equal(bs[0]->n_slots, 3);
+	assert_int_equal(bs[0]->in_flight, 0);
+	assert_int_equal(old->retired, 1);
+	assert_int_equal(old->n_tokens, 0);
+
+	/* The old request ends: nothing of it reaches the tree or the counts. */
+	assert_int_equal(router_slot_commit(r, old, conv(2, 900), 900, 0, SEC(3)), 0);
+	router_slot_end(r, old, SEC(3));
+	assert_int_equal(old->n_tokens, 0);
+	assert_int_equal(bs[0]->in_flight, 0);
+	assert_int_equal(router_choose(r, conv(2, 900), 900, SEC(4), -1, &c), ROUTE_CHOSEN);
+	assert_int_equal(c.matched, 0);
+	assert_false(c.slot->retired);
+	struct route_choice again = serve_at(r, conv(2, 900), 900, SEC(5));
+	assert_ptr_equal(again.slot->backend, bs[0]);
+	router_free(r);
+}
+
 static void test_only_backend(void **state)
 {
 	struct router_backend *bs[2];
@@ -1067,6 +1101,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_busy_wait_or_go_elsewhere, teardown_seqs),
 		cmocka_unit_test_teardown(test_exact_backend_busy, teardown_seqs),
 		cmocka_unit_test_teardown(test_no_backend, teardown_seqs),
+		cmocka_unit_test_teardown(test_rediscovered_with_other_slot_count, teardown_seqs),
 		cmocka_unit_test_teardown(test_only_backend, teardown_seqs),
 		cmocka_unit_test_teardown(test_backend_down_forgets, teardown_seqs),
 		cmocka_unit_test_teardown(test_set_slots_forgets, teardown_seqs),
