@@ -513,7 +513,18 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 		const char *fp = json_string_value(json_object_get(o, "fingerprint"));
 		json_t *toks = json_object_get(o, "tokens");
 		size_t n = json_array_size(toks);
-		if (!o || !fp || strcmp(fp, b->fingerprint) != 0 || !n ||
+		/* The index must also describe the file beside it: a damaged one
+		 * that claimed any size or grid length would skew the learned KV
+		 * size and the disk budget until the next save. */
+		char data_path[4200];
+		struct stat ds;
+		dir_path(d, name, json_is_true(json_object_get(o, "compressed")) ? ".zst" : ".bin",
+			 data_path, sizeof data_path);
+		int fits = lstat(data_path, &ds) == 0 && S_ISREG(ds.st_mode) &&
+			   json_integer_value(json_object_get(o, "bytes")) == (json_int_t)ds.st_size &&
+			   json_integer_value(json_object_get(o, "aligned")) >= 0 &&
+			   (size_t)json_integer_value(json_object_get(o, "aligned")) <= n;
+		if (!o || !fp || strcmp(fp, b->fingerprint) != 0 || !n || !fits ||
 		    (size_t)json_integer_value(json_object_get(o, "n_tokens")) != n) {
 			/* Made under another model, build or KV setting (or
 			 * unreadable): never loaded. With one backend nothing
@@ -521,7 +532,10 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 			if (d->n_backends == 1) {
 				char path[4200];
 				log_warn("slot file %s does not match this backend (%s): discarded",
-					 name, o ? "fingerprint differs" : "unreadable index");
+					 name,
+					 !o    ? "unreadable index"
+					 : !fits ? "its index does not describe the file"
+						 : "fingerprint differs");
 				dir_path(d, name, ".json", path, sizeof path);
 				unlink(path);
 				dir_path(d, name, ".bin", path, sizeof path);

@@ -180,6 +180,35 @@ class Persistence(unittest.TestCase):
         self.assertGreaterEqual(self.toki.stats()["discarded_files"], 1)
 
 
+    def test_index_that_does_not_describe_its_file_is_discarded(self):
+        """A sidecar whose "bytes" is not the data file's size (or whose data
+        file is gone) is never indexed: it used to be, skewing the learned KV
+        size and the disk budget."""
+        self.start_llama()
+        self.start_toki()
+        hist, users = self.conversation()
+        hist, r1 = self.turn(hist, users[0])
+        hist, r2 = self.turn(hist, users[1])
+        self.toki.kill(signal.SIGTERM)
+        self.llama.kill()
+        sidecars = sorted(f for f in os.listdir(self.dir) if f.endswith(".json"))
+        self.assertTrue(sidecars)
+        for f in sidecars:
+            path = os.path.join(self.dir, f)
+            with open(path) as fh:
+                o = json.load(fh)
+            o["bytes"] = -1
+            with open(path, "w") as fh:
+                json.dump(o, fh)
+        self.start_llama()
+        self.start_toki()
+        st = self.toki.stats()
+        self.assertEqual(st["saved_files"], 0, st)
+        self.assertGreaterEqual(st["discarded_files"], len(sidecars), st)
+        self.assertIn("its index does not describe the file", self.toki.log_text())
+        hist, r3 = self.turn(hist, users[2])  # still right, from scratch
+        self.assertNotEqual(r3["cache"]["route"], "disk")
+
 class PersistenceStories(Persistence):
     """On the real tiny model (stories260K)."""
 
