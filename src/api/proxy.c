@@ -21,11 +21,11 @@
 #include "util/clock.h"
 #include "util/log.h"
 
-/* CHAT and COMPLETION pass through; ANTHROPIC is translated to a chat
- * request and back (llama-server's own /v1/messages cannot be pinned to a
- * slot); RESPONSES goes to llama-server's /v1/responses, routed by the
- * tokens of its chat equivalent. */
-
+/* The route kinds (enum route_kind, api/request_check.h): CHAT and
+ * COMPLETION pass through; ANTHROPIC is translated to a chat request and
+ * back (llama-server's own /v1/messages cannot be pinned to a slot);
+ * RESPONSES goes to llama-server's /v1/responses, routed by the tokens of
+ * its chat equivalent. */
 enum proxy_state {
 	PS_TEMPLATE, /* waiting for /apply-template */
 	PS_TOKENIZE, /* waiting for /tokenize */

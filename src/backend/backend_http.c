@@ -264,9 +264,11 @@ static void on_done_cb(struct evhttp_request *req, void *arg)
 		if (evbuffer_get_length(in))
 			on_chunk_cb(req, call);
 	}
-	/* libevent keeps using the connection after this callback (keep-alive
-	 * bookkeeping), so it goes back to the pool rather than being freed. */
-	/* llama-server closes some keep-alive connections right after a
+	/* A connection goes back to the pool rather than being freed: after a
+	 * success libevent still uses it once this callback returns (keep-alive
+	 * bookkeeping).
+	 *
+	 * llama-server closes some keep-alive connections right after a
 	 * response (after every streamed one, in the builds we test) without
 	 * saying so; the next request on that connection meets EOF before a
 	 * status line. That says nothing about the backend, and the server
