@@ -464,9 +464,10 @@ static void fsync_dir_of(const char *path)
  * past the end (the part file may already be complete), or -1. *appended
  * says whether the data went after bytes an earlier attempt left. */
 static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sha,
-                           struct progress *prog, curl_off_t *final_size, int *appended, char *err,
-                           size_t errlen)
+                           struct progress *prog, curl_off_t *final_size, int *appended,
+                           int *transient, char *err, size_t errlen)
 {
+	*transient = 0;
 	struct stat st;
 	if (fstat(fd, &st) != 0) {
 		set_err(err, errlen, "cannot stat the partial file %s.part: %s", o->dest,
@@ -534,6 +535,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	}
 	if (rc == CURLE_OK && t.status != 200 && t.status != 206) {
 		progress_end(prog);
+		*transient = t.status >= 500 || t.status == 429;
 		tidy_body(t.body);
 		const char *hint = "";
 		if (t.status == 401 || t.status == 403)
@@ -546,6 +548,9 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	}
 	if (rc != CURLE_OK) {
 		progress_end(prog);
+		/* The network's fault, not ours (t.fail: a write to disk failed,
+		 * or the answer was not the file): worth another try. */
+		*transient = !t.fail[0];
 		const char *why = t.fail[0]     ? t.fail
 		                  : curl_msg[0] ? curl_msg
 		                                : curl_easy_strerror(rc);
@@ -565,6 +570,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	}
 	if (t.total >= 0 && have != t.total) {
 		progress_end(prog);
+		*transient = 1;
 		set_err(err, errlen,
 		        "download of %s ended at %" PRId64 " of %" PRId64
 		        " bytes; the same command resumes from %s.part",
@@ -629,7 +635,10 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 	                        .label = label,
 	                        .last_decile = -1};
 	/* Two rounds at most: the second starts from zero when a resumed part
-	 * turns out not to match (the server's file changed under us). */
+	 * turns out not to match (the server's file changed under us). A
+	 * transfer the network broke is resumed from what arrived, twice (after
+	 * 1 s, then 2 s), before the error asks the user to run it again. */
+	int retries = 0;
 	for (int round = 0; round < 2; round++) {
 		struct stat st;
 		if (EVP_DigestInit_ex(sha, EVP_sha256(), NULL) != 1 ||
@@ -639,7 +648,17 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		}
 		curl_off_t size = -1;
 		int resumed = 0;
-		int got = fetch_into_part(o, fd, sha, &prog, &size, &resumed, err, errlen);
+		int transient = 0;
+		int got = fetch_into_part(o, fd, sha, &prog, &size, &resumed, &transient, err,
+		                          errlen);
+		if (got < 0 && transient && retries < 2) {
+			if (o->progress)
+				fprintf(stderr, "%s: %s; trying again\n", label, err);
+			sleep(1u << retries);
+			retries++;
+			round--; /* the same round, resumed */
+			continue;
+		}
 		if (got < 0)
 			goto out;
 		if (fstat(fd, &st) != 0) {

@@ -39,6 +39,7 @@ class FakeHosts:
         self.releases = {}  # tag -> [asset dict: name, data, digest (None: omit)]
         self.latest = None
         self.drop_after = {}  # url path -> bytes to send before cutting the connection
+        self.cuts_left = {}  # url path -> how many more answers drop_after cuts
         self.wrong_sha = set()  # repo paths advertised with a wrong SHA-256
         self.require_token = None
         self.redirect = True
@@ -95,14 +96,19 @@ class FakeHosts:
         if latest:
             self.latest = tag
 
-    def cut_once(self, data, n):
+    def cut_once(self, data, n, times=1):
         """The next download of these bytes (via the hub's CDN path or a
-        release asset) stops after n bytes."""
-        self.drop_after[f"/cdn/{hashlib.sha256(data).hexdigest()}"] = n
+        release asset) stops after n bytes of its body; so do the `times`-1
+        after it (a resumed request's body starts where the last one
+        stopped)."""
+        keys = [f"/cdn/{hashlib.sha256(data).hexdigest()}"]
         for tag, assets in self.releases.items():
             for a in assets:
                 if a["data"] == data:
-                    self.drop_after[f"/download/{tag}/{a['name']}"] = n
+                    keys.append(f"/download/{tag}/{a['name']}")
+        for k in keys:
+            self.drop_after[k] = n
+            self.cuts_left[k] = times
 
     def requests_to(self, prefix):
         with self._lock:
@@ -258,7 +264,11 @@ class FakeHosts:
             h.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         h.end_headers()
         with self._lock:
-            cut = self.drop_after.pop(key, None)
+            cut = self.drop_after.get(key)
+            if cut is not None:
+                self.cuts_left[key] = self.cuts_left.get(key, 1) - 1
+                if self.cuts_left[key] <= 0:
+                    del self.drop_after[key]
         if cut is not None and cut < len(body):
             h.wfile.write(body[:cut])
             h.wfile.flush()

@@ -134,21 +134,38 @@ class PullTest(FetchCase):
         self.assertFalse(os.path.exists(self.model_dir("x")))
         self.assertFalse(os.path.exists(self.model_dir("y")))
 
-    def test_pull_interrupted_then_resumed_with_range(self):
+    def test_pull_cut_once_resumes_by_itself(self):
+        """A connection cut mid-file: the same pull resumes from what arrived
+        (a Range request) and lands."""
         self.hosts.add_file(REPO, "stories260K.gguf", self.model)
         cut = len(self.model) // 3
         self.hosts.cut_once(self.model, cut)
         r = self.toki("model", "pull", REPO, "--file", "stories260K.gguf", "--name", "tiny")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("trying again", r.stderr)
+        ranges = [h.get("Range") for _, _, h in self.hosts.requests_to("/cdn/")]
+        self.assertEqual(ranges[-1], f"bytes={cut}-")
+        dest = os.path.join(self.model_dir("tiny"), "stories260K.gguf")
+        self.assertEqual(sha256(read(dest)), sha256(self.model))
+        self.assertFalse(os.path.exists(dest + ".part"))
+
+    def test_pull_interrupted_then_resumed_with_range(self):
+        """Cut three times in a row (every try of one command): the pull
+        fails, keeps what arrived, and the next command resumes from it."""
+        self.hosts.add_file(REPO, "stories260K.gguf", self.model)
+        cut = len(self.model) // 8
+        self.hosts.cut_once(self.model, cut, times=3)
+        r = self.toki("model", "pull", REPO, "--file", "stories260K.gguf", "--name", "tiny")
         self.assertFails(r, "resume")
         dest = os.path.join(self.model_dir("tiny"), "stories260K.gguf")
         self.assertFalse(os.path.exists(dest))
-        self.assertEqual(os.path.getsize(dest + ".part"), cut)
+        self.assertEqual(os.path.getsize(dest + ".part"), 3 * cut)
         self.assertFalse(os.path.exists(self.registry))
 
         r = self.toki("model", "pull", REPO, "--file", "stories260K.gguf", "--name", "tiny")
         self.assertEqual(r.returncode, 0, r.stderr)
         ranges = [h.get("Range") for _, _, h in self.hosts.requests_to("/cdn/")]
-        self.assertEqual(ranges[-1], f"bytes={cut}-")
+        self.assertEqual(ranges[-1], f"bytes={3 * cut}-")
         self.assertEqual(sha256(read(dest)), sha256(self.model))
         self.assertFalse(os.path.exists(dest + ".part"))
 
@@ -424,13 +441,14 @@ class InstallLlamaTest(FetchCase):
         self.assertEqual(left, [])
 
     def test_resumed_archive_download(self):
-        self.hosts.cut_once(self.tar, len(self.tar) // 2)
+        cut = len(self.tar) // 8
+        self.hosts.cut_once(self.tar, cut, times=3)
         r = self.toki("model", "install-llama", "--backend", "vulkan")
         self.assertFails(r, "resume")
         r = self.toki("model", "install-llama", "--backend", "vulkan")
         self.assertEqual(r.returncode, 0, r.stderr)
         ranges = [h.get("Range") for _, _, h in self.hosts.requests_to("/download/")]
-        self.assertEqual(ranges[-1], f"bytes={len(self.tar) // 2}-")
+        self.assertEqual(ranges[-1], f"bytes={3 * cut}-")
         self.assertEqual(self.build_json(r.stdout.strip())["backend"], "vulkan")
 
 
