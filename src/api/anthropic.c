@@ -10,6 +10,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "util/err.h"
+
 /* ---------------------------------------------------------------- strbuf */
 
 void strbuf_init(struct strbuf *b)
@@ -59,16 +61,6 @@ void strbuf_free(struct strbuf *b)
 }
 
 /* ------------------------------------------------------- small helpers */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* Sets key to a new reference; returns -1 (and drops v) on failure, so call
  * sites can chain without leaking. */
@@ -332,7 +324,7 @@ static const char *opt_string(const json_t *obj, const char *key, const char *de
 		return def;
 	}
 	if (!json_is_string(v)) {
-		set_err(err, errlen, "%s.%s: must be a string", where, key);
+		err_set(err, errlen, "%s.%s: must be a string", where, key);
 		return NULL;
 	}
 	if (len)
@@ -350,7 +342,7 @@ static int image_part(const json_t *block, json_t **part, const char *where, cha
 	if (!src || json_is_null(src))
 		return 0;
 	if (!json_is_object(src)) {
-		set_err(err, errlen, "%s.source: must be an object", where);
+		err_set(err, errlen, "%s.source: must be an object", where);
 		return -1;
 	}
 	char w[160];
@@ -389,7 +381,7 @@ static int image_part(const json_t *block, json_t **part, const char *where, cha
 	if (*part)
 		return 0;
 oom:
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 	return -1;
 }
 
@@ -422,7 +414,7 @@ static json_t *tool_result_msg(const json_t *block, const char *where, char *err
 			char w[192];
 			snprintf(w, sizeof w, "%s.content[%zu]", where, i);
 			if (!json_is_object(c)) {
-				set_err(err, errlen, "%s: must be an object", w);
+				err_set(err, errlen, "%s: must be an object", w);
 				goto fail_arr;
 			}
 			const char *ct = opt_string(c, "type", "", NULL, w, err, errlen);
@@ -461,13 +453,13 @@ static json_t *tool_result_msg(const json_t *block, const char *where, char *err
 			goto oom;
 		goto done;
 	oom_arr:
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 	fail_arr:
 		json_decref(parts);
 		strbuf_free(&text);
 		return NULL;
 	} else {
-		set_err(err, errlen, "%s.content: must be a string or an array", where);
+		err_set(err, errlen, "%s.content: must be a string or an array", where);
 		return NULL;
 	}
 done:
@@ -478,7 +470,7 @@ done:
 	if (msg)
 		return msg;
 oom:
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 	return NULL;
 }
 
@@ -501,19 +493,19 @@ static int convert_blocks(json_t *out, const char *role, const json_t *content, 
 		char w[96];
 		snprintf(w, sizeof w, "messages[%zu].content[%zu]", mi, i);
 		if (!json_is_object(block)) {
-			set_err(err, errlen, "%s: must be an object", w);
+			err_set(err, errlen, "%s: must be an object", w);
 			goto out;
 		}
 		const json_t *tv = json_object_get(block, "type");
 		if (!json_is_string(tv)) {
-			set_err(err, errlen, "%s.type: must be a string", w);
+			err_set(err, errlen, "%s.type: must be a string", w);
 			goto out;
 		}
 		const char *type = json_string_value(tv);
 		if (!strcmp(type, "text")) {
 			const json_t *t = json_object_get(block, "text");
 			if (!json_is_string(t)) {
-				set_err(err, errlen, "%s.text: must be a string", w);
+				err_set(err, errlen, "%s.text: must be a string", w);
 				goto out;
 			}
 			if (json_array_append_new(
@@ -583,7 +575,7 @@ static int convert_blocks(json_t *out, const char *role, const json_t *content, 
 	rc = 0;
 	goto out;
 oom:
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 out:
 	json_decref(parts);
 	json_decref(calls);
@@ -609,7 +601,7 @@ static int convert_system(json_t *msgs, const json_t *sys, char *err, size_t err
 			char w[32];
 			snprintf(w, sizeof w, "system[%zu]", i);
 			if (!json_is_object(block)) {
-				set_err(err, errlen, "%s: must be an object", w);
+				err_set(err, errlen, "%s: must be an object", w);
 				goto fail;
 			}
 			const char *type = opt_string(block, "type", "", NULL, w, err, errlen);
@@ -629,7 +621,7 @@ static int convert_system(json_t *msgs, const json_t *sys, char *err, size_t err
 			normalize_billing_header(b.p + at, tl);
 		}
 	} else {
-		set_err(err, errlen, "system: must be a string or an array of text blocks");
+		err_set(err, errlen, "system: must be a string or an array of text blocks");
 		goto fail;
 	}
 	json_t *m = json_pack("{s:s, s:s%}", "role", "system", "content", b.p ? b.p : "", b.len);
@@ -638,7 +630,7 @@ static int convert_system(json_t *msgs, const json_t *sys, char *err, size_t err
 		goto oom;
 	return 0;
 oom:
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 fail:
 	strbuf_free(&b);
 	return -1;
@@ -647,7 +639,7 @@ fail:
 static int convert_tools(json_t *chat, const json_t *tools, char *err, size_t errlen)
 {
 	if (!json_is_array(tools)) {
-		set_err(err, errlen, "tools: must be an array");
+		err_set(err, errlen, "tools: must be an array");
 		return -1;
 	}
 	json_t *out = json_array();
@@ -660,7 +652,7 @@ static int convert_tools(json_t *chat, const json_t *tools, char *err, size_t er
 		char w[32];
 		snprintf(w, sizeof w, "tools[%zu]", i);
 		if (!json_is_object(tool)) {
-			set_err(err, errlen, "%s: must be an object", w);
+			err_set(err, errlen, "%s: must be an object", w);
 			return -1;
 		}
 		size_t nl, dl;
@@ -677,7 +669,7 @@ static int convert_tools(json_t *chat, const json_t *tools, char *err, size_t er
 		} else if (json_is_object(schema)) {
 			params = json_deep_copy(schema);
 		} else {
-			set_err(err, errlen, "%s.input_schema: must be an object", w);
+			err_set(err, errlen, "%s.input_schema: must be an object", w);
 			return -1;
 		}
 		/* Server tools (web_search_..., bash_...) become plain functions
@@ -690,14 +682,14 @@ static int convert_tools(json_t *chat, const json_t *tools, char *err, size_t er
 	}
 	return 0;
 oom:
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 	return -1;
 }
 
 static int convert_tool_choice(json_t *chat, const json_t *tc, char *err, size_t errlen)
 {
 	if (!json_is_object(tc)) {
-		set_err(err, errlen, "tool_choice: must be an object");
+		err_set(err, errlen, "tool_choice: must be an object");
 		return -1;
 	}
 	const char *type = opt_string(tc, "type", "", NULL, "tool_choice", err, errlen);
@@ -714,11 +706,11 @@ static int convert_tool_choice(json_t *chat, const json_t *tc, char *err, size_t
 	else if (!strcmp(type, "none"))
 		oai = "none";
 	else {
-		set_err(err, errlen, "tool_choice.type: must be one of auto, any, tool, none");
+		err_set(err, errlen, "tool_choice.type: must be one of auto, any, tool, none");
 		return -1;
 	}
 	if (put(chat, "tool_choice", json_string(oai))) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	return 0;
@@ -734,14 +726,14 @@ static int copy_param(json_t *chat, const json_t *req, const char *key, int want
 		return 0;
 	int ok = want_bool ? json_is_boolean(v) : want_int ? json_is_integer(v) : json_is_number(v);
 	if (!ok) {
-		set_err(err, errlen, "%s: must be %s", key,
+		err_set(err, errlen, "%s: must be %s", key,
 		        want_bool  ? "a boolean"
 		        : want_int ? "an integer"
 		                   : "a number");
 		return -1;
 	}
 	if (put_copy(chat, key, v)) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	return 0;
@@ -750,21 +742,21 @@ static int copy_param(json_t *chat, const json_t *req, const char *key, int want
 static json_t *convert_request(const json_t *req, int count_tokens, char *err, size_t errlen)
 {
 	if (!json_is_object(req)) {
-		set_err(err, errlen, "request body must be a JSON object");
+		err_set(err, errlen, "request body must be a JSON object");
 		return NULL;
 	}
 	json_t *chat = json_object(), *msgs = json_array();
 	if (!chat || !msgs) {
 		json_decref(chat);
 		json_decref(msgs);
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return NULL;
 	}
 
 	const json_t *model = json_object_get(req, "model");
 	if (model && !json_is_null(model)) {
 		if (!json_is_string(model)) {
-			set_err(err, errlen, "model: must be a string");
+			err_set(err, errlen, "model: must be a string");
 			goto fail;
 		}
 		/* Not in llama-server's conversion (which answers with its own
@@ -781,11 +773,11 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 
 	const json_t *messages = json_object_get(req, "messages");
 	if (!messages) {
-		set_err(err, errlen, "'messages' is required");
+		err_set(err, errlen, "'messages' is required");
 		goto fail;
 	}
 	if (!json_is_array(messages)) {
-		set_err(err, errlen, "messages: must be an array");
+		err_set(err, errlen, "messages: must be an array");
 		goto fail;
 	}
 	size_t i;
@@ -793,7 +785,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 	json_array_foreach(messages, i, msg)
 	{
 		if (!json_is_object(msg)) {
-			set_err(err, errlen, "messages[%zu]: must be an object", i);
+			err_set(err, errlen, "messages[%zu]: must be an object", i);
 			goto fail;
 		}
 		const json_t *rv = json_object_get(msg, "role");
@@ -803,7 +795,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 		 * llama-server's own conversion passes roles through. */
 		if (!role || (strcmp(role, "user") && strcmp(role, "assistant") &&
 			      strcmp(role, "system"))) {
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "messages[%zu].role: must be \"user\", \"assistant\" or \"system\"",
 			        i);
 			goto fail;
@@ -814,7 +806,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 			 * content (a prefill placeholder). */
 			if (!strcmp(role, "assistant"))
 				continue;
-			set_err(err, errlen, "messages[%zu]: 'content' is required", i);
+			err_set(err, errlen, "messages[%zu]: 'content' is required", i);
 			goto fail;
 		}
 		if (json_is_string(content)) {
@@ -825,7 +817,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 			if (convert_blocks(msgs, role, content, i, err, errlen))
 				goto fail;
 		} else {
-			set_err(err, errlen, "messages[%zu].content: must be a string or an array",
+			err_set(err, errlen, "messages[%zu].content: must be a string or an array",
 			        i);
 			goto fail;
 		}
@@ -843,13 +835,13 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 		size_t k;
 		json_t *s;
 		if (!json_is_array(stop)) {
-			set_err(err, errlen, "stop_sequences: must be an array of strings");
+			err_set(err, errlen, "stop_sequences: must be an array of strings");
 			goto fail;
 		}
 		json_array_foreach(stop, k, s)
 		{
 			if (!json_is_string(s)) {
-				set_err(err, errlen, "stop_sequences[%zu]: must be a string", k);
+				err_set(err, errlen, "stop_sequences[%zu]: must be a string", k);
 				goto fail;
 			}
 		}
@@ -863,7 +855,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 		const json_t *mt = json_object_get(req, "max_tokens");
 		if (mt && !json_is_null(mt)) {
 			if (!json_is_integer(mt) || json_integer_value(mt) < 0) {
-				set_err(err, errlen, "max_tokens: must be a non-negative integer");
+				err_set(err, errlen, "max_tokens: must be a non-negative integer");
 				goto fail;
 			}
 			if (put_copy(chat, "max_tokens", mt))
@@ -884,7 +876,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 		/* Not Anthropic, but llama-server passes it on, and it changes
 		 * the rendered prompt (enable_thinking and the like). */
 		if (!json_is_object(kw)) {
-			set_err(err, errlen, "chat_template_kwargs: must be an object");
+			err_set(err, errlen, "chat_template_kwargs: must be an object");
 			goto fail;
 		}
 		if (put_copy(chat, "chat_template_kwargs", kw))
@@ -894,7 +886,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 	const json_t *th = json_object_get(req, "thinking");
 	if (th && !json_is_null(th)) {
 		if (!json_is_object(th)) {
-			set_err(err, errlen, "thinking: must be an object");
+			err_set(err, errlen, "thinking: must be an object");
 			goto fail;
 		}
 		const char *tt = opt_string(th, "type", "", NULL, "thinking", err, errlen);
@@ -905,7 +897,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 			json_int_t budget = 10000;
 			if (bt && !json_is_null(bt)) {
 				if (!json_is_integer(bt)) {
-					set_err(err, errlen,
+					err_set(err, errlen,
 					        "thinking.budget_tokens: must be an integer");
 					goto fail;
 				}
@@ -919,7 +911,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 	const json_t *md = json_object_get(req, "metadata");
 	if (md && !json_is_null(md)) {
 		if (!json_is_object(md)) {
-			set_err(err, errlen, "metadata: must be an object");
+			err_set(err, errlen, "metadata: must be an object");
 			goto fail;
 		}
 		size_t ul;
@@ -933,7 +925,7 @@ static json_t *convert_request(const json_t *req, int count_tokens, char *err, s
 	json_decref(msgs);
 	return chat;
 oom:
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 fail:
 	json_decref(msgs);
 	json_decref(chat);

@@ -253,8 +253,7 @@ int cmd_diff(int argc, char **argv)
 	if (model && !realpath(model, model_abs))
 		model_abs[0] = '\0';
 	if (!url_opt && model && find_run_of(model, model_abs, &ri) == 0) {
-		snprintf(url, sizeof url, "http://%s:%d",
-		         !*ri.host || !strcmp(ri.host, "0.0.0.0") ? "127.0.0.1" : ri.host, ri.port);
+		run_info_url(&ri, url, sizeof url);
 		snprintf(run_name, sizeof run_name, "%s", ri.name);
 		found_run = 1;
 	} else {

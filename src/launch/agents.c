@@ -1339,19 +1339,6 @@ int agents_detect_cpu_profile(void)
 
 /* --- which run, which model --------------------------------------------- */
 
-static void run_endpoint(const struct run_info *ri, char *endpoint, size_t n)
-{
-	const char *h = ri->host;
-	if (!*h || !strcmp(h, "0.0.0.0"))
-		h = "127.0.0.1";
-	else if (!strcmp(h, "::"))
-		h = "::1";
-	if (strchr(h, ':'))
-		snprintf(endpoint, n, "http://[%s]:%d", h, ri->port);
-	else
-		snprintf(endpoint, n, "http://%s:%d", h, ri->port);
-}
-
 int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, size_t namelen,
                        char *err, size_t errlen)
 {
@@ -1364,7 +1351,7 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
 			         want, paths_is_safe_name(want) ? want : "NAME");
 			return -1;
 		}
-		run_endpoint(&ri, endpoint, n);
+		run_info_url(&ri, endpoint, n);
 		snprintf(name, namelen, "%s", ri.name[0] ? ri.name : want);
 		return 0;
 	}
@@ -1373,7 +1360,7 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
 	if (registry_load(&reg, rerr, sizeof rerr) == 0) {
 		int found = reg.active && run_get(reg.active, &ri) == 0;
 		if (found) {
-			run_endpoint(&ri, endpoint, n);
+			run_info_url(&ri, endpoint, n);
 			snprintf(name, namelen, "%s", ri.name[0] ? ri.name : reg.active);
 		}
 		registry_free(&reg);
@@ -1384,7 +1371,7 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
 	int nr = 0;
 	run_list(&runs, &nr);
 	if (nr == 1) {
-		run_endpoint(&runs[0], endpoint, n);
+		run_info_url(&runs[0], endpoint, n);
 		snprintf(name, namelen, "%s", runs[0].name);
 		free(runs);
 		return 0;

@@ -5,6 +5,7 @@
  * once, not twice. The partial file is locked with flock() for the duration,
  * so two pulls of the same file at once cannot interleave their bytes. */
 #include "model/download.h"
+#include "util/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -33,19 +34,6 @@
 /* download_to_memory is for API answers; anything bigger is a mistake. */
 #define MEMORY_LIMIT (64u << 20)
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
-
 /* curl_global_init is not thread-safe; toki calls downloads from its main
  * thread only, so a flag is enough to do it once. */
 static int curl_ready(char *err, size_t errlen)
@@ -55,7 +43,7 @@ static int curl_ready(char *err, size_t errlen)
 		return 0;
 	CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 	if (rc != CURLE_OK) {
-		set_err(err, errlen, "cannot initialise libcurl: %s", curl_easy_strerror(rc));
+		err_set(err, errlen, "cannot initialise libcurl: %s", curl_easy_strerror(rc));
 		return -1;
 	}
 	done = 1;
@@ -470,7 +458,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	*transient = 0;
 	struct stat st;
 	if (fstat(fd, &st) != 0) {
-		set_err(err, errlen, "cannot stat the partial file %s.part: %s", o->dest,
+		err_set(err, errlen, "cannot stat the partial file %s.part: %s", o->dest,
 		        strerror(errno));
 		return -1;
 	}
@@ -484,7 +472,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	                     .content_length = -1,
 	                     .progress = prog};
 	if (lseek(fd, 0, SEEK_END) < 0) {
-		set_err(err, errlen, "cannot seek in %s.part: %s", o->dest, strerror(errno));
+		err_set(err, errlen, "cannot seek in %s.part: %s", o->dest, strerror(errno));
 		return -1;
 	}
 	int oom;
@@ -492,7 +480,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	CURL *curl = oom ? NULL : curl_easy_init();
 	if (!curl) {
 		curl_slist_free_all(headers);
-		set_err(err, errlen, "out of memory starting a download");
+		err_set(err, errlen, "out of memory starting a download");
 		return -1;
 	}
 	t.curl = curl;
@@ -542,7 +530,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 			hint = o->bearer_token && *o->bearer_token
 			           ? " (the token was refused or has no access)"
 			           : " (authentication needed: a token may be required)";
-		set_err(err, errlen, "HTTP %ld from %s%s%s%s", t.status, o->url, hint,
+		err_set(err, errlen, "HTTP %ld from %s%s%s%s", t.status, o->url, hint,
 		        t.body[0] ? ": " : "", t.body);
 		return -1;
 	}
@@ -556,13 +544,13 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 		                                : curl_easy_strerror(rc);
 		char h1[32], h2[32];
 		if (t.total > 0)
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "download of %s stopped at %s of %s: %s; what arrived is kept in "
 			        "%s.part and the same command resumes from there",
 			        o->url, human(have, h1, sizeof h1), human(t.total, h2, sizeof h2),
 			        why, o->dest);
 		else
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "download of %s failed after %s: %s; the same command resumes from "
 			        "%s.part",
 			        o->url, human(have, h1, sizeof h1), why, o->dest);
@@ -571,7 +559,7 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 	if (t.total >= 0 && have != t.total) {
 		progress_end(prog);
 		*transient = 1;
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "download of %s ended at %" PRId64 " of %" PRId64
 		        " bytes; the same command resumes from %s.part",
 		        o->url, (int64_t)have, (int64_t)t.total, o->dest);
@@ -585,11 +573,11 @@ static int fetch_into_part(const struct download_opts *o, int fd, EVP_MD_CTX *sh
 int download_file(const struct download_opts *o, char *err, size_t errlen)
 {
 	if (!o || !o->url || !o->dest) {
-		set_err(err, errlen, "download: no URL or destination");
+		err_set(err, errlen, "download: no URL or destination");
 		return -1;
 	}
 	if (o->expect_sha256 && strlen(o->expect_sha256) != 64) {
-		set_err(err, errlen, "download: the expected SHA-256 '%s' is not 64 hex digits",
+		err_set(err, errlen, "download: the expected SHA-256 '%s' is not 64 hex digits",
 		        o->expect_sha256);
 		return -1;
 	}
@@ -614,18 +602,18 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 	if (!part || !sha) {
 		free(part);
 		EVP_MD_CTX_free(sha);
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	snprintf(part, plen, "%s.part", o->dest);
 	int rc = -1, locked = 0;
 	int fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	if (fd < 0) {
-		set_err(err, errlen, "cannot open %s: %s", part, strerror(errno));
+		err_set(err, errlen, "cannot open %s: %s", part, strerror(errno));
 		goto out;
 	}
 	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-		set_err(err, errlen, "%s is being downloaded by another process (%s is locked)",
+		err_set(err, errlen, "%s is being downloaded by another process (%s is locked)",
 		        label, part);
 		goto out;
 	}
@@ -643,7 +631,7 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		struct stat st;
 		if (EVP_DigestInit_ex(sha, EVP_sha256(), NULL) != 1 ||
 		    lseek(fd, 0, SEEK_SET) != 0 || hash_fd(fd, sha) != 0) {
-			set_err(err, errlen, "cannot read %s: %s", part, strerror(errno));
+			err_set(err, errlen, "cannot read %s: %s", part, strerror(errno));
 			goto out;
 		}
 		curl_off_t size = -1;
@@ -662,13 +650,13 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		if (got < 0)
 			goto out;
 		if (fstat(fd, &st) != 0) {
-			set_err(err, errlen, "cannot stat %s: %s", part, strerror(errno));
+			err_set(err, errlen, "cannot stat %s: %s", part, strerror(errno));
 			goto out;
 		}
 		if (got == 1 && size >= 0 && st.st_size != size) {
 			/* Our part is longer than the file: it is not this file. */
 			if (ftruncate(fd, 0) != 0) {
-				set_err(err, errlen, "cannot truncate %s: %s", part,
+				err_set(err, errlen, "cannot truncate %s: %s", part,
 				        strerror(errno));
 				goto out;
 			}
@@ -677,7 +665,7 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		unsigned char md[EVP_MAX_MD_SIZE];
 		unsigned len = 0;
 		if (EVP_DigestFinal_ex(sha, md, &len) != 1 || len != 32) {
-			set_err(err, errlen, "SHA-256 computation failed");
+			err_set(err, errlen, "SHA-256 computation failed");
 			goto out;
 		}
 		hex_of(md, len, hex);
@@ -691,25 +679,25 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 					        "downloading it again from the start\n",
 					        label);
 				if (ftruncate(fd, 0) != 0) {
-					set_err(err, errlen, "cannot truncate %s: %s", part,
+					err_set(err, errlen, "cannot truncate %s: %s", part,
 					        strerror(errno));
 					goto out;
 				}
 				continue;
 			}
 			unlink(part);
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "checksum mismatch for %s: expected SHA-256 %s, got %s; the "
 			        "downloaded data was deleted and nothing was installed",
 			        label, o->expect_sha256, hex);
 			goto out;
 		}
 		if (fsync(fd) != 0) {
-			set_err(err, errlen, "cannot sync %s: %s", part, strerror(errno));
+			err_set(err, errlen, "cannot sync %s: %s", part, strerror(errno));
 			goto out;
 		}
 		if (rename(part, o->dest) != 0) {
-			set_err(err, errlen, "cannot rename %s to %s: %s", part, o->dest,
+			err_set(err, errlen, "cannot rename %s to %s: %s", part, o->dest,
 			        strerror(errno));
 			goto out;
 		}
@@ -718,7 +706,7 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		goto out;
 	}
 	unlink(part);
-	set_err(err, errlen, "download of %s did not settle after a restart; try again", o->url);
+	err_set(err, errlen, "download of %s did not settle after a restart; try again", o->url);
 out:
 	if (fd >= 0) {
 		/* An empty leftover (a 404, a refused token) is no resume point. */
@@ -780,7 +768,7 @@ int download_to_memory(const char *url, const char *bearer_token, char **body, s
 	CURL *curl = oom ? NULL : curl_easy_init();
 	if (!curl) {
 		curl_slist_free_all(headers);
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	struct membuf m = {0};
@@ -798,17 +786,17 @@ int download_to_memory(const char *url, const char *bearer_token, char **body, s
 	if (rc != CURLE_OK) {
 		free(m.data);
 		if (m.too_big)
-			set_err(err, errlen, "the answer from %s is larger than %u MiB", url,
+			err_set(err, errlen, "the answer from %s is larger than %u MiB", url,
 			        MEMORY_LIMIT >> 20);
 		else
-			set_err(err, errlen, "cannot fetch %s: %s", url,
+			err_set(err, errlen, "cannot fetch %s: %s", url,
 			        curl_msg[0] ? curl_msg : curl_easy_strerror(rc));
 		return -1;
 	}
 	if (!m.data) {
 		m.data = malloc(1);
 		if (!m.data) {
-			set_err(err, errlen, "out of memory");
+			err_set(err, errlen, "out of memory");
 			return -1;
 		}
 		m.data[0] = '\0';

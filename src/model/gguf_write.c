@@ -22,18 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
+#include "util/err.h"
 
 /* --- Vocabulary ---------------------------------------------------------- */
 
@@ -507,12 +496,12 @@ bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char
 		smallest.n_layers = 1;
 		uint64_t min = gguf_gen_param_count(&smallest);
 		if (n_params < min)
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "%" PRIu64 " parameters is too small: the smallest model with the "
 			        "built-in vocabulary has %" PRIu64,
 			        n_params, min);
 		else
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "%" PRIu64 " parameters is more than this generator supports",
 			        n_params);
 		return false;
@@ -527,29 +516,29 @@ bool gguf_gen_params_check(const struct gguf_gen_params *p, char *err, size_t er
 	    p->n_layers > MAX_LAYERS || p->n_ff == 0 || p->n_ff > MAX_FF || p->n_head == 0 ||
 	    p->n_head > MAX_HEADS || p->n_head_kv == 0 || p->context_length == 0 ||
 	    p->context_length > MAX_CTX) {
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "parameters out of range (embd 1..%u, layers 1..%u, ff 1..%u, heads 1..%u, "
 		        "ctx 1..%u)",
 		        MAX_EMBD, MAX_LAYERS, MAX_FF, MAX_HEADS, MAX_CTX);
 		return false;
 	}
 	if (p->n_embd % p->n_head != 0) {
-		set_err(err, errlen, "n_embd %u is not a multiple of the head count %u", p->n_embd,
+		err_set(err, errlen, "n_embd %u is not a multiple of the head count %u", p->n_embd,
 		        p->n_head);
 		return false;
 	}
 	if ((p->n_embd / p->n_head) % 2 != 0) {
-		set_err(err, errlen, "head size %u must be even (rotary embeddings)",
+		err_set(err, errlen, "head size %u must be even (rotary embeddings)",
 		        p->n_embd / p->n_head);
 		return false;
 	}
 	if (p->n_head_kv > p->n_head || p->n_head % p->n_head_kv != 0) {
-		set_err(err, errlen, "the head count %u is not a multiple of the KV head count %u",
+		err_set(err, errlen, "the head count %u is not a multiple of the KV head count %u",
 		        p->n_head, p->n_head_kv);
 		return false;
 	}
 	if (p->weight_type != GGML_TYPE_F16 && p->weight_type != GGML_TYPE_F32) {
-		set_err(err, errlen, "weight type must be f16 or f32");
+		err_set(err, errlen, "weight type must be f16 or f32");
 		return false;
 	}
 	return true;
@@ -959,7 +948,7 @@ int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, c
                             size_t errlen)
 {
 	if (!p || !path || !*path) {
-		set_err(err, errlen, "no output path");
+		err_set(err, errlen, "no output path");
 		return -1;
 	}
 	if (!gguf_gen_params_check(p, err, errlen))
@@ -974,12 +963,12 @@ int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, c
 	size_t n_tensors = 0;
 
 	if (!vocab_build(&v)) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	plan = make_plan(p, v.n, &n_tensors);
 	if (!plan || !build_metadata(p, &v, plan, n_tensors, &meta)) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		goto done;
 	}
 
@@ -988,14 +977,14 @@ int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, c
 	o.cap = 1u << 20;
 	o.buf = malloc(o.cap);
 	if (!tmp || !o.buf) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		goto done;
 	}
 	memcpy(tmp, path, plen);
 	memcpy(tmp + plen, ".tmp", 5);
 	o.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (o.fd < 0) {
-		set_err(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+		err_set(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
 		goto done;
 	}
 
@@ -1013,17 +1002,17 @@ int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, c
 	if (!o.err && fsync(o.fd) != 0)
 		o.err = errno;
 	if (o.err) {
-		set_err(err, errlen, "writing %s: %s", tmp, strerror(o.err));
+		err_set(err, errlen, "writing %s: %s", tmp, strerror(o.err));
 		goto done;
 	}
 	int fd = o.fd;
 	o.fd = -1;
 	if (close(fd) != 0) {
-		set_err(err, errlen, "closing %s: %s", tmp, strerror(errno));
+		err_set(err, errlen, "closing %s: %s", tmp, strerror(errno));
 		goto done;
 	}
 	if (rename(tmp, path) != 0) {
-		set_err(err, errlen, "renaming %s to %s: %s", tmp, path, strerror(errno));
+		err_set(err, errlen, "renaming %s to %s: %s", tmp, path, strerror(errno));
 		goto done;
 	}
 	fsync_dir_of(path);

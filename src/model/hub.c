@@ -12,6 +12,8 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "util/err.h"
+
 #ifndef TOKI_VERSION
 #define TOKI_VERSION "dev"
 #endif
@@ -20,19 +22,6 @@
  * tens of thousands of files is not a model repository we can help with. */
 #define PAGE_LIMIT (32u << 20)
 #define MAX_PAGES 100
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 const char *hub_endpoint(void)
 {
@@ -182,7 +171,7 @@ static int get_page_once(const char *url, const char *token, struct page *p, lon
 {
 	CURL *curl = curl_easy_init();
 	if (!curl) {
-		set_err(err, errlen, "cannot start libcurl");
+		err_set(err, errlen, "cannot start libcurl");
 		return -1;
 	}
 	struct curl_slist *h = NULL;
@@ -191,7 +180,7 @@ static int get_page_once(const char *url, const char *token, struct page *p, lon
 		if ((size_t)snprintf(auth, sizeof auth, "Authorization: Bearer %s", token) >=
 		    sizeof auth) {
 			curl_easy_cleanup(curl);
-			set_err(err, errlen, "HF_TOKEN is too long");
+			err_set(err, errlen, "HF_TOKEN is too long");
 			return -1;
 		}
 		h = curl_slist_append(h, auth);
@@ -224,10 +213,10 @@ static int get_page_once(const char *url, const char *token, struct page *p, lon
 	curl_slist_free_all(h);
 	if (rc != CURLE_OK) {
 		if (p->too_big)
-			set_err(err, errlen, "the listing from %s is larger than %u MiB", url,
+			err_set(err, errlen, "the listing from %s is larger than %u MiB", url,
 			        PAGE_LIMIT >> 20);
 		else
-			set_err(err, errlen, "cannot reach the hub at %s: %s", url,
+			err_set(err, errlen, "cannot reach the hub at %s: %s", url,
 			        msg[0] ? msg : curl_easy_strerror(rc));
 		return -1;
 	}
@@ -275,7 +264,7 @@ static int add_entries(json_t *arr, struct hub_listing *out, char *err, size_t e
 			continue;
 		struct hub_file *f = realloc(out->files, (out->n + 1) * sizeof *f);
 		if (!f) {
-			set_err(err, errlen, "out of memory");
+			err_set(err, errlen, "out of memory");
 			return -1;
 		}
 		out->files = f;
@@ -283,7 +272,7 @@ static int add_entries(json_t *arr, struct hub_listing *out, char *err, size_t e
 		memset(f, 0, sizeof *f);
 		f->path = strdup(path);
 		if (!f->path) {
-			set_err(err, errlen, "out of memory");
+			err_set(err, errlen, "out of memory");
 			return -1;
 		}
 		out->n++;
@@ -327,11 +316,11 @@ int hub_list_files(const char *endpoint, const char *repo, const char *revision,
 {
 	memset(out, 0, sizeof *out);
 	if (!hub_repo_is_valid(repo)) {
-		set_err(err, errlen, "'%s' is not a repository name of the form org/name", repo);
+		err_set(err, errlen, "'%s' is not a repository name of the form org/name", repo);
 		return -1;
 	}
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-		set_err(err, errlen, "cannot initialise libcurl");
+		err_set(err, errlen, "cannot initialise libcurl");
 		return -1;
 	}
 	char url[4096];
@@ -341,7 +330,7 @@ int hub_list_files(const char *endpoint, const char *repo, const char *revision,
 	    append(repo, url, sizeof url, &o) || append("/tree/", url, sizeof url, &o) ||
 	    encode(revision, 0, url, sizeof url, &o) ||
 	    append("?recursive=true", url, sizeof url, &o)) {
-		set_err(err, errlen, "the listing URL is too long");
+		err_set(err, errlen, "the listing URL is too long");
 		return -1;
 	}
 	for (int pages = 0; pages < MAX_PAGES; pages++) {
@@ -357,25 +346,25 @@ int hub_list_files(const char *endpoint, const char *repo, const char *revision,
 			free(p.data);
 			if (status == 401 || status == 403) {
 				if (token && *token)
-					set_err(err, errlen,
+					err_set(err, errlen,
 					        "the hub refused access to %s (HTTP %ld: %s): the "
 					        "token in HF_TOKEN has no access to it (a gated "
 					        "model must be accepted on its page first)",
 					        repo, status, msg);
 				else
-					set_err(
+					err_set(
 					    err, errlen,
 					    "the hub refused access to %s (HTTP %ld: %s): it is "
 					    "private or gated; set HF_TOKEN to a token that has "
 					    "access",
 					    repo, status, msg);
 			} else if (status == 404) {
-				set_err(err, errlen,
+				err_set(err, errlen,
 				        "no repository %s with revision %s at %s (HTTP 404: %s)%s",
 				        repo, revision, endpoint, msg,
 				        token && *token ? "" : "; a private one needs HF_TOKEN");
 			} else {
-				set_err(err, errlen, "listing %s at %s failed: HTTP %ld: %s", repo,
+				err_set(err, errlen, "listing %s at %s failed: HTTP %ld: %s", repo,
 				        endpoint, status, msg);
 			}
 			goto fail;
@@ -385,7 +374,7 @@ int hub_list_files(const char *endpoint, const char *repo, const char *revision,
 		free(p.data);
 		if (!json_is_array(arr)) {
 			json_decref(arr);
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "the hub's listing of %s is not a JSON array (%s); is %s a Hugging "
 			        "Face endpoint?",
 			        repo, je.text[0] ? je.text : "wrong type", endpoint);
@@ -402,14 +391,14 @@ int hub_list_files(const char *endpoint, const char *repo, const char *revision,
 		size_t el = strlen(endpoint);
 		if (strncmp(p.next, endpoint, el) != 0 ||
 		    (p.next[el] != '/' && p.next[el] != '\0')) {
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "the hub's next page %s is not on %s; refusing to follow", p.next,
 			        endpoint);
 			goto fail;
 		}
 		snprintf(url, sizeof url, "%s", p.next);
 	}
-	set_err(err, errlen, "%s has more than %d pages of files; giving up", repo, MAX_PAGES);
+	err_set(err, errlen, "%s has more than %d pages of files; giving up", repo, MAX_PAGES);
 fail:
 	hub_listing_free(out);
 	return -1;
@@ -574,14 +563,14 @@ static int pick_group(const struct hub_listing *l, const struct group *x, size_t
 			if (x->files[s] == (size_t)-1)
 				o += (size_t)snprintf(missing + o, sizeof missing - o, "%s%05d",
 				                      o ? ", " : "", s + 1);
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "%s is split into %d files but the repository lacks shard(s) %s of them",
 		        x->key, x->count, missing);
 		return -1;
 	}
 	*picked = malloc((size_t)x->count * sizeof **picked);
 	if (!*picked) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	for (int s = 0; s < x->count; s++)
@@ -619,20 +608,20 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 	struct group *g = NULL;
 	size_t n = 0;
 	if (build_groups(l, &g, &n) != 0) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	int rc = -1;
 	char list[2048];
 	size_t *match = malloc((n ? n : 1) * sizeof *match);
 	if (!match) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		goto out;
 	}
 	size_t nm = 0;
 	if (file) {
 		if (!ends_with_gguf(file)) {
-			set_err(err, errlen, "%s is not a .gguf file", file);
+			err_set(err, errlen, "%s is not a .gguf file", file);
 			goto out;
 		}
 		/* An exact path first, then a basename that only one path has. */
@@ -655,7 +644,7 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 		}
 		if (nm > 1) {
 			list_groups(l, g, n, match, nm, list, sizeof list);
-			set_err(
+			err_set(
 			    err, errlen,
 			    "%s names more than one file in the repository; give its full path: "
 			    "%s",
@@ -663,7 +652,7 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 			goto out;
 		}
 		list_groups(l, g, n, NULL, 0, list, sizeof list);
-		set_err(err, errlen, "the repository has no file %s; its GGUF files: %s", file,
+		err_set(err, errlen, "the repository has no file %s; its GGUF files: %s", file,
 		        list);
 		goto out;
 	}
@@ -671,7 +660,7 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 		size_t nb = 0;
 		size_t *bounded = malloc((n ? n : 1) * sizeof *bounded);
 		if (!bounded) {
-			set_err(err, errlen, "out of memory");
+			err_set(err, errlen, "out of memory");
 			goto out;
 		}
 		for (size_t k = 0; k < n; k++) {
@@ -694,7 +683,7 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 		}
 		if (nm > 1) {
 			list_groups(l, g, n, match, nm, list, sizeof list);
-			set_err(
+			err_set(
 			    err, errlen,
 			    "quant %s matches more than one model: %s; give a longer --quant or "
 			    "--file",
@@ -702,7 +691,7 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 			goto out;
 		}
 		list_groups(l, g, n, NULL, 0, list, sizeof list);
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "no GGUF in the repository matches quant %s; its GGUF files: %s", quant,
 		        list);
 		goto out;
@@ -715,11 +704,11 @@ int hub_choose(const struct hub_listing *l, const char *file, const char *quant,
 		goto out;
 	}
 	if (nm == 0) {
-		set_err(err, errlen, "the repository has no GGUF files");
+		err_set(err, errlen, "the repository has no GGUF files");
 		goto out;
 	}
 	list_groups(l, g, n, match, nm, list, sizeof list);
-	set_err(err, errlen, "the repository has %zu models; choose one with --quant or --file: %s",
+	err_set(err, errlen, "the repository has %zu models; choose one with --quant or --file: %s",
 	        nm, list);
 out:
 	free(match);

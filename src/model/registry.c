@@ -17,6 +17,7 @@
 #include <yaml.h>
 
 #include "util/paths.h"
+#include "util/err.h"
 
 /* A registry is a few kilobytes; anything past this is not one, and reading
  * it whole would only waste memory. */
@@ -27,19 +28,6 @@
 /* Deepest directory tree registry_purge_files() descends; a download
  * directory is one or two levels, so a deeper one is refused, not walked. */
 #define PURGE_MAX_DEPTH 16
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* --- Freeing and copying -------------------------------------------------- */
 
@@ -129,30 +117,30 @@ static int read_whole(const char *path, char **out, size_t *len, char *err, size
 	if (fd < 0) {
 		if (errno == ENOENT)
 			return 1;
-		set_err(err, errlen, "%s: %s", path, strerror(errno));
+		err_set(err, errlen, "%s: %s", path, strerror(errno));
 		return -1;
 	}
 	struct stat st;
 	if (fstat(fd, &st) != 0) {
-		set_err(err, errlen, "%s: %s", path, strerror(errno));
+		err_set(err, errlen, "%s: %s", path, strerror(errno));
 		close(fd);
 		return -1;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		set_err(err, errlen, "%s: %s", path,
+		err_set(err, errlen, "%s: %s", path,
 		        S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
 		close(fd);
 		return -1;
 	}
 	if ((unsigned long long)st.st_size > REGISTRY_MAX_BYTES) {
-		set_err(err, errlen, "%s: %lld bytes is too large for a model registry", path,
+		err_set(err, errlen, "%s: %lld bytes is too large for a model registry", path,
 		        (long long)st.st_size);
 		close(fd);
 		return -1;
 	}
 	char *buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		set_err(err, errlen, "%s: out of memory", path);
+		err_set(err, errlen, "%s: out of memory", path);
 		close(fd);
 		return -1;
 	}
@@ -162,7 +150,7 @@ static int read_whole(const char *path, char **out, size_t *len, char *err, size
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
-			set_err(err, errlen, "%s: %s", path, strerror(errno));
+			err_set(err, errlen, "%s: %s", path, strerror(errno));
 			free(buf);
 			close(fd);
 			return -1;
@@ -199,17 +187,17 @@ static void parser_error(const yaml_parser_t *p, const char *path, const char *b
 {
 	const char *problem = p->problem ? p->problem : "cannot parse";
 	if (p->error == YAML_MEMORY_ERROR) {
-		set_err(err, errlen, "%s: out of memory while parsing", path);
+		err_set(err, errlen, "%s: out of memory while parsing", path);
 	} else if (p->error == YAML_READER_ERROR) {
 		size_t line, col;
 		offset_to_mark(buf, len, p->problem_offset, &line, &col);
-		set_err(err, errlen, "%s:%zu:%zu: %s", path, line, col, problem);
+		err_set(err, errlen, "%s:%zu:%zu: %s", path, line, col, problem);
 	} else if (p->context) {
-		set_err(err, errlen, "%s:%zu:%zu: %s (%s at line %zu)", path,
+		err_set(err, errlen, "%s:%zu:%zu: %s (%s at line %zu)", path,
 		        p->problem_mark.line + 1, p->problem_mark.column + 1, problem, p->context,
 		        p->context_mark.line + 1);
 	} else {
-		set_err(err, errlen, "%s:%zu:%zu: %s", path, p->problem_mark.line + 1,
+		err_set(err, errlen, "%s:%zu:%zu: %s", path, p->problem_mark.line + 1,
 		        p->problem_mark.column + 1, problem);
 	}
 }
@@ -267,7 +255,7 @@ static int walk_fail(struct walk *w, const yaml_node_t *n, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	set_err(w->err, w->errlen, "%s:%zu: %s", w->path, node_line(n), msg);
+	err_set(w->err, w->errlen, "%s:%zu: %s", w->path, node_line(n), msg);
 	return -1;
 }
 
@@ -494,7 +482,7 @@ static int parse_registry(const char *path, const char *buf, size_t len, struct 
 {
 	yaml_parser_t parser;
 	if (!yaml_parser_initialize(&parser)) {
-		set_err(err, errlen, "%s: out of memory", path);
+		err_set(err, errlen, "%s: out of memory", path);
 		return -1;
 	}
 	yaml_parser_set_input_string(&parser, (const unsigned char *)buf, len);
@@ -519,7 +507,7 @@ static int parse_registry(const char *path, const char *buf, size_t len, struct 
 			} else {
 				yaml_node_t *root2 = yaml_document_get_root_node(&doc2);
 				if (root2) {
-					set_err(
+					err_set(
 					    err, errlen,
 					    "%s:%zu: a second YAML document; the registry is one "
 					    "document",
@@ -557,7 +545,7 @@ int registry_load(struct registry *r, char *err, size_t errlen)
 	char path[4096];
 	memset(r, 0, sizeof *r);
 	if (paths_registry_file(path, sizeof path) != 0) {
-		set_err(err, errlen, "the registry path is too long");
+		err_set(err, errlen, "the registry path is too long");
 		return -1;
 	}
 	return registry_load_file(path, r, err, errlen);
@@ -722,19 +710,19 @@ static int write_registry(const char *path, const struct registry *r, char *err,
 {
 	char tmp[4200];
 	if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-		set_err(err, errlen, "%s: path too long", path);
+		err_set(err, errlen, "%s: path too long", path);
 		return -1;
 	}
 	struct stat old;
 	mode_t mode = stat(path, &old) == 0 ? (old.st_mode & 07777) : 0644;
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0) {
-		set_err(err, errlen, "%s: %s", tmp, strerror(errno));
+		err_set(err, errlen, "%s: %s", tmp, strerror(errno));
 		return -1;
 	}
 	FILE *f = fdopen(fd, "w");
 	if (!f) {
-		set_err(err, errlen, "%s: %s", tmp, strerror(errno));
+		err_set(err, errlen, "%s: %s", tmp, strerror(errno));
 		close(fd);
 		unlink(tmp);
 		return -1;
@@ -754,12 +742,12 @@ static int write_registry(const char *path, const struct registry *r, char *err,
 		saved = errno;
 	}
 	if (!ok) {
-		set_err(err, errlen, "%s: write failed: %s", tmp, strerror(saved ? saved : EIO));
+		err_set(err, errlen, "%s: write failed: %s", tmp, strerror(saved ? saved : EIO));
 		unlink(tmp);
 		return -1;
 	}
 	if (rename(tmp, path) != 0) {
-		set_err(err, errlen, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
+		err_set(err, errlen, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
 		unlink(tmp);
 		return -1;
 	}
@@ -782,7 +770,7 @@ static int registry_update(mutate_fn fn, const void *arg, char *err, size_t errl
 {
 	char cfg[4096], path[4096], dir[4096], lock[4200];
 	if (paths_registry_file(cfg, sizeof cfg) != 0) {
-		set_err(err, errlen, "the registry path is too long");
+		err_set(err, errlen, "the registry path is too long");
 		return -1;
 	}
 	/* Write through a symbolic link (dotfile managers link ~/.config files)
@@ -795,30 +783,30 @@ static int registry_update(mutate_fn fn, const void *arg, char *err, size_t errl
 	free(real);
 	dir_of(path, dir, sizeof dir);
 	if (paths_mkdir_p(dir, 0700) != 0) {
-		set_err(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+		err_set(err, errlen, "cannot create %s: %s", dir, strerror(errno));
 		return -1;
 	}
 	if (snprintf(lock, sizeof lock, "%s.lock", path) >= (int)sizeof lock) {
-		set_err(err, errlen, "%s: path too long", path);
+		err_set(err, errlen, "%s: path too long", path);
 		return -1;
 	}
 	int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (lfd < 0) {
-		set_err(err, errlen, "%s: %s", lock, strerror(errno));
+		err_set(err, errlen, "%s: %s", lock, strerror(errno));
 		return -1;
 	}
 	int rc;
 	while ((rc = flock(lfd, LOCK_EX)) != 0 && errno == EINTR)
 		;
 	if (rc != 0) {
-		set_err(err, errlen, "%s: cannot lock: %s", lock, strerror(errno));
+		err_set(err, errlen, "%s: cannot lock: %s", lock, strerror(errno));
 		close(lfd);
 		return -1;
 	}
 	struct registry r;
 	char perr[1024];
 	if (registry_load_file(path, &r, perr, sizeof perr) != 0) {
-		set_err(err, errlen, "not changing the registry, which has an error: %s", perr);
+		err_set(err, errlen, "not changing the registry, which has an error: %s", perr);
 		close(lfd);
 		return -1;
 	}
@@ -834,7 +822,7 @@ static int check_name(const char *name, char *err, size_t errlen)
 {
 	if (name && paths_is_safe_name(name))
 		return 0;
-	set_err(err, errlen,
+	err_set(err, errlen,
 	        "'%.40s' is not a valid model name: use letters, digits, '.', '_' and '-' "
 	        "(not '.' or '..', at most 128)",
 	        name ? name : "(null)");
@@ -852,7 +840,7 @@ static int mutate_set(struct registry *r, const char *path, const void *arg, cha
 	const struct set_arg *a = arg;
 	struct registry_model copy;
 	if (model_copy(&copy, a->name, a->m) != 0) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	for (int i = 0; i < r->n; i++) {
@@ -865,7 +853,7 @@ static int mutate_set(struct registry *r, const char *path, const void *arg, cha
 	struct registry_model *grown = realloc(r->models, ((size_t)r->n + 1) * sizeof *grown);
 	if (!grown) {
 		model_free(&copy);
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return -1;
 	}
 	r->models = grown;
@@ -878,22 +866,22 @@ int registry_set_model(const char *name, const struct registry_model *m, char *e
 	if (check_name(name, err, errlen) != 0)
 		return -1;
 	if (!m || !m->path || !*m->path) {
-		set_err(err, errlen, "model '%s': a path to the GGUF file is required", name);
+		err_set(err, errlen, "model '%s': a path to the GGUF file is required", name);
 		return -1;
 	}
 	if (m->ctx < 0 || m->ctx > REGISTRY_MAX_TOKENS || m->max_output < 0 ||
 	    m->max_output > REGISTRY_MAX_TOKENS) {
-		set_err(err, errlen, "model '%s': ctx and max_output must be 0 (unset) to %ld",
+		err_set(err, errlen, "model '%s': ctx and max_output must be 0 (unset) to %ld",
 		        name, REGISTRY_MAX_TOKENS);
 		return -1;
 	}
 	if (m->n_args < 0 || (m->n_args > 0 && !m->args)) {
-		set_err(err, errlen, "model '%s': bad argument list", name);
+		err_set(err, errlen, "model '%s': bad argument list", name);
 		return -1;
 	}
 	for (int i = 0; i < m->n_args; i++) {
 		if (!m->args[i]) {
-			set_err(err, errlen, "model '%s': argument %d is missing", name, i);
+			err_set(err, errlen, "model '%s': argument %d is missing", name, i);
 			return -1;
 		}
 	}
@@ -918,7 +906,7 @@ static int mutate_remove(struct registry *r, const char *path, const void *arg, 
 		}
 		return 0;
 	}
-	set_err(err, errlen, "no model named '%s' in %s", name, path);
+	err_set(err, errlen, "no model named '%s' in %s", name, path);
 	return -1;
 }
 
@@ -936,12 +924,12 @@ static int mutate_active(struct registry *r, const char *path, const void *arg, 
 	char *dup = NULL;
 	if (name) {
 		if (!registry_find(r, name)) {
-			set_err(err, errlen, "no model named '%s' in %s", name, path);
+			err_set(err, errlen, "no model named '%s' in %s", name, path);
 			return -1;
 		}
 		dup = strdup(name);
 		if (!dup) {
-			set_err(err, errlen, "out of memory");
+			err_set(err, errlen, "out of memory");
 			return -1;
 		}
 	}
@@ -1002,12 +990,12 @@ static int purge_at(int dfd, const char *name, int depth, struct registry_purge 
 	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
 		if (errno == ENOENT)
 			return 0;
-		set_err(err, errlen, "%s/.../%s: %s", out->dir, name, strerror(errno));
+		err_set(err, errlen, "%s/.../%s: %s", out->dir, name, strerror(errno));
 		return -1;
 	}
 	if (!S_ISDIR(st.st_mode)) {
 		if (unlinkat(dfd, name, 0) != 0) {
-			set_err(err, errlen, "cannot delete %s/.../%s: %s", out->dir, name,
+			err_set(err, errlen, "cannot delete %s/.../%s: %s", out->dir, name,
 			        strerror(errno));
 			return -1;
 		}
@@ -1017,18 +1005,18 @@ static int purge_at(int dfd, const char *name, int depth, struct registry_purge 
 		return 0;
 	}
 	if (depth >= PURGE_MAX_DEPTH) {
-		set_err(err, errlen, "%s: nested more than %d directories deep; not deleting",
+		err_set(err, errlen, "%s: nested more than %d directories deep; not deleting",
 		        out->dir, PURGE_MAX_DEPTH);
 		return -1;
 	}
 	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
-		set_err(err, errlen, "%s/.../%s: %s", out->dir, name, strerror(errno));
+		err_set(err, errlen, "%s/.../%s: %s", out->dir, name, strerror(errno));
 		return -1;
 	}
 	DIR *d = fdopendir(fd);
 	if (!d) {
-		set_err(err, errlen, "%s/.../%s: %s", out->dir, name, strerror(errno));
+		err_set(err, errlen, "%s/.../%s: %s", out->dir, name, strerror(errno));
 		close(fd);
 		return -1;
 	}
@@ -1051,7 +1039,7 @@ static int purge_at(int dfd, const char *name, int depth, struct registry_purge 
 	if (rc != 0)
 		return -1;
 	if (unlinkat(dfd, name, AT_REMOVEDIR) != 0) {
-		set_err(err, errlen, "cannot delete %s: %s", out->dir, strerror(errno));
+		err_set(err, errlen, "cannot delete %s: %s", out->dir, strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -1083,7 +1071,7 @@ int registry_purge_files(const char *name, const char *model_path, struct regist
 	char sub[256];
 	snprintf(sub, sizeof sub, "models/%s", name);
 	if (paths_state_sub(out->dir, sizeof out->dir, sub) != 0) {
-		set_err(err, errlen, "the state directory path is too long");
+		err_set(err, errlen, "the state directory path is too long");
 		return -1;
 	}
 	struct stat st;
@@ -1093,14 +1081,14 @@ int registry_purge_files(const char *name, const char *model_path, struct regist
 	if (lstat(out->dir, &st) != 0) {
 		if (errno == ENOENT)
 			return 0;
-		set_err(err, errlen, "%s: %s", out->dir, strerror(errno));
+		err_set(err, errlen, "%s: %s", out->dir, strerror(errno));
 		return -1;
 	}
 	char parent[1024];
 	dir_of(out->dir, parent, sizeof parent);
 	int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (pfd < 0) {
-		set_err(err, errlen, "%s: %s", parent, strerror(errno));
+		err_set(err, errlen, "%s: %s", parent, strerror(errno));
 		return -1;
 	}
 	/* models/<name> itself a link (to a user's directory, say): only the

@@ -25,6 +25,7 @@
 
 #include "model/download.h"
 #include "util/paths.h"
+#include "util/err.h"
 
 /* A detection tool that has not answered by then is taken as absent: a hung
  * driver must not hang the install. */
@@ -33,19 +34,6 @@
 /* How deep below an install's root llama-server and build.json may sit
  * (archives put it at llama-<tag>/ or build/bin/). */
 #define SEARCH_DEPTH 5
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* --- the release API ----------------------------------------------------- */
 
@@ -99,7 +87,7 @@ int release_fetch(const char *tag, struct release_info *out, char *err, size_t e
 {
 	memset(out, 0, sizeof *out);
 	if (tag && !paths_is_safe_name(tag)) {
-		set_err(err, errlen, "'%s' is not a release tag (expected e.g. b6000)", tag);
+		err_set(err, errlen, "'%s' is not a release tag (expected e.g. b6000)", tag);
 		return -1;
 	}
 	char ep[2048], url[4096];
@@ -120,15 +108,15 @@ int release_fetch(const char *tag, struct release_info *out, char *err, size_t e
 		api_message(body, msg, sizeof msg);
 		free(body);
 		if (status == 404 && tag)
-			set_err(err, errlen, "llama.cpp has no release tagged %s (%s: HTTP 404)",
+			err_set(err, errlen, "llama.cpp has no release tagged %s (%s: HTTP 404)",
 			        tag, url);
 		else if (status == 403 || status == 429)
-			set_err(err, errlen, "the release API refused the request (HTTP %ld: %s)%s",
+			err_set(err, errlen, "the release API refused the request (HTTP %ld: %s)%s",
 			        status, msg,
 			        token && *token ? ""
 			                        : "; a GITHUB_TOKEN raises GitHub's rate limit");
 		else
-			set_err(err, errlen, "fetching %s failed: HTTP %ld: %s", url, status, msg);
+			err_set(err, errlen, "fetching %s failed: HTTP %ld: %s", url, status, msg);
 		return -1;
 	}
 	json_error_t je;
@@ -138,13 +126,13 @@ int release_fetch(const char *tag, struct release_info *out, char *err, size_t e
 	json_t *assets = json_object_get(j, "assets");
 	if (!tag_name || !json_is_array(assets)) {
 		json_decref(j);
-		set_err(err, errlen, "the answer from %s is not a release (no tag_name or assets)",
+		err_set(err, errlen, "the answer from %s is not a release (no tag_name or assets)",
 		        url);
 		return -1;
 	}
 	if (!paths_is_safe_name(tag_name)) {
 		json_decref(j);
-		set_err(err, errlen, "the release's tag '%s' is not usable as a name", tag_name);
+		err_set(err, errlen, "the release's tag '%s' is not usable as a name", tag_name);
 		return -1;
 	}
 	out->tag = strdup(tag_name);
@@ -180,7 +168,7 @@ int release_fetch(const char *tag, struct release_info *out, char *err, size_t e
 oom:
 	json_decref(j);
 	release_info_free(out);
-	set_err(err, errlen, "out of memory");
+	err_set(err, errlen, "out of memory");
 	return -1;
 }
 
@@ -190,7 +178,7 @@ int release_platform(const char **os, const char **arch, char *err, size_t errle
 {
 	struct utsname u;
 	if (uname(&u) != 0) {
-		set_err(err, errlen, "uname failed: %s", strerror(errno));
+		err_set(err, errlen, "uname failed: %s", strerror(errno));
 		return -1;
 	}
 	if (!strcmp(u.sysname, "Linux")) {
@@ -198,7 +186,7 @@ int release_platform(const char **os, const char **arch, char *err, size_t errle
 	} else if (!strcmp(u.sysname, "Darwin")) {
 		*os = "macos";
 	} else {
-		set_err(err, errlen, "llama.cpp publishes no builds toki can use for %s",
+		err_set(err, errlen, "llama.cpp publishes no builds toki can use for %s",
 		        u.sysname);
 		return -1;
 	}
@@ -209,7 +197,7 @@ int release_platform(const char **os, const char **arch, char *err, size_t errle
 	} else if (!strcmp(u.machine, "s390x")) {
 		*arch = "s390x";
 	} else {
-		set_err(err, errlen, "llama.cpp publishes no builds for the %s CPU", u.machine);
+		err_set(err, errlen, "llama.cpp publishes no builds for the %s CPU", u.machine);
 		return -1;
 	}
 	return 0;
@@ -490,7 +478,7 @@ int release_choose_asset(const struct release_info *r, const char *os, const cha
 			ao += (size_t)snprintf(all + ao, sizeof all - ao, "%s%s", ao ? ", " : "",
 			                       k.platform);
 	}
-	set_err(err, errlen,
+	err_set(err, errlen,
 	        "llama.cpp %s has no %s build for %s %s. Builds for %s %s in this release: %s. "
 	        "All its builds: %s",
 	        r->tag, backend, os, arch, os, arch, here[0] ? here : "none",
@@ -580,7 +568,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 	struct archive_entry *e;
 	int rc = -1;
 	if (!in || !out) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		goto done;
 	}
 	archive_read_support_filter_all(in);
@@ -592,7 +580,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 	    out, ARCHIVE_EXTRACT_TIME | ARCHIVE_EXTRACT_PERM | ARCHIVE_EXTRACT_SECURE_SYMLINKS |
 	             ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_SECURE_NOABSOLUTEPATHS);
 	if (archive_read_open_filename(in, archive, 65536) != ARCHIVE_OK) {
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "cannot open the archive %s (a .zip or .tar.gz was expected): %s", archive,
 		        archive_error_string(in));
 		goto done;
@@ -603,7 +591,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 		if (r == ARCHIVE_EOF)
 			break;
 		if (r < ARCHIVE_WARN) {
-			set_err(err, errlen, "the archive %s is damaged: %s", archive,
+			err_set(err, errlen, "the archive %s is damaged: %s", archive,
 			        archive_error_string(in));
 			goto done;
 		}
@@ -611,7 +599,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 		char path[4096];
 		int depth = clean_member(raw, path, sizeof path);
 		if (depth < 0) {
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "the archive has a member with an unsafe path '%s' (absolute or "
 			        "with ..); refusing to unpack it",
 			        raw ? raw : "");
@@ -622,7 +610,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 		if (hard) {
 			char target[4096];
 			if (clean_member(hard, target, sizeof target) < 0) {
-				set_err(err, errlen,
+				err_set(err, errlen,
 				        "the archive's hard link %s points to an unsafe path '%s'; "
 				        "refusing to unpack it",
 				        raw, hard);
@@ -632,7 +620,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 		} else if (type == AE_IFLNK) {
 			const char *target = archive_entry_symlink(e);
 			if (!link_stays_inside(depth, target)) {
-				set_err(
+				err_set(
 				    err, errlen,
 				    "the archive's symbolic link %s points outside it (to '%s'); "
 				    "refusing to unpack it",
@@ -640,7 +628,7 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 				goto done;
 			}
 		} else if (type != AE_IFREG && type != AE_IFDIR) {
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "the archive member %s is not a file, directory or link; refusing "
 			        "to unpack it",
 			        raw);
@@ -655,25 +643,25 @@ static int unpack_here(const char *archive, char *err, size_t errlen)
 		archive_entry_set_perm(e, perm);
 		r = archive_write_header(out, e);
 		if (r < ARCHIVE_WARN) {
-			set_err(err, errlen, "cannot unpack %s: %s", path,
+			err_set(err, errlen, "cannot unpack %s: %s", path,
 			        archive_error_string(out));
 			goto done;
 		}
 		if (archive_entry_size(e) > 0 && copy_data(in, out) != ARCHIVE_OK) {
-			set_err(err, errlen, "cannot unpack %s: %s", path,
+			err_set(err, errlen, "cannot unpack %s: %s", path,
 			        archive_error_string(out) ? archive_error_string(out)
 			                                  : archive_error_string(in));
 			goto done;
 		}
 		if (archive_write_finish_entry(out) < ARCHIVE_WARN) {
-			set_err(err, errlen, "cannot finish %s: %s", path,
+			err_set(err, errlen, "cannot finish %s: %s", path,
 			        archive_error_string(out));
 			goto done;
 		}
 		members++;
 	}
 	if (!members) {
-		set_err(err, errlen, "the archive %s is empty", archive);
+		err_set(err, errlen, "the archive %s is empty", archive);
 		goto done;
 	}
 	rc = 0;
@@ -694,7 +682,7 @@ int release_unpack(const char *archive, const char *dir, char *err, size_t errle
 	if (archive[0] != '/') {
 		char cwd[2048];
 		if (!getcwd(cwd, sizeof cwd)) {
-			set_err(err, errlen, "getcwd: %s", strerror(errno));
+			err_set(err, errlen, "getcwd: %s", strerror(errno));
 			return -1;
 		}
 		snprintf(abs_archive, sizeof abs_archive, "%s/%s", cwd, archive);
@@ -702,17 +690,17 @@ int release_unpack(const char *archive, const char *dir, char *err, size_t errle
 	}
 	int saved = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (saved < 0) {
-		set_err(err, errlen, "cannot open the current directory: %s", strerror(errno));
+		err_set(err, errlen, "cannot open the current directory: %s", strerror(errno));
 		return -1;
 	}
 	if (chdir(dir) != 0) {
-		set_err(err, errlen, "cannot enter %s: %s", dir, strerror(errno));
+		err_set(err, errlen, "cannot enter %s: %s", dir, strerror(errno));
 		close(saved);
 		return -1;
 	}
 	int rc = unpack_here(archive, err, errlen);
 	if (fchdir(saved) != 0 && rc == 0) {
-		set_err(err, errlen, "cannot return to the working directory: %s", strerror(errno));
+		err_set(err, errlen, "cannot return to the working directory: %s", strerror(errno));
 		rc = -1;
 	}
 	close(saved);
@@ -783,13 +771,13 @@ static int write_build_json(const char *path, const char *tag, const char *backe
 	              a->sha256[0] ? a->sha256 : NULL, "sha256_verified", verified, "llama_server",
 	              server, "gfx", gfx, "installed_at", (json_int_t)time(NULL));
 	if (!j) {
-		set_err(err, errlen, "cannot build build.json (out of memory?)");
+		err_set(err, errlen, "cannot build build.json (out of memory?)");
 		return -1;
 	}
 	int rc = json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS);
 	json_decref(j);
 	if (rc != 0) {
-		set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
+		err_set(err, errlen, "cannot write %s: %s", path, strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -801,11 +789,11 @@ int release_install(const struct release_info *r, size_t asset,
 {
 	const struct release_asset *a = &r->assets[asset];
 	if (!paths_is_safe_name(o->name)) {
-		set_err(err, errlen, "'%s' is not a usable install name", o->name);
+		err_set(err, errlen, "'%s' is not a usable install name", o->name);
 		return -1;
 	}
 	if (!paths_is_safe_name(a->name)) {
-		set_err(err, errlen, "the asset name '%s' is not usable as a file name", a->name);
+		err_set(err, errlen, "the asset name '%s' is not usable as a file name", a->name);
 		return -1;
 	}
 	char root[4096], final[4096], downloads[4096], archive[4096], tmp[4096];
@@ -817,17 +805,17 @@ int release_install(const struct release_info *r, size_t asset,
 	        sizeof archive ||
 	    (size_t)snprintf(tmp, sizeof tmp, "%s/.unpack-%s-XXXXXX", root, o->name) >=
 	        sizeof tmp) {
-		set_err(err, errlen, "the state directory path is too long");
+		err_set(err, errlen, "the state directory path is too long");
 		return -1;
 	}
 	struct stat st;
 	if (lstat(final, &st) == 0 && !o->force) {
-		set_err(err, errlen, "a build is already installed as %s (%s); --force replaces it",
+		err_set(err, errlen, "a build is already installed as %s (%s); --force replaces it",
 		        o->name, final);
 		return -1;
 	}
 	if (paths_mkdir_p(downloads, 0755) != 0) {
-		set_err(err, errlen, "cannot create %s: %s", downloads, strerror(errno));
+		err_set(err, errlen, "cannot create %s: %s", downloads, strerror(errno));
 		return -1;
 	}
 	int verified = a->sha256[0] != '\0';
@@ -846,7 +834,7 @@ int release_install(const struct release_info *r, size_t asset,
 	if (verified)
 		fprintf(stderr, "toki: %s matches the release's SHA-256 %s\n", a->name, a->sha256);
 	if (!mkdtemp(tmp)) {
-		set_err(err, errlen, "cannot create a directory in %s: %s", root, strerror(errno));
+		err_set(err, errlen, "cannot create a directory in %s: %s", root, strerror(errno));
 		return -1;
 	}
 	char found[4096];
@@ -854,7 +842,7 @@ int release_install(const struct release_info *r, size_t asset,
 	if (release_unpack(archive, tmp, err, errlen) != 0)
 		goto fail;
 	if (!find_file(tmp, "llama-server", 0, found, sizeof found, &found_depth)) {
-		set_err(err, errlen, "the archive %s has no llama-server in it", a->name);
+		err_set(err, errlen, "the archive %s has no llama-server in it", a->name);
 		goto fail;
 	}
 	/* A zip made without Unix modes loses the executable bit. */
@@ -876,19 +864,19 @@ int release_install(const struct release_info *r, size_t asset,
 		    !mkdtemp(old) || rename(final, old) != 0) {
 			/* mkdtemp made a directory; rename over an empty one is fine,
 			 * so only a real failure lands here. */
-			set_err(err, errlen, "cannot move the old %s aside: %s", final,
+			err_set(err, errlen, "cannot move the old %s aside: %s", final,
 			        strerror(errno));
 			goto fail;
 		}
 		if (rename(tmp, final) != 0) {
-			set_err(err, errlen, "cannot move the build into %s: %s", final,
+			err_set(err, errlen, "cannot move the build into %s: %s", final,
 			        strerror(errno));
 			rename(old, final);
 			goto fail;
 		}
 		remove_tree(old);
 	} else if (rename(tmp, final) != 0) {
-		set_err(err, errlen, "cannot move the build into %s: %s", final, strerror(errno));
+		err_set(err, errlen, "cannot move the build into %s: %s", final, strerror(errno));
 		goto fail;
 	}
 	unlink(archive);
@@ -913,7 +901,7 @@ static int parse_build(const char *json_path, const char *name, const char *dir,
 	json_t *j = json_load_file(json_path, 0, &je);
 	if (!json_is_object(j)) {
 		json_decref(j);
-		set_err(err, errlen, "%s is not valid JSON: %s (line %d)", json_path, je.text,
+		err_set(err, errlen, "%s is not valid JSON: %s (line %d)", json_path, je.text,
 		        je.line);
 		return -1;
 	}
@@ -936,7 +924,7 @@ static int parse_build(const char *json_path, const char *name, const char *dir,
 	snprintf(slash + 1, sizeof b->llama_server - (size_t)(slash + 1 - b->llama_server),
 	         "llama-server");
 	if (access(b->llama_server, X_OK) != 0) {
-		set_err(err, errlen, "the install %s is broken: %s is missing or not executable",
+		err_set(err, errlen, "the install %s is broken: %s is missing or not executable",
 		        name, b->llama_server);
 		return -1;
 	}
@@ -950,7 +938,7 @@ static int read_build(const char *dir, const char *name, struct release_build *b
 	int depth = -1;
 	if (!find_file(dir, "build.json", 0, json_path, sizeof json_path, &depth)) {
 		memset(b, 0, sizeof *b);
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "%s has no build.json; reinstall it with toki model install-llama", dir);
 		return -1;
 	}
@@ -962,19 +950,19 @@ int release_build_of_server(const char *llama_server, struct release_build *b, c
 {
 	char json_path[4096];
 	if ((size_t)snprintf(json_path, sizeof json_path, "%s", llama_server) >= sizeof json_path) {
-		set_err(err, errlen, "the path %s is too long", llama_server);
+		err_set(err, errlen, "the path %s is too long", llama_server);
 		return -1;
 	}
 	char *slash = strrchr(json_path, '/');
 	size_t at = slash ? (size_t)(slash + 1 - json_path) : 0;
 	if (at + sizeof "build.json" > sizeof json_path) {
-		set_err(err, errlen, "the path %s is too long", llama_server);
+		err_set(err, errlen, "the path %s is too long", llama_server);
 		return -1;
 	}
 	memcpy(json_path + at, "build.json", sizeof "build.json");
 	if (access(json_path, R_OK) != 0) {
 		memset(b, 0, sizeof *b);
-		set_err(err, errlen, "%s is not a build toki installed (no %s)", llama_server,
+		err_set(err, errlen, "%s is not a build toki installed (no %s)", llama_server,
 		        json_path);
 		return -1;
 	}
@@ -985,18 +973,18 @@ int release_find_build(const char *name, struct release_build *b, char *err, siz
 {
 	char root[4096], dir[4096];
 	if (paths_state_sub(root, sizeof root, "llama") != 0) {
-		set_err(err, errlen, "the state directory path is too long");
+		err_set(err, errlen, "the state directory path is too long");
 		return -1;
 	}
 	if (name) {
 		if (!paths_is_safe_name(name)) {
-			set_err(err, errlen, "'%s' is not a valid install name", name);
+			err_set(err, errlen, "'%s' is not a valid install name", name);
 			return -1;
 		}
 		struct stat st;
 		if ((size_t)snprintf(dir, sizeof dir, "%s/%s", root, name) >= sizeof dir ||
 		    stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-			set_err(err, errlen,
+			err_set(err, errlen,
 			        "no llama.cpp build is installed as %s (in %s); toki model "
 			        "install-llama --name %s installs one",
 			        name, root, name);
@@ -1006,7 +994,7 @@ int release_find_build(const char *name, struct release_build *b, char *err, siz
 	}
 	DIR *d = opendir(root);
 	if (!d) {
-		set_err(err, errlen, "no llama.cpp build is installed (%s does not exist)", root);
+		err_set(err, errlen, "no llama.cpp build is installed (%s does not exist)", root);
 		return -1;
 	}
 	struct dirent *de;
@@ -1030,7 +1018,7 @@ int release_find_build(const char *name, struct release_build *b, char *err, siz
 	}
 	closedir(d);
 	if (!found) {
-		set_err(err, errlen, "no llama.cpp build is installed in %s", root);
+		err_set(err, errlen, "no llama.cpp build is installed in %s", root);
 		return -1;
 	}
 	return 0;

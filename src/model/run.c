@@ -317,3 +317,16 @@ int run_list(struct run_info **out, int *n)
 	closedir(d);
 	return 0;
 }
+
+void run_info_url(const struct run_info *ri, char *url, size_t n)
+{
+	const char *h = ri->host;
+	if (!*h || !strcmp(h, "0.0.0.0"))
+		h = "127.0.0.1";
+	else if (!strcmp(h, "::"))
+		h = "::1";
+	if (strchr(h, ':'))
+		snprintf(url, n, "http://[%s]:%d", h, ri->port);
+	else
+		snprintf(url, n, "http://%s:%d", h, ri->port);
+}

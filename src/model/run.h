@@ -46,6 +46,9 @@ int run_stop(const char *name, int timeout_s, char *err, size_t errlen);
 int run_list(struct run_info **out, int *n);
 /* One run's info if it is alive: 0, else -1. */
 int run_get(const char *name, struct run_info *info);
+/* The run's daemon as a client reaches it, "http://host:port": a wildcard
+ * bind is reached on loopback, an IPv6 address goes in brackets. */
+void run_info_url(const struct run_info *ri, char *url, size_t n);
 /* GET http://127.0.0.1:port/path into a new buffer (or NULL). */
 char *run_http_get(const char *host, int port, const char *path, long *status, int timeout_s);
 

@@ -12,19 +12,10 @@
 #include "model/registry.h"
 #include "model/run.h"
 #include "util/clock.h"
+#include "util/err.h"
 
 #define ERRBODY_MAX (64 * 1024)
 #define STREAM_EVENT_MAX (64 * 1024 * 1024)
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	if (!err || !errlen)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
 
 /* --- set-up ---------------------------------------------------------------- */
 
@@ -41,7 +32,7 @@ int client_global_init(char *err, size_t errlen)
 	}
 	pthread_mutex_unlock(&global_lock);
 	if (rc != CURLE_OK) {
-		set_err(err, errlen, "cannot initialise libcurl: %s", curl_easy_strerror(rc));
+		err_set(err, errlen, "cannot initialise libcurl: %s", curl_easy_strerror(rc));
 		return -1;
 	}
 	return 0;
@@ -69,21 +60,6 @@ static void normalise_url(const char *in, char *out, size_t n)
 	}
 }
 
-/* A run's address as a client reaches it: a wildcard bind is reached on
- * loopback, an IPv6 address goes in brackets. */
-static void run_url(const struct run_info *ri, char *out, size_t n)
-{
-	const char *host = ri->host;
-	if (!*host || !strcmp(host, "0.0.0.0"))
-		host = "127.0.0.1";
-	else if (!strcmp(host, "::"))
-		host = "::1";
-	if (strchr(host, ':'))
-		snprintf(out, n, "http://[%s]:%d", host, ri->port);
-	else
-		snprintf(out, n, "http://%s:%d", host, ri->port);
-}
-
 enum client_url_source client_find_daemon(const char *url, char *out, size_t n, char *run_name,
                                           size_t run_name_len)
 {
@@ -107,7 +83,7 @@ enum client_url_source client_find_daemon(const char *url, char *out, size_t n, 
 				registry_free(&reg);
 			}
 		}
-		run_url(&runs[pick], out, n);
+		run_info_url(&runs[pick], out, n);
 		if (run_name && run_name_len)
 			snprintf(run_name, run_name_len, "%s", runs[pick].name);
 		free(runs);
@@ -190,7 +166,7 @@ static int is_down(CURLcode rc)
 
 static void down_message(const struct client *c, CURLcode rc, char *err, size_t errlen)
 {
-	set_err(err, errlen,
+	err_set(err, errlen,
 	        "no toki daemon answers at %s (%s); start one with `toki model use NAME` or "
 	        "`toki up --model FILE.gguf`, or name another with --url",
 	        c->base_url, curl_easy_strerror(rc));
@@ -218,12 +194,12 @@ static void http_error_message(const struct client *c, long status, const char *
 		msg = snippet;
 	}
 	if (status == 401)
-		set_err(err, errlen,
+		err_set(err, errlen,
 		        "%s refused the token (401: %s); the token comes from $TOKI_TOKEN, else "
 		        "$TOKI_STATE_DIR/token (~/.local/state/tokirecur/token): use the daemon's",
 		        c->base_url, msg && *msg ? msg : "unauthorized");
 	else
-		set_err(err, errlen, "%s answered %ld: %s", c->base_url, status,
+		err_set(err, errlen, "%s answered %ld: %s", c->base_url, status,
 		        msg && *msg ? msg : "(no message)");
 	json_decref(j);
 }
@@ -288,7 +264,7 @@ int client_request(const struct client *c, const char *method, const char *path,
 	struct curl_slist *h = curl ? headers_for(c, body != NULL, 0, &oom) : NULL;
 	if (!curl || !h) {
 		curl_easy_cleanup(curl);
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		return CLIENT_ERROR;
 	}
 	struct membuf m = {0};
@@ -312,10 +288,10 @@ int client_request(const struct client *c, const char *method, const char *path,
 		down_message(c, rc, err, errlen);
 		ret = CLIENT_DOWN;
 	} else if (m.oom) {
-		set_err(err, errlen, "out of memory");
+		err_set(err, errlen, "out of memory");
 		ret = CLIENT_ERROR;
 	} else {
-		set_err(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(rc));
+		err_set(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(rc));
 		ret = CLIENT_ERROR;
 	}
 	curl_slist_free_all(h);
@@ -324,7 +300,7 @@ int client_request(const struct client *c, const char *method, const char *path,
 		if (!m.p)
 			m.p = calloc(1, 1);
 		if (!m.p) {
-			set_err(err, errlen, "out of memory");
+			err_set(err, errlen, "out of memory");
 			return CLIENT_ERROR;
 		}
 		*resp = m.p;

@@ -135,20 +135,6 @@ int web_normalise_daemon_url(const char *in, char *out, size_t n)
 	return 0;
 }
 
-static void daemon_url_of(const struct run_info *ri, char *url, size_t n)
-{
-	const char *h = ri->host;
-	/* A daemon bound to every address is reached on loopback. */
-	if (!*h || !strcmp(h, "0.0.0.0"))
-		h = "127.0.0.1";
-	else if (!strcmp(h, "::"))
-		h = "::1";
-	if (strchr(h, ':'))
-		snprintf(url, n, "http://[%s]:%d", h, ri->port);
-	else
-		snprintf(url, n, "http://%s:%d", h, ri->port);
-}
-
 void web_find_daemon(char *url, size_t n, char *how, size_t hown)
 {
 	struct run_info *runs = NULL;
@@ -164,7 +150,7 @@ void web_find_daemon(char *url, size_t n, char *how, size_t hown)
 						pick = i;
 			registry_free(&reg);
 		}
-		daemon_url_of(&runs[pick], url, n);
+		run_info_url(&runs[pick], url, n);
 		snprintf(how, hown, "the running model %s%s", runs[pick].name,
 			 nr > 1 ? (pick ? " (the registry's active one)" : " (the first of several)")
 				: "");
