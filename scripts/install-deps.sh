@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config git ca-certificates curl
   libevent-dev libjansson-dev libcurl4-openssl-dev libyaml-dev
-  libzstd-dev libssl-dev libncurses-dev libcmocka-dev libarchive-dev libxxhash-dev
+  libzstd-dev libssl-dev libncurses-dev libcmocka-dev libarchive-dev libxxhash-dev libpcre2-dev
   python3 xz-utils
 )
 # Test-only extras: tmux for the TUI tests, clang and its runtime (libFuzzer,

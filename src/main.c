@@ -16,6 +16,7 @@ static const struct cmd_entry commands[] = {
 	{"launch", cmd_launch, "start a coding agent pinned to the local model"},
 	{"web", cmd_web, "a browser chat UI: raw vs cached turns, live numbers, a chart"},
 	{"gguf", cmd_gguf, "inspect GGUF files, or write random-weight test models"},
+	{"tokenize", cmd_tokenize, "token ids of a text as llama-server gives them, without a server"},
 	{"version", cmd_version, "print the version"},
 };
 

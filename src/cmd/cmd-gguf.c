@@ -29,7 +29,8 @@ static const char info_usage[] =
 static const char gen_usage[] =
     "usage: toki gguf gen -o FILE [--params N | --embd N --layers N --heads N\n"
     "                     [--kv-heads N] [--ff N]] [--ctx N] [--seed N] [--type f16|f32]\n"
-    "                     [--name NAME]\n"
+    "                     [--name NAME] [--tokenizer tokenizer.json --pre NAME\n"
+    "                     [--tokenizer-config tokenizer_config.json]] [--chat-template FILE]\n"
     "\n"
     "Writes a llama model with random weights and a built-in byte-fallback\n"
     "vocabulary and ChatML template, which llama-server loads as is. The same\n"
@@ -45,7 +46,14 @@ static const char gen_usage[] =
     "  --ctx N            training context length (default 32768)\n"
     "  --seed N           weight seed (default 1)\n"
     "  --type T           weight type: f16 (default) or f32\n"
-    "  --name NAME        general.name\n";
+    "  --name NAME        general.name\n"
+    "  --tokenizer FILE   a real model's Hugging Face tokenizer.json (byte-level BPE)\n"
+    "                     instead of the built-in vocabulary\n"
+    "  --pre NAME         its llama.cpp pre-tokenizer (tokenizer.ggml.pre): llama-bpe,\n"
+    "                     qwen2, gpt-2, ...\n"
+    "  --tokenizer-config FILE  its tokenizer_config.json: BOS/EOS, add_bos, chat template\n"
+    "  --chat-template FILE     the chat template to store (Jinja), instead of the\n"
+    "                     config's or the built-in ChatML one\n";
 
 /* Strings from a file go to a terminal or into JSON: make them valid UTF-8
  * without control characters (a hostile file could carry escape sequences).
@@ -467,9 +475,46 @@ static bool parse_u32(const char *opt, const char *s, uint32_t max, uint32_t *ou
 	return true;
 }
 
+static int gen_write(struct gguf_gen_params *p, bool explicit_shape, const char *params,
+                     uint32_t embd, uint32_t layers, uint32_t heads, uint32_t kv_heads,
+                     uint32_t ff, const char *out);
+
+/* A whole text file, NUL-terminated, or NULL with the reason in err. */
+static char *read_text_file(const char *path, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	size_t cap = 65536, n = 0;
+	char *buf = malloc(cap);
+	while (buf) {
+		n += fread(buf + n, 1, cap - n - 1, f);
+		if (n < cap - 1)
+			break;
+		char *b = realloc(buf, cap * 2);
+		if (!b) {
+			free(buf);
+			buf = NULL;
+			break;
+		}
+		buf = b;
+		cap *= 2;
+	}
+	fclose(f);
+	if (!buf) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	buf[n] = 0;
+	return buf;
+}
+
 static int cmd_gen(int argc, char **argv)
 {
 	const char *out = NULL, *params = NULL, *type = "f16", *seed_s = NULL;
+	const char *tokenizer = NULL, *tokenizer_config = NULL, *pre = NULL, *template_file = NULL;
 	struct gguf_gen_params p;
 	gguf_gen_params_default(&p);
 	uint32_t embd = 0, layers = 0, heads = 0, kv_heads = 0, ff = 0;
@@ -484,7 +529,8 @@ static int cmd_gen(int argc, char **argv)
 		/* Every other option takes a value. */
 		static const char *const with_value[] = {
 		    "-o",         "--output", "--params", "--embd", "--layers", "--heads",
-		    "--kv-heads", "--ff",     "--ctx",    "--seed", "--type",   "--name"};
+		    "--kv-heads", "--ff",     "--ctx",    "--seed", "--type",   "--name",
+		    "--tokenizer", "--tokenizer-config", "--pre", "--chat-template"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(a, with_value[k]);
@@ -521,6 +567,14 @@ static int cmd_gen(int argc, char **argv)
 			type = val;
 		else if (!strcmp(a, "--name"))
 			p.name = val;
+		else if (!strcmp(a, "--tokenizer"))
+			tokenizer = val;
+		else if (!strcmp(a, "--tokenizer-config"))
+			tokenizer_config = val;
+		else if (!strcmp(a, "--pre"))
+			pre = val;
+		else if (!strcmp(a, "--chat-template"))
+			template_file = val;
 		if (!ok)
 			return 2;
 	}
@@ -547,6 +601,40 @@ static int cmd_gen(int argc, char **argv)
 	}
 
 	bool explicit_shape = embd || layers || heads || kv_heads || ff;
+	char err[512];
+	if ((tokenizer || tokenizer_config || pre) && !(tokenizer && pre)) {
+		fprintf(stderr, "toki gguf: gen: --tokenizer needs --pre (and the other way round)\n");
+		return 2;
+	}
+	struct gguf_gen_vocab vocab;
+	char *tmpl = NULL;
+	if (template_file && !(tmpl = read_text_file(template_file, err, sizeof err))) {
+		fprintf(stderr, "toki gguf: gen: %s\n", err);
+		return 1;
+	}
+	p.chat_template = tmpl;
+	if (tokenizer) {
+		if (gguf_gen_vocab_from_hf(tokenizer, tokenizer_config, pre, &vocab, err,
+		                           sizeof err) != 0) {
+			fprintf(stderr, "toki gguf: gen: %s\n", err);
+			free(tmpl);
+			return 1;
+		}
+		p.vocab = &vocab;
+	}
+	int rc = gen_write(&p, explicit_shape, params, embd, layers, heads, kv_heads, ff, out);
+	if (tokenizer)
+		gguf_gen_vocab_free(&vocab);
+	free(tmpl);
+	return rc;
+}
+
+/* Picks the shape and writes the file. */
+static int gen_write(struct gguf_gen_params *pp, bool explicit_shape, const char *params,
+                     uint32_t embd, uint32_t layers, uint32_t heads, uint32_t kv_heads,
+                     uint32_t ff, const char *out)
+{
+	struct gguf_gen_params p = *pp;
 	char err[512];
 	if (explicit_shape) {
 		if (params) {

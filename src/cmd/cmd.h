@@ -34,6 +34,7 @@ int cmd_model_use(int argc, char **argv);
 int cmd_model_list(int argc, char **argv);
 int cmd_model_remove(int argc, char **argv);
 int cmd_gguf(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 
 #endif

@@ -225,7 +225,34 @@ struct gguf_gen_params {
 	uint64_t seed;
 	uint32_t weight_type; /* GGML_TYPE_F16 (default) or GGML_TYPE_F32 */
 	const char *name;     /* general.name; NULL for a generated one */
+	/* Another model's tokenizer instead of the built-in one (NULL: built-in). */
+	const struct gguf_gen_vocab *vocab;
+	/* The chat template to store (NULL: the vocabulary's, else ChatML). */
+	const char *chat_template;
 };
+
+/* A real model's tokenizer for the writer, so that a random-weight model
+ * tokenizes (and templates) exactly as that model does: a Hugging Face
+ * tokenizer.json with a byte-level BPE model, and its tokenizer_config.json
+ * for the special tokens and the chat template. Converted as llama.cpp's
+ * convert_hf_to_gguf.py converts it: ids in order, added special tokens as
+ * control tokens, other added tokens as user-defined ones, merges as
+ * "left right" strings. The caller names llama.cpp's pre-tokenizer type
+ * (tokenizer.ggml.pre), which the conversion script decides by hashing. */
+struct gguf_gen_vocab {
+	char **tokens;
+	int32_t *types; /* tokenizer.ggml.token_type values */
+	uint32_t n;
+	char **merges;
+	uint32_t n_merges;
+	char pre[64];
+	int32_t bos, eos, eot, pad; /* -1: none */
+	int add_bos;		    /* -1: unset (the pre-tokenizer's default applies) */
+	char *chat_template;	    /* NULL when the config has none */
+};
+int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, const char *pre,
+			   struct gguf_gen_vocab *v, char *err, size_t errlen);
+void gguf_gen_vocab_free(struct gguf_gen_vocab *v);
 
 /* Defaults: a ~24M-parameter f16 model with a 32768 context, seed 1. */
 void gguf_gen_params_default(struct gguf_gen_params *p);

@@ -427,7 +427,8 @@ bool gguf_parse_param_count(const char *s, uint64_t *out)
 
 uint64_t gguf_gen_param_count(const struct gguf_gen_params *p)
 {
-	uint64_t e = p->n_embd, l = p->n_layers, f = p->n_ff, v = gguf_gen_vocab_size();
+	uint64_t e = p->n_embd, l = p->n_layers, f = p->n_ff;
+	uint64_t v = p->vocab ? p->vocab->n : gguf_gen_vocab_size();
 	uint64_t kv_dim = p->n_head ? (uint64_t)p->n_head_kv * (e / p->n_head) : 0;
 	/* token_embd + output + output_norm, then per layer two norms, q, k, v,
 	 * attn_output and the three FFN matrices. */
@@ -804,6 +805,41 @@ static bool write_tensor(struct out *o, const struct tensor_plan *t, uint64_t se
 	return true;
 }
 
+/* The tokenizer keys for a vocabulary taken from another model (BPE). */
+static void write_external_vocab(struct wbuf *b, const struct gguf_gen_vocab *v,
+                                 const char *chat_template)
+{
+	kv_u32(b, "llama.vocab_size", v->n);
+	kv_str(b, "tokenizer.ggml.model", "gpt2");
+	kv_str(b, "tokenizer.ggml.pre", v->pre);
+	kv_key(b, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
+	wb_u32(b, GGUF_TYPE_STRING);
+	wb_u64(b, v->n);
+	for (uint32_t i = 0; i < v->n; i++)
+		wb_str(b, v->tokens[i]);
+	kv_key(b, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
+	wb_u32(b, GGUF_TYPE_INT32);
+	wb_u64(b, v->n);
+	for (uint32_t i = 0; i < v->n; i++)
+		wb_u32(b, (uint32_t)v->types[i]);
+	kv_key(b, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY);
+	wb_u32(b, GGUF_TYPE_STRING);
+	wb_u64(b, v->n_merges);
+	for (uint32_t i = 0; i < v->n_merges; i++)
+		wb_str(b, v->merges[i]);
+	if (v->bos >= 0)
+		kv_u32(b, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
+	if (v->eos >= 0)
+		kv_u32(b, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
+	if (v->pad >= 0)
+		kv_u32(b, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad);
+	if (v->add_bos >= 0)
+		kv_bool(b, "tokenizer.ggml.add_bos_token", v->add_bos);
+	const char *tmpl = chat_template ? chat_template : v->chat_template;
+	if (tmpl)
+		kv_str(b, "tokenizer.chat_template", tmpl);
+}
+
 /* Builds header, metadata and tensor infos; fills plan offsets. */
 static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *v,
                            struct tensor_plan *plan, size_t n_tensors, struct wbuf *b)
@@ -835,6 +871,10 @@ static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *
 	kv_u32(b, "llama.rope.dimension_count", p->n_embd / p->n_head);
 	kv_f32(b, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
 	kv_f32(b, "llama.rope.freq_base", 10000.0f);
+	if (p->vocab) {
+		write_external_vocab(b, p->vocab, p->chat_template);
+		goto tokenizer_done;
+	}
 	kv_u32(b, "llama.vocab_size", v->n);
 
 	kv_str(b, "tokenizer.ggml.model", "llama");
@@ -868,7 +908,8 @@ static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *
 	 * "<|im_end|>\n<|im_start|>user" would become "<|im_end|> ▁ \n
 	 * <|im_start|> ▁user". ChatML prompts tokenize cleanly without it. */
 	kv_bool(b, "tokenizer.ggml.add_space_prefix", false);
-	kv_str(b, "tokenizer.chat_template", chatml_template);
+	kv_str(b, "tokenizer.chat_template", p->chat_template ? p->chat_template : chatml_template);
+tokenizer_done:
 	if (!b->oom)
 		for (int i = 0; i < 8; i++)
 			b->p[n_kv_at + i] = (uint8_t)(b->n_kv >> (8 * i));
@@ -966,7 +1007,7 @@ int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, c
 		err_set(err, errlen, "out of memory");
 		return -1;
 	}
-	plan = make_plan(p, v.n, &n_tensors);
+	plan = make_plan(p, p->vocab ? p->vocab->n : v.n, &n_tensors);
 	if (!plan || !build_metadata(p, &v, plan, n_tensors, &meta)) {
 		err_set(err, errlen, "out of memory");
 		goto done;

