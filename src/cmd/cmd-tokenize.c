@@ -5,16 +5,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
 #include "cmd/cmd.h"
 #include "model/gguf.h"
+#include "prompt/prompt.h"
 #include "tokenizer/vocab.h"
 
 static const char usage[] =
 	"usage: toki tokenize --model FILE [--no-add-special] [--no-parse-special]\n"
 	"                     [--pieces] [--lines] [TEXT]\n"
+	"       toki tokenize --model FILE --chat [--props PROPS.json] [--thinking on|off]\n"
+	"                     [--lines] [REQUEST]\n"
 	"\n"
 	"Prints the token ids of TEXT (or of standard input) as the llama-server\n"
 	"serving FILE gives them on /tokenize with add_special and parse_special,\n"
@@ -25,7 +29,17 @@ static const char usage[] =
 	"  --no-parse-special  special-token text stays text\n"
 	"  --pieces            print [id, \"text\"] pairs instead of ids\n"
 	"  --lines             standard input holds one JSON string per line; print\n"
-	"                      one JSON array per line (or {\"error\": ...})\n";
+	"                      one JSON array per line (or {\"error\": ...})\n"
+	"  --chat              the input is a chat completions request (JSON): print\n"
+	"                      {\"prompt\": ..., \"tokens\": [...]} as llama-server would\n"
+	"                      template and tokenize it, or {\"declined\": why} for what\n"
+	"                      toki leaves to the server\n"
+	"  --props FILE        the server's /props answer: its chat template, template\n"
+	"                      capabilities and BOS/EOS text (default: the model's own\n"
+	"                      template, a plain template's capabilities)\n"
+	"  --thinking on|off   the enable_thinking the server passes its template when\n"
+	"                      the request does not say (default on; llama-server turns\n"
+	"                      it off for templates it finds no reasoning in)\n";
 
 struct opts {
 	int add_special, parse_special, pieces;
@@ -85,6 +99,74 @@ static char *read_all(FILE *f, size_t *len)
 	return buf;
 }
 
+/* One chat request: its prompt and tokens, as one line of JSON. */
+static int print_chat(struct prompt_engine *pe, const char *text, size_t len, const struct opts *o)
+{
+	json_error_t jerr;
+	json_t *req = json_loadb(text, len, 0, &jerr);
+	json_t *out;
+	int rc = 0;
+	if (!json_is_object(req)) {
+		out = json_pack("{s:s}", "error", "the request is not a JSON object");
+		rc = 1;
+	} else {
+		char why[512], *prompt = NULL;
+		size_t plen = 0;
+		struct token_list t = {0};
+		enum chat_result r = prompt_engine_chat(pe, req, time(NULL), &prompt, &plen, &t, why,
+							sizeof why);
+		if (r == CHAT_OK) {
+			json_t *p = json_stringn(prompt, plen);
+			out = json_pack("{s:o, s:o}", "prompt",
+					p ? p : json_string("(not valid UTF-8)"), "tokens",
+					tokens_json(prompt_engine_vocab(pe), &t, o->pieces));
+		} else {
+			out = json_pack("{s:s}", r == CHAT_DECLINED ? "declined" : "error", why);
+			rc = r == CHAT_DECLINED ? 0 : 1;
+		}
+		free(prompt);
+		token_list_free(&t);
+	}
+	json_decref(req);
+	char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
+	if (s)
+		puts(s);
+	free(s);
+	json_decref(out);
+	return rc;
+}
+
+static struct prompt_engine *engine_for(const char *model, const char *props_file, int thinking)
+{
+	json_t *props = NULL;
+	if (props_file) {
+		json_error_t jerr;
+		props = json_load_file(props_file, 0, &jerr);
+		if (!json_is_object(props)) {
+			fprintf(stderr, "toki tokenize: %s: %s\n", props_file, jerr.text);
+			json_decref(props);
+			return NULL;
+		}
+	}
+	struct prompt_engine_config cfg = {
+		.model_path = model,
+		.chat_template = json_string_value(json_object_get(props, "chat_template")),
+		.tool_use_template = json_string_value(json_object_get(props, "chat_template_tool_use")),
+		.caps = json_object_get(props, "chat_template_caps"),
+		.bos_token = json_string_value(json_object_get(props, "bos_token")),
+		.eos_token = json_string_value(json_object_get(props, "eos_token")),
+		.enable_thinking = thinking,
+	};
+	char err[512];
+	struct prompt_engine *pe = prompt_engine_new(&cfg, err, sizeof err);
+	json_decref(props);
+	if (!pe)
+		fprintf(stderr, "toki tokenize: %s: %s\n", model, err);
+	else if (!prompt_engine_has_chat(pe))
+		fprintf(stderr, "toki tokenize: %s: no chat template toki renders\n", model);
+	return pe;
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -93,12 +175,15 @@ int cmd_tokenize(int argc, char **argv)
 		{"no-parse-special", no_argument, NULL, 'p'},
 		{"pieces", no_argument, NULL, 'P'},
 		{"lines", no_argument, NULL, 'l'},
+		{"chat", no_argument, NULL, 'c'},
+		{"props", required_argument, NULL, 'r'},
+		{"thinking", required_argument, NULL, 't'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	struct opts o = {1, 1, 0};
-	const char *model = NULL;
-	int lines = 0, c;
+	const char *model = NULL, *props = NULL;
+	int lines = 0, chat = 0, thinking = 1, c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -107,53 +192,78 @@ int cmd_tokenize(int argc, char **argv)
 		case 'p': o.parse_special = 0; break;
 		case 'P': o.pieces = 1; break;
 		case 'l': lines = 1; break;
+		case 'c': chat = 1; break;
+		case 'r': props = optarg; break;
+		case 't':
+			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+				fputs(usage, stderr);
+				return 2;
+			}
+			thinking = !strcmp(optarg, "on");
+			break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
 	}
-	if (!model || (lines && optind < argc) || optind + 1 < argc) {
+	if (!model || (lines && optind < argc) || optind + 1 < argc || (props && !chat)) {
 		fputs(usage, stderr);
 		return 2;
 	}
-	struct gguf_error gerr;
-	struct gguf *g = gguf_open(model, &gerr);
-	if (!g) {
-		fprintf(stderr, "toki tokenize: %s: %s\n", model, gerr.text);
-		return 1;
-	}
-	char err[256];
-	struct vocab *v = vocab_from_gguf(g, err, sizeof err);
-	gguf_close(g);
-	if (!v) {
-		fprintf(stderr, "toki tokenize: %s: %s\n", model, err);
-		return 1;
+	struct vocab *v = NULL;
+	struct prompt_engine *pe = NULL;
+	if (chat) {
+		pe = engine_for(model, props, thinking);
+		if (!pe)
+			return 1;
+	} else {
+		struct gguf_error gerr;
+		struct gguf *g = gguf_open(model, &gerr);
+		if (!g) {
+			fprintf(stderr, "toki tokenize: %s: %s\n", model, gerr.text);
+			return 1;
+		}
+		char err[256];
+		v = vocab_from_gguf(g, err, sizeof err);
+		gguf_close(g);
+		if (!v) {
+			fprintf(stderr, "toki tokenize: %s: %s\n", model, err);
+			return 1;
+		}
 	}
 	int rc = 0;
-	if (optind < argc) {
-		rc = print_one(v, argv[optind], strlen(argv[optind]), &o) ? 1 : 0;
-	} else if (!lines) {
-		size_t len;
-		char *text = read_all(stdin, &len);
-		rc = text ? (print_one(v, text, len, &o) ? 1 : 0) : 1;
+	if (optind < argc || !lines) {
+		size_t len = 0;
+		char *text = optind < argc ? strdup(argv[optind]) : read_all(stdin, &len);
+		if (text && optind < argc)
+			len = strlen(text);
+		if (!text)
+			rc = 1;
+		else
+			rc = (chat ? print_chat(pe, text, len, &o) : print_one(v, text, len, &o)) ? 1 : 0;
 		free(text);
 	} else {
 		char *line = NULL;
 		size_t cap = 0;
 		ssize_t n;
 		while ((n = getline(&line, &cap, stdin)) > 0) {
-			json_error_t jerr;
-			json_t *s = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
-			if (!json_is_string(s)) {
-				puts("{\"error\":\"not a JSON string\"}");
-				rc = 1;
+			if (chat) {
+				print_chat(pe, line, (size_t)n, &o);
 			} else {
-				print_one(v, json_string_value(s), json_string_length(s), &o);
+				json_error_t jerr;
+				json_t *s = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+				if (!json_is_string(s)) {
+					puts("{\"error\":\"not a JSON string\"}");
+					rc = 1;
+				} else {
+					print_one(v, json_string_value(s), json_string_length(s), &o);
+				}
+				json_decref(s);
 			}
-			json_decref(s);
 			fflush(stdout);
 		}
 		free(line);
 	}
 	vocab_free(v);
+	prompt_engine_free(pe);
 	return rc;
 }

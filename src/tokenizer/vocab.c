@@ -140,6 +140,11 @@ token_t vocab_bos(const struct vocab *v)
 	return v->bos;
 }
 
+token_t vocab_eos(const struct vocab *v)
+{
+	return v->eos;
+}
+
 int vocab_adds_bos(const struct vocab *v)
 {
 	return v->add_bos;

@@ -61,6 +61,7 @@ const char *vocab_token_text(const struct vocab *v, token_t id, size_t *len);
 /* Whether the tokenizer splits it out of text as one token (parse_special). */
 int vocab_token_is_special(const struct vocab *v, token_t id);
 token_t vocab_bos(const struct vocab *v); /* -1 when none */
+token_t vocab_eos(const struct vocab *v);
 int vocab_adds_bos(const struct vocab *v);
 int vocab_adds_eos(const struct vocab *v);
 

@@ -1,0 +1,498 @@
+#include "prompt/chat.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "template/jinja.h"
+#include "util/dtoa.h"
+
+void chat_caps_from_json(json_t *caps, struct chat_caps *out)
+{
+	out->supports_string_content = 1;
+	out->supports_typed_content = 0;
+	out->supports_system_role = 1;
+	out->supports_tool_calls = 0;
+	out->supports_object_arguments = 0;
+	json_t *v;
+#define CAP(name)                                                                         \
+	if ((v = json_object_get(caps, #name)) && json_is_boolean(v))                     \
+		out->name = json_is_true(v);
+	CAP(supports_string_content)
+	CAP(supports_typed_content)
+	CAP(supports_system_role)
+	CAP(supports_tool_calls)
+	CAP(supports_object_arguments)
+#undef CAP
+}
+
+int chat_template_needs_server(const char *src)
+{
+#define HAS(s) (strstr(src, s) != NULL)
+	return (HAS("[SYSTEM_PROMPT]") && HAS("[TOOL_CALLS]") && HAS("[ARGS]") && !HAS("[CALL_ID]")) ||
+	       HAS("<|channel|>") || (HAS(">>>all") && HAS(">>>${recipient}")) ||
+	       (HAS("<|tool_calls_section_begin|>") && HAS("<|tool_call_begin|>")) ||
+	       (HAS("<|tool_list_start|>") && HAS("<|tool_list_end|>")) ||
+	       (HAS("<|role_sep|>") && HAS("<|message_sep|>") && !HAS("<|function_call|>"));
+#undef HAS
+}
+
+/* ---- nlohmann-compatible dump ---- */
+
+struct out {
+	char *p;
+	size_t len, cap;
+	int fail;
+};
+
+static void put(struct out *o, const char *s, size_t n)
+{
+	if (o->fail)
+		return;
+	if (o->len + n + 1 > o->cap) {
+		size_t cap = o->cap ? o->cap * 2 : 256;
+		while (cap < o->len + n + 1)
+			cap *= 2;
+		char *p = realloc(o->p, cap);
+		if (!p) {
+			o->fail = 1;
+			return;
+		}
+		o->p = p;
+		o->cap = cap;
+	}
+	memcpy(o->p + o->len, s, n);
+	o->len += n;
+	o->p[o->len] = 0;
+}
+
+static void puts_(struct out *o, const char *s)
+{
+	put(o, s, strlen(s));
+}
+
+static void dump_string(struct out *o, const char *s, size_t n)
+{
+	put(o, "\"", 1);
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		switch (c) {
+		case '"': puts_(o, "\\\""); break;
+		case '\\': puts_(o, "\\\\"); break;
+		case '\b': puts_(o, "\\b"); break;
+		case '\f': puts_(o, "\\f"); break;
+		case '\n': puts_(o, "\\n"); break;
+		case '\r': puts_(o, "\\r"); break;
+		case '\t': puts_(o, "\\t"); break;
+		default:
+			if (c < 0x20) {
+				char esc[8];
+				snprintf(esc, sizeof esc, "\\u%04x", c);
+				puts_(o, esc);
+			} else {
+				put(o, (const char *)&s[i], 1);
+			}
+		}
+	}
+	put(o, "\"", 1);
+}
+
+static void dump(struct out *o, json_t *v)
+{
+	switch (json_typeof(v)) {
+	case JSON_NULL: puts_(o, "null"); return;
+	case JSON_TRUE: puts_(o, "true"); return;
+	case JSON_FALSE: puts_(o, "false"); return;
+	case JSON_INTEGER: {
+		char num[32];
+		snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
+		puts_(o, num);
+		return;
+	}
+	case JSON_REAL: {
+		char num[40];
+		if (isnan(json_real_value(v)) || isinf(json_real_value(v))) {
+			o->fail = 1;
+			return;
+		}
+		put(o, num, dtoa_nlohmann(json_real_value(v), num));
+		return;
+	}
+	case JSON_STRING:
+		dump_string(o, json_string_value(v), json_string_length(v));
+		return;
+	case JSON_ARRAY: {
+		put(o, "[", 1);
+		size_t i;
+		json_t *e;
+		json_array_foreach(v, i, e)
+		{
+			if (i)
+				put(o, ",", 1);
+			dump(o, e);
+		}
+		put(o, "]", 1);
+		return;
+	}
+	case JSON_OBJECT: {
+		put(o, "{", 1);
+		const char *k;
+		json_t *e;
+		int first = 1;
+		json_object_foreach(v, k, e)
+		{
+			if (!first)
+				put(o, ",", 1);
+			first = 0;
+			dump_string(o, k, strlen(k));
+			put(o, ":", 1);
+			dump(o, e);
+		}
+		put(o, "}", 1);
+		return;
+	}
+	}
+}
+
+char *chat_dump_like_nlohmann(json_t *v)
+{
+	struct out o = {0};
+	dump(&o, v);
+	if (o.fail) {
+		free(o.p);
+		return NULL;
+	}
+	return o.p ? o.p : strdup("");
+}
+
+/* ---- messages ---- */
+
+#define DECLINE(...)                                                  \
+	do {                                                          \
+		snprintf(why, whylen, __VA_ARGS__);                   \
+		*res = CHAT_DECLINED;                                  \
+		goto fail;                                            \
+	} while (0)
+
+static const char *str_or_null(json_t *o, const char *key, int *bad)
+{
+	json_t *v = json_object_get(o, key);
+	if (!v)
+		return NULL;
+	if (!json_is_string(v)) {
+		*bad = 1;
+		return NULL;
+	}
+	return json_string_value(v);
+}
+
+/* One message as common_chat_msg::to_json_oaicompat writes it back. */
+static json_t *normalize_message(const struct chat_env *env, json_t *m, enum chat_result *res,
+				 char *why, size_t whylen)
+{
+	json_t *out = json_object();
+	json_t *calls_out = NULL;
+	if (!out)
+		goto oom;
+	if (!json_is_object(m))
+		DECLINE("a message that is not an object");
+	json_t *role = json_object_get(m, "role");
+	if (!json_is_string(role))
+		DECLINE("a message without a role");
+	json_object_set(out, "role", role);
+	json_t *content = json_object_get(m, "content");
+	json_t *calls = json_object_get(m, "tool_calls");
+	if (!content && !calls)
+		DECLINE("a message without content or tool_calls");
+	int only_string = env->caps.supports_string_content && !env->caps.supports_typed_content;
+	int only_typed = !env->caps.supports_string_content && env->caps.supports_typed_content;
+	if (json_is_string(content) && json_string_length(content)) {
+		if (only_typed)
+			json_object_set_new(out, "content",
+					    json_pack("[{s:s, s:O}]", "type", "text", "text", content));
+		else
+			json_object_set(out, "content", content);
+	} else if (json_is_array(content) && json_array_size(content)) {
+		size_t i;
+		json_t *p;
+		json_t *parts = json_array();
+		char *joined = NULL;
+		size_t jl = 0;
+		json_array_foreach(content, i, p)
+		{
+			json_t *type = json_object_get(p, "type");
+			json_t *text = json_object_get(p, "text");
+			if (!json_is_string(type) || strcmp(json_string_value(type), "text") ||
+			    !json_is_string(text)) {
+				json_decref(parts);
+				free(joined);
+				DECLINE("a content part other than text");
+			}
+			json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
+			/* Parts joined by newlines, none before the first text. */
+			size_t tl = json_string_length(text);
+			char *nj = realloc(joined, jl + tl + 2);
+			if (!nj) {
+				json_decref(parts);
+				free(joined);
+				goto oom;
+			}
+			joined = nj;
+			if (jl)
+				joined[jl++] = '\n';
+			memcpy(joined + jl, json_string_value(text), tl);
+			jl += tl;
+			joined[jl] = 0;
+		}
+		if (only_string) {
+			json_object_set_new(out, "content", json_stringn(joined ? joined : "", jl));
+			json_decref(parts);
+		} else {
+			json_object_set_new(out, "content", parts);
+		}
+		free(joined);
+	} else if (content && !json_is_null(content) && !json_is_string(content) &&
+		   !json_is_array(content)) {
+		DECLINE("content that is neither a string nor an array");
+	} else {
+		if (only_typed)
+			json_object_set_new(out, "content",
+					    json_pack("[{s:s, s:s}]", "type", "text", "text", ""));
+		else
+			json_object_set_new(out, "content", json_string(""));
+	}
+	int bad = 0;
+	const char *reasoning = str_or_null(m, "reasoning_content", &bad);
+	const char *name = str_or_null(m, "name", &bad);
+	const char *call_id = str_or_null(m, "tool_call_id", &bad);
+	if (bad)
+		DECLINE("reasoning_content, name or tool_call_id that is not a string");
+	if (reasoning && *reasoning)
+		json_object_set_new(out, "reasoning_content", json_string(reasoning));
+	if (name && *name)
+		json_object_set_new(out, "name", json_string(name));
+	if (call_id && *call_id)
+		json_object_set_new(out, "tool_call_id", json_string(call_id));
+	if (calls && json_array_size(calls)) {
+		calls_out = json_array();
+		size_t i;
+		json_t *c;
+		json_array_foreach(calls, i, c)
+		{
+			json_t *type = json_object_get(c, "type");
+			json_t *fn = json_object_get(c, "function");
+			json_t *fname = json_object_get(fn, "name");
+			json_t *args = json_object_get(fn, "arguments");
+			json_t *id = json_object_get(c, "id");
+			if (!json_is_string(type) || strcmp(json_string_value(type), "function") ||
+			    !json_is_object(fn) || !json_is_string(fname) || !args ||
+			    (id && !json_is_string(id)))
+				DECLINE("a tool call llama-server would not accept");
+			json_t *a;
+			if (json_is_string(args)) {
+				a = json_incref(args);
+			} else {
+				char *d = chat_dump_like_nlohmann(args);
+				if (!d)
+					DECLINE("tool-call arguments that are not finite");
+				a = json_string(d);
+				free(d);
+			}
+			if (env->caps.supports_object_arguments) {
+				json_error_t jerr;
+				json_t *parsed = json_loads(json_string_value(a), JSON_DECODE_ANY, &jerr);
+				json_decref(a);
+				if (!parsed)
+					DECLINE("tool-call arguments that are not JSON");
+				a = parsed;
+			}
+			json_t *tc = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function",
+					       "name", fname, "arguments", a);
+			if (!tc)
+				goto oom;
+			if (id && json_string_length(id))
+				json_object_set(tc, "id", id);
+			json_array_append_new(calls_out, tc);
+		}
+		json_object_set_new(out, "tool_calls", calls_out);
+		calls_out = NULL;
+	} else if (calls && !json_is_array(calls)) {
+		DECLINE("tool_calls that is not an array");
+	}
+	return out;
+oom:
+	snprintf(why, whylen, "out of memory");
+	*res = CHAT_ERROR;
+fail:
+	json_decref(calls_out);
+	json_decref(out);
+	return NULL;
+}
+
+static json_t *normalize_tools(json_t *tools, enum chat_result *res, char *why, size_t whylen)
+{
+	json_t *out = json_array();
+	size_t i;
+	json_t *t;
+	json_array_foreach(tools, i, t)
+	{
+		json_t *type = json_object_get(t, "type");
+		json_t *fn = json_object_get(t, "function");
+		json_t *name = json_object_get(fn, "name");
+		json_t *desc = json_object_get(fn, "description");
+		json_t *params = json_object_get(fn, "parameters");
+		if (!json_is_string(type) || strcmp(json_string_value(type), "function") ||
+		    !json_is_object(fn) || !json_is_string(name) || (desc && !json_is_string(desc)))
+			DECLINE("a tool llama-server would not accept");
+		json_t *f = json_object();
+		json_object_set(f, "name", name);
+		json_object_set_new(f, "description", desc ? json_incref(desc) : json_string(""));
+		json_object_set_new(f, "parameters", params ? json_incref(params) : json_object());
+		json_t *nt = json_object();
+		json_object_set_new(nt, "type", json_string("function"));
+		json_object_set_new(nt, "function", f);
+		json_array_append_new(out, nt);
+	}
+	return out;
+fail:
+	json_decref(out);
+	return NULL;
+}
+
+static void format_time(time_t now, const char *fmt, char *out, size_t n)
+{
+	struct tm tm;
+	localtime_r(&now, &tm);
+	if (!strftime(out, n, fmt, &tm))
+		out[0] = 0;
+}
+
+json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum chat_result *res,
+			      char *why, size_t whylen)
+{
+	*res = CHAT_OK;
+	json_t *g = NULL, *msgs = NULL, *tools = NULL;
+	json_t *messages = json_object_get(request, "messages");
+	if (!json_is_array(messages) || !json_array_size(messages))
+		DECLINE("no messages");
+	if (json_object_get(request, "continue_final_message"))
+		DECLINE("continue_final_message");
+	json_t *agp = json_object_get(request, "add_generation_prompt");
+	if (agp && !json_is_boolean(agp))
+		DECLINE("add_generation_prompt that is not a boolean");
+	int add_gen = !agp || json_is_true(agp);
+	json_t *last = json_array_get(messages, json_array_size(messages) - 1);
+	const char *last_role = json_string_value(json_object_get(last, "role"));
+	if (last_role && !strcmp(last_role, "assistant"))
+		DECLINE("a final assistant message (prefill)");
+	msgs = json_array();
+	size_t i;
+	json_t *m;
+	json_array_foreach(messages, i, m)
+	{
+		json_t *nm = normalize_message(env, m, res, why, whylen);
+		if (!nm)
+			goto fail;
+		if (!env->template_is_gpt_oss && !strcmp(json_string_value(json_object_get(nm, "role")),
+							   "developer"))
+			json_object_set_new(nm, "role", json_string("system"));
+		json_array_append_new(msgs, nm);
+	}
+	if (!env->caps.supports_system_role) {
+		json_t *first = json_array_get(msgs, 0);
+		if (!strcmp(json_string_value(json_object_get(first, "role")), "system")) {
+			if (json_array_size(msgs) > 1) {
+				json_t *second = json_array_get(msgs, 1);
+				json_t *c1 = json_object_get(first, "content");
+				json_t *c2 = json_object_get(second, "content");
+				if (!json_is_string(c1) || !json_is_string(c2))
+					DECLINE("a system prompt to merge into content parts");
+				size_t l1 = json_string_length(c1), l2 = json_string_length(c2);
+				char *joined = malloc(l1 + l2 + 2);
+				if (!joined)
+					goto fail;
+				memcpy(joined, json_string_value(c1), l1);
+				joined[l1] = '\n';
+				memcpy(joined + l1 + 1, json_string_value(c2), l2);
+				json_object_set_new(second, "content", json_stringn(joined, l1 + l2 + 1));
+				free(joined);
+			}
+			json_array_remove(msgs, 0);
+		}
+	}
+	json_t *req_tools = json_object_get(request, "tools");
+	if (req_tools && !json_is_null(req_tools)) {
+		if (!json_is_array(req_tools))
+			DECLINE("tools that is not an array");
+		if (json_array_size(req_tools)) {
+			tools = normalize_tools(req_tools, res, why, whylen);
+			if (!tools)
+				goto fail;
+		}
+	}
+	g = json_object();
+	json_object_set_new(g, "messages", msgs);
+	msgs = NULL;
+	json_object_set_new(g, "bos_token", json_string(env->bos_token ? env->bos_token : ""));
+	json_object_set_new(g, "eos_token", json_string(env->eos_token ? env->eos_token : ""));
+	json_object_set_new(g, "enable_thinking", json_boolean(env->enable_thinking));
+	if (tools) {
+		json_object_set_new(g, "tools", tools);
+		tools = NULL;
+	}
+	char date[64];
+	format_time(env->now, "%b %d %Y", date, sizeof date);
+	json_object_set_new(g, "datetime", json_string(date));
+	format_time(env->now, "%d %b %Y", date, sizeof date);
+	json_object_set_new(g, "date_string", json_string(date));
+	json_t *kwargs = json_object_get(request, "chat_template_kwargs");
+	if (kwargs && json_is_object(kwargs)) {
+		const char *k;
+		json_t *v;
+		json_object_foreach(kwargs, k, v)
+		{
+			json_object_set(g, k, v);
+		}
+	}
+	if (add_gen)
+		json_object_set_new(g, "add_generation_prompt", json_true());
+	return g;
+fail:
+	if (*res == CHAT_OK)
+		*res = CHAT_ERROR;
+	json_decref(g);
+	json_decref(msgs);
+	json_decref(tools);
+	return NULL;
+}
+
+enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
+			     size_t *len, char *why, size_t whylen)
+{
+	enum chat_result res;
+	json_t *g = chat_template_globals(env, request, &res, why, whylen);
+	if (!g)
+		return res;
+	const struct jinja_template *t =
+		json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
+	char err[512];
+	char *text = jinja_render(t, g, env->now, len, err, sizeof err);
+	json_decref(g);
+	if (!text) {
+		snprintf(why, whylen, "template: %s", err);
+		return CHAT_ERROR;
+	}
+	size_t bl = env->bos_token ? strlen(env->bos_token) : 0;
+	size_t el = env->eos_token ? strlen(env->eos_token) : 0;
+	if (env->add_bos && bl && *len >= bl && !memcmp(text, env->bos_token, bl)) {
+		memmove(text, text + bl, *len - bl + 1);
+		*len -= bl;
+	}
+	if (env->add_eos && el && *len >= el && !memcmp(text + *len - el, env->eos_token, el)) {
+		*len -= el;
+		text[*len] = 0;
+	}
+	*prompt = text;
+	return CHAT_OK;
+}

@@ -1,0 +1,73 @@
+/* A chat completions request turned into prompt text the way llama-server
+ * does it (tools/server: oaicompat_chat_params_parse; common/chat.cpp:
+ * common_chat_templates_apply_jinja and common_chat_template_direct_apply):
+ * messages normalized as common_chat_msg::to_json_oaicompat writes them back
+ * (role, content, reasoning_content, name, tool_call_id, tool_calls), the
+ * template's workarounds for its capabilities (developer -> system, a system
+ * prompt merged into the first message when the template has no system role,
+ * tool-call arguments parsed when the template wants objects), tools
+ * normalized to {type, function: {name, description, parameters}}, the
+ * context llama-server adds (bos_token, eos_token, enable_thinking,
+ * datetime, date_string, chat_template_kwargs, add_generation_prompt), then
+ * the template, then the leading BOS / trailing EOS text the tokenizer adds
+ * itself cut off.
+ *
+ * What llama-server treats specially is left to it: a template it renders
+ * through a dedicated handler (GPT-OSS, Ministral, Kimi K2, LFM2, ...), a
+ * final assistant message (prefill), continue_final_message, content parts
+ * other than text. chat_render returns CHAT_DECLINED for those, with the
+ * reason, and the caller asks the server. */
+#ifndef TOKI_PROMPT_CHAT_H
+#define TOKI_PROMPT_CHAT_H
+
+#include <stddef.h>
+#include <time.h>
+
+#include <jansson.h>
+
+struct jinja_template;
+
+/* chat_template_caps, as llama-server's /props reports them. */
+struct chat_caps {
+	int supports_string_content, supports_typed_content, supports_system_role;
+	int supports_tool_calls, supports_object_arguments;
+};
+/* Reads /props' chat_template_caps (absent keys keep the defaults a plain
+ * template has: string content and a system role). */
+void chat_caps_from_json(json_t *caps, struct chat_caps *out);
+
+struct chat_env {
+	const struct jinja_template *tmpl;
+	const struct jinja_template *tmpl_tool_use; /* for requests with tools; may be NULL */
+	int template_is_gpt_oss;		    /* "<|channel|>" in the source */
+	struct chat_caps caps;
+	const char *bos_token, *eos_token;
+	int add_bos, add_eos; /* the vocabulary adds them when tokenizing */
+	int enable_thinking;  /* the server's default */
+	time_t now;
+};
+
+/* Whether llama-server renders this template through a handler of its own
+ * (one that changes the messages) rather than directly. */
+int chat_template_needs_server(const char *src);
+
+enum chat_result { CHAT_OK = 0, CHAT_DECLINED = 1, CHAT_ERROR = -1 };
+
+/* Renders request's prompt into *prompt (malloc'd, *len bytes). DECLINED
+ * with why: the request is one toki leaves to the server; ERROR with why:
+ * out of memory or the template failed (the server will say why, in its
+ * own words). */
+enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
+			     size_t *len, char *why, size_t whylen);
+
+/* The template variables chat_render would use (for tests and toki
+ * tokenize --chat), or NULL with why. */
+json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum chat_result *res,
+			      char *why, size_t whylen);
+
+/* JSON written as nlohmann::json::dump() writes it (no spaces; control
+ * characters as \u00xx, no other escapes; floats as util/dtoa.h); NULL for
+ * NaN or infinity, or when out of memory. */
+char *chat_dump_like_nlohmann(json_t *v);
+
+#endif

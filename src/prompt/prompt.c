@@ -1,0 +1,328 @@
+#include "prompt/prompt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "model/gguf.h"
+#include "template/jinja.h"
+
+/* Fragments shorter than this are tokenized every time: a lookup would cost
+ * about as much. */
+#define CACHE_MIN_BYTES 48
+#define DEFAULT_CACHE_TOKENS (1u << 20)
+
+struct cache_entry {
+	XXH128_hash_t key;
+	token_t *tokens;
+	size_t n;
+	struct cache_entry *prev, *next; /* LRU, most recent first */
+	int used;
+};
+
+struct frag_cache {
+	struct cache_entry *slots;
+	size_t mask, count;
+	struct cache_entry *head, *tail;
+	size_t tokens, budget;
+};
+
+struct prompt_engine {
+	struct vocab *vocab;
+	struct jinja_template *tmpl, *tmpl_tool_use;
+	int has_chat;
+	char *bos, *eos;
+	struct chat_env env;
+	struct frag_cache cache;
+	struct prompt_engine_stats stats;
+};
+
+/* ---- the fragment cache ---- */
+
+static int cache_init(struct frag_cache *c, size_t budget)
+{
+	size_t cap = 4096;
+	c->slots = calloc(cap, sizeof *c->slots);
+	if (!c->slots)
+		return -1;
+	c->mask = cap - 1;
+	c->budget = budget;
+	return 0;
+}
+
+static void lru_unlink(struct frag_cache *c, struct cache_entry *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		c->head = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	else
+		c->tail = e->prev;
+	e->prev = e->next = NULL;
+}
+
+static void lru_front(struct frag_cache *c, struct cache_entry *e)
+{
+	e->next = c->head;
+	e->prev = NULL;
+	if (c->head)
+		c->head->prev = e;
+	c->head = e;
+	if (!c->tail)
+		c->tail = e;
+}
+
+static size_t slot_of(const struct frag_cache *c, XXH128_hash_t k)
+{
+	return (size_t)k.low64 & c->mask;
+}
+
+static struct cache_entry *cache_find(struct frag_cache *c, XXH128_hash_t k)
+{
+	for (size_t i = slot_of(c, k), probes = 0; probes <= c->mask; i = (i + 1) & c->mask, probes++) {
+		struct cache_entry *e = &c->slots[i];
+		if (!e->used)
+			return NULL;
+		if (XXH128_isEqual(e->key, k))
+			return e;
+	}
+	return NULL;
+}
+
+/* Removes an entry and re-seats the probe run after it (linear probing). */
+static void cache_remove(struct frag_cache *c, struct cache_entry *e)
+{
+	lru_unlink(c, e);
+	free(e->tokens);
+	c->tokens -= e->n;
+	c->count--;
+	size_t i = (size_t)(e - c->slots);
+	e->used = 0;
+	for (size_t j = (i + 1) & c->mask; c->slots[j].used; j = (j + 1) & c->mask) {
+		struct cache_entry moved = c->slots[j];
+		lru_unlink(c, &c->slots[j]);
+		c->slots[j].used = 0;
+		size_t k = slot_of(c, moved.key);
+		while (c->slots[k].used)
+			k = (k + 1) & c->mask;
+		c->slots[k] = moved;
+		c->slots[k].prev = c->slots[k].next = NULL;
+		lru_front(c, &c->slots[k]);
+	}
+}
+
+static void cache_put(struct frag_cache *c, XXH128_hash_t k, const token_t *t, size_t n)
+{
+	if (n > c->budget / 4)
+		return; /* one fragment must not flush the cache */
+	while (c->tail && (c->tokens + n > c->budget || (c->count + 1) * 2 > c->mask + 1))
+		cache_remove(c, c->tail);
+	if ((c->count + 1) * 2 > c->mask + 1)
+		return;
+	token_t *copy = malloc((n ? n : 1) * sizeof *copy);
+	if (!copy)
+		return;
+	memcpy(copy, t, n * sizeof *t);
+	size_t i = slot_of(c, k);
+	while (c->slots[i].used)
+		i = (i + 1) & c->mask;
+	struct cache_entry *e = &c->slots[i];
+	e->key = k;
+	e->tokens = copy;
+	e->n = n;
+	e->used = 1;
+	lru_front(c, e);
+	c->count++;
+	c->tokens += n;
+}
+
+static void cache_free(struct frag_cache *c)
+{
+	for (size_t i = 0; c->slots && i <= c->mask; i++)
+		if (c->slots[i].used)
+			free(c->slots[i].tokens);
+	free(c->slots);
+}
+
+/* ---- the engine ---- */
+
+static struct jinja_template *parse_template(const char *src, char *err, size_t errlen)
+{
+	char e[384];
+	struct jinja_template *t = jinja_parse(src, strlen(src), e, sizeof e);
+	if (!t)
+		snprintf(err, errlen, "chat template: %s", e);
+	return t;
+}
+
+/* The piece llama.cpp's token_to_piece(special=true) gives a special
+ * token: its text. */
+static char *token_piece(const struct vocab *v, token_t id)
+{
+	size_t len;
+	const char *t = vocab_token_text(v, id, &len);
+	return t ? strndup(t, len) : strdup("");
+}
+
+struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, char *err,
+					size_t errlen)
+{
+	struct gguf_error gerr;
+	struct gguf *g = gguf_open(cfg->model_path, &gerr);
+	if (!g) {
+		snprintf(err, errlen, "%s: %s", cfg->model_path, gerr.text);
+		return NULL;
+	}
+	struct prompt_engine *pe = calloc(1, sizeof *pe);
+	if (!pe) {
+		gguf_close(g);
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	pe->vocab = vocab_from_gguf(g, err, errlen);
+	const char *own_template = gguf_get_string(g, "tokenizer.chat_template");
+	const char *src = cfg->chat_template ? cfg->chat_template : own_template;
+	char *src_copy = src ? strdup(src) : NULL;
+	gguf_close(g);
+	if (!pe->vocab || cache_init(&pe->cache, cfg->cache_tokens ? cfg->cache_tokens
+								   : DEFAULT_CACHE_TOKENS) != 0) {
+		if (pe->vocab)
+			snprintf(err, errlen, "out of memory");
+		free(src_copy);
+		prompt_engine_free(pe);
+		return NULL;
+	}
+	/* Without a template the engine still tokenizes (completions). */
+	if (src_copy && !chat_template_needs_server(src_copy)) {
+		pe->tmpl = parse_template(src_copy, err, errlen);
+		if (pe->tmpl && cfg->tool_use_template)
+			pe->tmpl_tool_use = parse_template(cfg->tool_use_template, err, errlen);
+		pe->has_chat = pe->tmpl && (!cfg->tool_use_template || pe->tmpl_tool_use);
+	}
+	token_t bos = vocab_bos(pe->vocab);
+	pe->bos = cfg->bos_token ? strdup(cfg->bos_token) : bos >= 0 ? token_piece(pe->vocab, bos)
+								     : strdup("");
+	pe->eos = cfg->eos_token ? strdup(cfg->eos_token) : strdup("");
+	pe->env.tmpl = pe->tmpl;
+	pe->env.tmpl_tool_use = pe->tmpl_tool_use;
+	pe->env.template_is_gpt_oss = src_copy && strstr(src_copy, "<|channel|>") != NULL;
+	chat_caps_from_json(cfg->caps, &pe->env.caps);
+	pe->env.bos_token = pe->bos;
+	pe->env.eos_token = pe->eos;
+	pe->env.add_bos = vocab_adds_bos(pe->vocab);
+	pe->env.add_eos = vocab_adds_eos(pe->vocab);
+	pe->env.enable_thinking = cfg->enable_thinking;
+	free(src_copy);
+	if (!pe->bos || !pe->eos) {
+		snprintf(err, errlen, "out of memory");
+		prompt_engine_free(pe);
+		return NULL;
+	}
+	return pe;
+}
+
+void prompt_engine_free(struct prompt_engine *pe)
+{
+	if (!pe)
+		return;
+	vocab_free(pe->vocab);
+	jinja_free(pe->tmpl);
+	jinja_free(pe->tmpl_tool_use);
+	cache_free(&pe->cache);
+	free(pe->bos);
+	free(pe->eos);
+	free(pe);
+}
+
+const struct vocab *prompt_engine_vocab(const struct prompt_engine *pe)
+{
+	return pe->vocab;
+}
+
+int prompt_engine_has_chat(const struct prompt_engine *pe)
+{
+	return pe->has_chat;
+}
+
+void prompt_engine_get_stats(const struct prompt_engine *pe, struct prompt_engine_stats *st)
+{
+	*st = pe->stats;
+	st->cached_tokens = pe->cache.tokens;
+}
+
+static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t len,
+			     int after_special, struct token_list *out)
+{
+	pe->stats.fragments++;
+	if (len < CACHE_MIN_BYTES)
+		return vocab_tokenize_fragment(pe->vocab, text, len, after_special, out);
+	/* The key covers the text and whether a special token came before
+	 * (SentencePiece adds a space then). */
+	XXH128_hash_t k = XXH3_128bits_withSeed(text, len, after_special ? 1 : 0);
+	struct cache_entry *e = cache_find(&pe->cache, k);
+	if (e) {
+		pe->stats.fragment_hits++;
+		lru_unlink(&pe->cache, e);
+		lru_front(&pe->cache, e);
+		return token_list_append(out, e->tokens, e->n);
+	}
+	size_t before = out->n;
+	int rc = vocab_tokenize_fragment(pe->vocab, text, len, after_special, out);
+	if (rc == 0)
+		cache_put(&pe->cache, k, out->v + before, out->n - before);
+	return rc;
+}
+
+int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
+			   struct token_list *out)
+{
+	const struct vocab *v = pe->vocab;
+	struct fragment_list f = {0};
+	if (vocab_partition(v, text, len, 1, &f))
+		return -1;
+	int rc = 0;
+	if (vocab_adds_bos(v))
+		rc = token_list_push(out, vocab_bos(v));
+	int after_special = 1;
+	for (size_t i = 0; i < f.n && !rc; i++) {
+		if (f.v[i].token >= 0) {
+			rc = token_list_push(out, f.v[i].token);
+			after_special = 1;
+		} else {
+			rc = tokenize_fragment(pe, text + f.v[i].off, f.v[i].len, after_special, out);
+			after_special = 0;
+		}
+	}
+	if (!rc && vocab_adds_eos(v))
+		rc = token_list_push(out, vocab_eos(v));
+	fragment_list_free(&f);
+	return rc;
+}
+
+enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
+				    char **prompt, size_t *prompt_len, struct token_list *out,
+				    char *why, size_t whylen)
+{
+	*prompt = NULL;
+	if (!pe->has_chat) {
+		snprintf(why, whylen, "the chat template is one llama-server renders its own way");
+		return CHAT_DECLINED;
+	}
+	pe->env.now = now;
+	enum chat_result r = chat_render(&pe->env, request, prompt, prompt_len, why, whylen);
+	if (r != CHAT_OK)
+		return r;
+	int rc = prompt_engine_tokenize(pe, *prompt, *prompt_len, out);
+	if (rc == -2) {
+		snprintf(why, whylen, "text the server's tokenizer rejects");
+		return CHAT_DECLINED;
+	}
+	if (rc) {
+		snprintf(why, whylen, "out of memory");
+		return CHAT_ERROR;
+	}
+	return CHAT_OK;
+}

@@ -1,0 +1,61 @@
+/* The prompt engine: a chat or completion request turned into the tokens
+ * llama-server would evaluate, inside toki, so that routing costs no round
+ * trip to the server. It joins a model's vocabulary (tokenizer/vocab.h), the
+ * chat template the server reports (template/jinja.h) and llama-server's
+ * request handling (prompt/chat.h).
+ *
+ * It keeps a cache of tokenized fragments: the text between two special
+ * tokens tokenizes the same wherever it appears (llama.cpp tokenizes each
+ * such fragment on its own), so a conversation's earlier messages, resent
+ * on every turn, are tokenized once. */
+#ifndef TOKI_PROMPT_PROMPT_H
+#define TOKI_PROMPT_PROMPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "prompt/chat.h"
+#include "tokenizer/vocab.h"
+
+struct prompt_engine;
+
+struct prompt_engine_config {
+	const char *model_path;	     /* the GGUF the server runs */
+	const char *chat_template;   /* /props chat_template (NULL: the model's own) */
+	const char *tool_use_template; /* NULL when none */
+	json_t *caps;		     /* /props chat_template_caps (NULL: defaults) */
+	const char *bos_token, *eos_token; /* /props (NULL: from the vocabulary) */
+	int enable_thinking;
+	size_t cache_tokens; /* fragment cache budget (0: default) */
+};
+
+/* NULL with the reason when the model's tokenizer or template is one toki
+ * does not reproduce (the caller then asks the server). */
+struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, char *err,
+					size_t errlen);
+void prompt_engine_free(struct prompt_engine *pe);
+
+const struct vocab *prompt_engine_vocab(const struct prompt_engine *pe);
+/* Whether chat requests can be templated here (a template that llama-server
+ * renders through a handler of its own cannot). */
+int prompt_engine_has_chat(const struct prompt_engine *pe);
+
+/* llama_tokenize(text, add_special=true, parse_special=true), through the
+ * fragment cache. 0, -1 (out of memory), -2 (leave it to the server). */
+int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
+			   struct token_list *out);
+
+/* A chat request's prompt text (*prompt, malloc'd) and its tokens. */
+enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
+				    char **prompt, size_t *prompt_len, struct token_list *out,
+				    char *why, size_t whylen);
+
+struct prompt_engine_stats {
+	uint64_t fragments, fragment_hits, cached_tokens;
+};
+void prompt_engine_get_stats(const struct prompt_engine *pe, struct prompt_engine_stats *st);
+
+#endif
