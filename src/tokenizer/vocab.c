@@ -171,7 +171,9 @@ void vocab_free(struct vocab *v)
 {
 	if (!v)
 		return;
-	for (size_t i = 0; i < v->n_tokens; i++)
+	/* n_tokens is known before the array exists: a load that fails between
+	 * the two frees no texts. */
+	for (size_t i = 0; v->tokens && i < v->n_tokens; i++)
 		free(v->tokens[i].text);
 	free(v->tokens);
 	strmap_free(v->text_to_id);

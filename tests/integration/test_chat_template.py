@@ -1,0 +1,123 @@
+"""toki renders chat requests into the same prompt text, and the same tokens,
+as llama-server: its /apply-template and /tokenize against `toki tokenize
+--chat`, on about 60 requests each (chat_corpus.py: tools, tool calls,
+reasoning, developer messages, content parts, unicode, template text in
+content, add_generation_prompt off, chat_template_kwargs), for the real
+chat templates of Llama 3 and Qwen 3 (with their real vocabularies, from
+npm), the ChatML template llama-server falls back to (stories260K has
+none), the generated models' ChatML, and four templates of this project's
+(tests/templates/) that use most of Jinja: macros with keyword arguments,
+namespaces, loop variables, filters, tests, slicing, tojson of floats,
+whitespace control."""
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import chat_corpus
+import toki_harness as th
+
+TEMPLATES = os.path.join(th.SOURCE_DIR, "tests", "templates")
+
+
+def server_json(conn, method, path, body=None):
+    conn.request(method, path, json.dumps(body) if body is not None else None)
+    r = conn.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def toki_chat(model, props_file, reqs, thinking):
+    inp = "".join(json.dumps(r) + "\n" for r in reqs)
+    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--props",
+                          props_file, "--thinking", thinking, "--lines"],
+                         input=inp, capture_output=True, text=True, check=True)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def template_model(name):
+    path = os.path.join(th.WORK_DIR, f"tmpl-{name}.gguf")
+    src = os.path.join(TEMPLATES, f"{name}.jinja")
+    if not os.path.exists(path) or os.path.getmtime(path) < os.path.getmtime(src):
+        subprocess.run([th.TOKI_BIN, "gguf", "gen", "-o", path, "--params", "1M", "--ctx", "8192",
+                        "--chat-template", src], check=True, capture_output=True)
+    return path
+
+
+class ChatTemplateMatchesServer(unittest.TestCase):
+    def check(self, model):
+        reqs = chat_corpus.corpus(seed=3)
+        ls = th.LlamaServer(model=model, slots=1, ctx=8192, name="chat-template")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", ls.port, timeout=60)
+            _, props = server_json(conn, "GET", "/props")
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(props, f)
+            want = [server_json(conn, "POST", "/apply-template", r) for r in reqs]
+            # llama-server passes enable_thinking only where it finds
+            # reasoning in the template; toki serve probes for it the same way.
+            outs = {t: toki_chat(model, f.name, reqs, t) for t in ("on", "off")}
+            best = max(outs, key=lambda t: sum(o.get("prompt") == w[1].get("prompt")
+                                               for o, w in zip(outs[t], want)))
+            got = outs[best]
+            self.assertEqual(len(got), len(reqs))
+            compared = 0
+            for r, (status, w), g in zip(reqs, want, got):
+                self.assertEqual(status, 200, f"server refused {r}: {w}")
+                self.assertNotIn("error", g, f"toki failed on {r}")
+                if "declined" in g:
+                    continue
+                if g["prompt"] == "(not valid UTF-8)":
+                    self.assertIn("\ufffd", w["prompt"])  # the server's JSON replaced bytes too
+                    continue
+                self.assertEqual(g["prompt"], w["prompt"], f"prompt differs for {json.dumps(r)}")
+                _, tok = server_json(conn, "POST", "/tokenize", {
+                    "content": w["prompt"], "add_special": True, "parse_special": True})
+                self.assertEqual(g["tokens"], tok["tokens"], f"tokens differ for {json.dumps(r)}")
+                compared += 1
+            os.unlink(f.name)
+            print(f"  {os.path.basename(model)}: {compared} of {len(reqs)} identical "
+                  f"(thinking {best})")
+            self.assertGreaterEqual(compared, len(reqs) - 2)
+            conn.close()
+        finally:
+            ls.kill()
+
+    def test_qwen3_template(self):
+        self.check(th.tokenizer_model("qwen3", "qwen2"))
+
+    def test_llama3_template(self):
+        self.check(th.tokenizer_model("llama3", "llama-bpe"))
+
+    def test_llama_server_default_chatml(self):
+        self.check(th.test_model())
+
+    def test_generated_chatml(self):
+        self.check(th.generated_model("tmpl", params="1M", ctx=8192))
+
+    def test_project_templates(self):
+        for name in ("features", "methods", "normalize", "whitespace"):
+            with self.subTest(template=name):
+                self.check(template_model(name))
+
+    def test_declines_what_llama_server_treats_its_own_way(self):
+        model = th.generated_model("tmpl", params="1M", ctx=8192)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({}, f)
+        reqs = [
+            {"messages": [{"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Prefilled"}]},
+            {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]},
+            {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
+        ]
+        got = toki_chat(model, f.name, reqs, "on")
+        os.unlink(f.name)
+        self.assertEqual([("declined" in g) for g in got], [True, True, True], got)
+
+
+if __name__ == "__main__":
+    th.run_tests()

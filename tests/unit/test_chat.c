@@ -1,0 +1,376 @@
+/* Unit tests for the request side of the prompt engine (src/prompt/chat.c):
+ * what a chat request becomes before the template sees it, what it leaves to
+ * llama-server, and the JSON it writes the way nlohmann::json does.
+ * tests/integration/test_chat_template.py checks whole prompts against the
+ * server; these pin each rule on its own. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "prompt/chat.h"
+#include "template/jinja.h"
+
+/* A template that prints what it was given, so that a test sees the
+ * normalized messages, tools and context as text. */
+static const char *echo_template =
+    "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content|tojson }}"
+    "{% if m.name is defined %} name={{ m.name }}{% endif %}"
+    "{% if m.tool_call_id is defined %} id={{ m.tool_call_id }}{% endif %}"
+    "{% if m.reasoning_content is defined %} think={{ m.reasoning_content }}{% endif %}"
+    "{% if m.tool_calls is defined %} calls={{ m.tool_calls|tojson }}{% endif %}]"
+    "{% endfor %}{% if tools is defined %}tools={{ tools|tojson }}{% endif %}"
+    "{% if add_generation_prompt %}<gen>{% endif %}"
+    "{% if enable_thinking %}<think>{% endif %}{{ eos_token }}";
+
+struct fixture {
+	struct jinja_template *tmpl;
+	struct chat_env env;
+};
+
+static int setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof *f);
+	char err[256];
+	f->tmpl = jinja_parse(echo_template, strlen(echo_template), err, sizeof err);
+	if (!f->tmpl) {
+		fprintf(stderr, "parse: %s\n", err);
+		return -1;
+	}
+	f->env.tmpl = f->tmpl;
+	chat_caps_from_json(NULL, &f->env.caps);
+	f->env.bos_token = "<s>";
+	f->env.eos_token = "</s>";
+	f->env.now = 1796000000;
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+	jinja_free(f->tmpl);
+	free(f);
+	return 0;
+}
+
+/* Renders a request (JSON text); returns the prompt or NULL, with res. */
+static char *render(const struct chat_env *env, const char *request, enum chat_result *res,
+                    char *why, size_t whylen)
+{
+	json_error_t jerr;
+	json_t *req = json_loads(request, 0, &jerr);
+	if (!req)
+		fail_msg("bad request JSON in the test: %s", jerr.text);
+	char *prompt = NULL;
+	size_t len = 0;
+	why[0] = 0;
+	*res = chat_render(env, req, &prompt, &len, why, whylen);
+	json_decref(req);
+	if (*res == CHAT_OK)
+		assert_int_equal(strlen(prompt), len);
+	return prompt;
+}
+
+static void expect_prompt(const struct chat_env *env, const char *request, const char *want)
+{
+	enum chat_result res;
+	char why[256];
+	char *got = render(env, request, &res, why, sizeof why);
+	if (res != CHAT_OK)
+		fail_msg("request %s: result %d (%s)", request, res, why);
+	if (strcmp(got, want))
+		fail_msg("request %s\n  want: [%s]\n  got:  [%s]", request, want, got);
+	free(got);
+}
+
+static void expect_declined(const struct chat_env *env, const char *request, const char *needle)
+{
+	enum chat_result res;
+	char why[256];
+	char *got = render(env, request, &res, why, sizeof why);
+	if (res != CHAT_DECLINED)
+		fail_msg("request %s: result %d [%s], expected declined", request, res,
+		         got ? got : why);
+	if (!strstr(why, needle))
+		fail_msg("request %s: reason [%s] lacks [%s]", request, why, needle);
+}
+
+static void test_messages_written_back(void **state)
+{
+	struct fixture *f = *state;
+	/* The generation prompt is on unless the request turns it off; empty
+	 * or null content becomes ""; name, tool_call_id and reasoning_content
+	 * only when non-empty. */
+	expect_prompt(&f->env, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+	              "<s>[user:\"hi\"]<gen></s>");
+	expect_prompt(&f->env,
+	              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+	              "\"add_generation_prompt\":false}",
+	              "<s>[user:\"hi\"]</s>");
+	expect_prompt(
+	    &f->env,
+	    "{\"messages\":[{\"role\":\"user\",\"content\":null,\"name\":\"\"},"
+	    "{\"role\":\"tool\",\"content\":\"4\",\"tool_call_id\":\"c1\",\"name\":\"calc\"}]}",
+	    "<s>[user:\"\"][tool:\"4\" name=calc id=c1]<gen></s>");
+	/* Text parts stay parts for a template that takes both kinds. */
+	struct chat_env both = f->env;
+	json_error_t jerr;
+	json_t *caps = json_loads("{\"supports_string_content\":true,"
+	                          "\"supports_typed_content\":true}",
+	                          0, &jerr);
+	chat_caps_from_json(caps, &both.caps);
+	json_decref(caps);
+	expect_prompt(&both,
+	              "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+	              "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}",
+	              "<s>[user:[{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", "
+	              "\"text\": \"b\"}]]<gen></s>");
+	/* developer is system to every template but GPT-OSS's. */
+	expect_prompt(&f->env,
+	              "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},"
+	              "{\"role\":\"user\",\"content\":\"u\"}]}",
+	              "<s>[system:\"d\"][user:\"u\"]<gen></s>");
+	f->env.template_is_gpt_oss = 1;
+	expect_prompt(&f->env,
+	              "{\"messages\":[{\"role\":\"developer\",\"content\":\"d\"},"
+	              "{\"role\":\"user\",\"content\":\"u\"}]}",
+	              "<s>[developer:\"d\"][user:\"u\"]<gen></s>");
+	f->env.template_is_gpt_oss = 0;
+}
+
+static void test_capabilities(void **state)
+{
+	struct fixture *f = *state;
+	struct chat_env env = f->env;
+	json_error_t jerr;
+	/* A template that only takes strings: parts joined by newlines. */
+	json_t *caps = json_loads("{\"supports_string_content\":true,"
+	                          "\"supports_typed_content\":false}",
+	                          0, &jerr);
+	chat_caps_from_json(caps, &env.caps);
+	json_decref(caps);
+	expect_prompt(&env,
+	              "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+	              "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}",
+	              "<s>[user:\"a\\nb\"]<gen></s>");
+	/* One that only takes parts: a string becomes one part. */
+	caps = json_loads("{\"supports_string_content\":false,\"supports_typed_content\":true}", 0,
+	                  &jerr);
+	chat_caps_from_json(caps, &env.caps);
+	json_decref(caps);
+	expect_prompt(&env, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+	              "<s>[user:[{\"type\": \"text\", \"text\": \"x\"}]]<gen></s>");
+	/* No system role: the system prompt goes into the first user message. */
+	caps = json_loads("{\"supports_system_role\":false}", 0, &jerr);
+	chat_caps_from_json(caps, &env.caps);
+	json_decref(caps);
+	expect_prompt(&env,
+	              "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+	              "{\"role\":\"user\",\"content\":\"U\"}]}",
+	              "<s>[user:\"S\\nU\"]<gen></s>");
+	expect_prompt(&env, "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"}]}",
+	              "<s><gen></s>");
+	/* Object arguments: tool-call arguments parsed for the template. */
+	caps = json_loads("{\"supports_object_arguments\":true}", 0, &jerr);
+	chat_caps_from_json(caps, &env.caps);
+	json_decref(caps);
+	expect_prompt(
+	    &env,
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+	    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"type\":\"function\","
+	    "\"id\":\"c1\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\": 1}\"}}]},"
+	    "{\"role\":\"tool\",\"content\":\"2\",\"tool_call_id\":\"c1\"}]}",
+	    "<s>[user:\"q\"][assistant:\"\" calls=[{\"type\": \"function\", \"function\": "
+	    "{\"name\": \"f\", \"arguments\": {\"x\": 1}}, \"id\": \"c1\"}]][tool:\"2\" "
+	    "id=c1]<gen></s>");
+	/* Without it, an object given as arguments is sent as its JSON text. */
+	chat_caps_from_json(NULL, &env.caps);
+	expect_prompt(
+	    &env,
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+	    "{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\","
+	    "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":1.0}}}]},"
+	    "{\"role\":\"user\",\"content\":\"r\"}]}",
+	    "<s>[user:\"q\"][assistant:\"\" calls=[{\"type\": \"function\", \"function\": "
+	    "{\"name\": \"f\", \"arguments\": \"{\\\"x\\\":1.0}\"}}]][user:\"r\"]<gen></s>");
+}
+
+static void test_tools_and_context(void **state)
+{
+	struct fixture *f = *state;
+	/* A tool gets a description and parameters when it has none. */
+	expect_prompt(
+	    &f->env,
+	    "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+	    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"t\"}}]}",
+	    "<s>[user:\"q\"]tools=[{\"type\": \"function\", \"function\": {\"name\": \"t\", "
+	    "\"description\": \"\", \"parameters\": {}}}]<gen></s>");
+	/* An empty tools list is no tools. */
+	expect_prompt(&f->env,
+	              "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[]}",
+	              "<s>[user:\"q\"]<gen></s>");
+	/* chat_template_kwargs reach the template, and win over the defaults. */
+	expect_prompt(&f->env,
+	              "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+	              "\"chat_template_kwargs\":{\"enable_thinking\":true}}",
+	              "<s>[user:\"q\"]<gen><think></s>");
+	/* The tokenizer's own BOS and EOS come off the text, when it adds them. */
+	struct chat_env env = f->env;
+	env.add_bos = 1;
+	env.add_eos = 1;
+	expect_prompt(&env, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+	              "[user:\"q\"]<gen>");
+	/* The date variables, from the time given. */
+	json_error_t jerr;
+	json_t *req =
+	    json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", 0, &jerr);
+	enum chat_result res;
+	char why[128];
+	json_t *g = chat_template_globals(&f->env, req, &res, why, sizeof why);
+	assert_non_null(g);
+	assert_int_equal(res, CHAT_OK);
+	assert_true(json_is_string(json_object_get(g, "date_string")));
+	assert_true(json_is_string(json_object_get(g, "datetime")));
+	assert_true(json_is_false(json_object_get(g, "enable_thinking")));
+	json_decref(g);
+	json_decref(req);
+}
+
+static void test_left_to_the_server(void **state)
+{
+	struct fixture *f = *state;
+	expect_declined(&f->env, "{\"messages\":[]}", "no messages");
+	expect_declined(&f->env, "{\"prompt\":\"x\"}", "no messages");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+	                "{\"role\":\"assistant\",\"content\":\"Once\"}]}",
+	                "prefill");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+	                "\"continue_final_message\":true}",
+	                "continue_final_message");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\","
+	                "\"image_url\":{\"url\":\"data:\"}}]}]}",
+	                "content part");
+	expect_declined(&f->env, "{\"messages\":[{\"content\":\"q\"}]}", "without a role");
+	expect_declined(&f->env, "{\"messages\":[{\"role\":\"user\"}]}", "without content");
+	expect_declined(&f->env, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}",
+	                "neither a string");
+	expect_declined(&f->env, "{\"messages\":[7]}", "not an object");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\",\"name\":3}]}",
+	                "not a string");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+	                "\"add_generation_prompt\":1}",
+	                "not a boolean");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":{}}",
+	                "tools that is not an array");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+	                "\"tools\":[{\"type\":\"retrieval\"}]}",
+	                "a tool llama-server");
+	expect_declined(&f->env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+	                "{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\"}]},"
+	                "{\"role\":\"user\",\"content\":\"r\"}]}",
+	                "a tool call");
+	struct chat_env env = f->env;
+	json_error_t jerr;
+	json_t *caps = json_loads("{\"supports_object_arguments\":true}", 0, &jerr);
+	chat_caps_from_json(caps, &env.caps);
+	json_decref(caps);
+	expect_declined(&env,
+	                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+	                "{\"role\":\"assistant\",\"tool_calls\":[{\"type\":\"function\","
+	                "\"function\":{\"name\":\"f\",\"arguments\":\"{oops\"}}]},"
+	                "{\"role\":\"user\",\"content\":\"r\"}]}",
+	                "not JSON");
+	caps = json_loads("{\"supports_system_role\":false,\"supports_typed_content\":true}", 0,
+	                  &jerr);
+	chat_caps_from_json(caps, &env.caps);
+	json_decref(caps);
+	expect_declined(&env,
+	                "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+	                "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"U\"}]}]}",
+	                "merge");
+}
+
+static void test_template_errors(void **state)
+{
+	(void)state;
+	char err[256];
+	const char *src = "{{ raise_exception('no tools here') }}";
+	struct jinja_template *t = jinja_parse(src, strlen(src), err, sizeof err);
+	assert_non_null(t);
+	struct chat_env env = {.tmpl = t, .bos_token = "", .eos_token = ""};
+	chat_caps_from_json(NULL, &env.caps);
+	enum chat_result res;
+	char why[256];
+	char *got = render(&env, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", &res,
+	                   why, sizeof why);
+	assert_null(got);
+	assert_int_equal(res, CHAT_ERROR);
+	assert_non_null(strstr(why, "no tools here"));
+	jinja_free(t);
+}
+
+static void test_special_handlers(void **state)
+{
+	(void)state;
+	assert_true(chat_template_needs_server("{{ '<|channel|>analysis' }}"));
+	assert_true(chat_template_needs_server("<|tool_calls_section_begin|><|tool_call_begin|>"));
+	assert_true(chat_template_needs_server("<|tool_list_start|>x<|tool_list_end|>"));
+	assert_true(chat_template_needs_server("[SYSTEM_PROMPT][TOOL_CALLS][ARGS]"));
+	/* With [CALL_ID] it is a Mistral template llama-server applies directly. */
+	assert_false(chat_template_needs_server("[SYSTEM_PROMPT][TOOL_CALLS][ARGS][CALL_ID]"));
+	assert_false(chat_template_needs_server("<|im_start|>{{ m.content }}<|im_end|>"));
+}
+
+static void test_dump_like_nlohmann(void **state)
+{
+	(void)state;
+	json_error_t jerr;
+	struct {
+		const char *in, *want;
+	} cases[] = {
+	    {"{\"b\":1,\"a\":[true,null,\"x\"]}", "{\"b\":1,\"a\":[true,null,\"x\"]}"},
+	    {"[1.0, 0.5, 1e16, 1e17, 1e-5, -0.0]", "[1.0,0.5,1e+16,1e+17,1e-05,-0.0]"},
+	    {"[\"\\u0001\\n\\t\\\"\\\\/\\u00e9\"]", "[\"\\u0001\\n\\t\\\"\\\\/\xc3\xa9\"]"},
+	    {"{}", "{}"},
+	    {"[]", "[]"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		json_t *v = json_loads(cases[i].in, JSON_DECODE_ANY, &jerr);
+		assert_non_null(v);
+		char *got = chat_dump_like_nlohmann(v);
+		assert_non_null(got);
+		if (strcmp(got, cases[i].want))
+			fail_msg("dump %s\n  want: %s\n  got:  %s", cases[i].in, cases[i].want,
+			         got);
+		free(got);
+		json_decref(v);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test_setup_teardown(test_messages_written_back, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_capabilities, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_tools_and_context, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_left_to_the_server, setup, teardown),
+	    cmocka_unit_test(test_template_errors),
+	    cmocka_unit_test(test_special_handlers),
+	    cmocka_unit_test(test_dump_like_nlohmann),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
