@@ -541,6 +541,14 @@ static struct jval *str_string(struct rt *rt, struct jval **a, size_t n)
 	return a[0];
 }
 
+/* Build 11669's format filter gives the string back as it is, whatever the
+ * arguments ('%s'|format(1) is "%s"). */
+static struct jval *str_format(struct rt *rt, struct jval **a, size_t n)
+{
+	want(rt, arg(rt, a, n, 0, "format"), JT_STR, "format");
+	return a[0];
+}
+
 static struct jval *str_slice(struct rt *rt, struct jval **a, size_t n)
 {
 	struct slice_spec s = slice_args(rt, a, n, "slice");
@@ -1220,6 +1228,7 @@ static const struct entry string_methods[] = {
 	{"safe", str_string},
 	{"tojson", b_tojson},
 	{"indent", str_indent},
+	{"format", str_format},
 	{"join", not_implemented},
 	{NULL, NULL},
 };

@@ -282,6 +282,17 @@ static struct jval *eval_binary(struct rt *rt, const struct node *nd, struct sco
 		if (op_is(nd, "not in"))
 			return jv_bool(rt, !member);
 	}
+	if (op_is(nd, "*") && ((l->t == JT_STR && r->t == JT_INT) ||
+				(l->t == JT_INT && r->t == JT_STR))) {
+		/* Repetition, as build 11669 does it: a count below one is "". */
+		struct jval *str = l->t == JT_STR ? l : r;
+		int64_t times = l->t == JT_INT ? l->i : r->i;
+		struct jbuf out = {0};
+		jbuf_append(rt, &out, "", 0);
+		for (int64_t i = 0; str->len && i < times; i++)
+			jbuf_append_value_parts(rt, &out, str);
+		return jbuf_value(rt, &out);
+	}
 	if ((l->t == JT_STR || r->t == JT_STR) && plus)
 		return jv_concat(rt, jv_as_string(rt, l), jv_as_string(rt, r));
 	if (l->t == JT_STR && r->t == JT_STR && (op_is(nd, "in") || op_is(nd, "not in"))) {
@@ -402,7 +413,18 @@ static struct jval *eval_member(struct rt *rt, const struct node *nd, struct sco
 	return bound_builtin(rt, obj, key, 1);
 }
 
+static struct jval *eval_node(struct rt *rt, const struct node *nd, struct scope *sc);
+
 static struct jval *eval(struct rt *rt, const struct node *nd, struct scope *sc)
+{
+	if (++rt->eval_depth > JINJA_MAX_EVAL_DEPTH)
+		FAIL("template expression nested too deep");
+	struct jval *v = eval_node(rt, nd, sc);
+	rt->eval_depth--;
+	return v;
+}
+
+static struct jval *eval_node(struct rt *rt, const struct node *nd, struct scope *sc)
 {
 	switch (nd->kind) {
 	case N_TEXT:
@@ -709,6 +731,7 @@ char *jinja_render(const struct jinja_template *t, json_t *globals, time_t now, 
 		return NULL;
 	}
 	rt->now = now;
+	rt->arena.limit = JINJA_MAX_RENDER_BYTES;
 	char *result;
 	if (setjmp(rt->err.jb)) {
 		snprintf(err, errlen, "%s", rt->err.msg);

@@ -15,8 +15,10 @@
 struct arena_block;
 struct arena {
 	struct arena_block *head;
+	size_t total, limit; /* bytes taken from malloc; the most it may take (0: no cap) */
 };
-void *arena_alloc(struct arena *a, size_t n); /* zeroed; NULL only when out of memory */
+/* zeroed; NULL when out of memory or past the arena's limit */
+void *arena_alloc(struct arena *a, size_t n);
 void arena_free(struct arena *a);
 
 /* ---- errors: a failing render or parse longjmps out ---- */
@@ -189,8 +191,20 @@ struct rt {
 	struct arena arena;
 	struct jerr err;
 	time_t now;
-	int depth; /* recursion guard */
+	int depth;	      /* statement nesting and macro calls */
+	int eval_depth;	      /* expression nesting */
 };
+
+/* What one render may spend. A chat template runs inside the daemon's event
+ * loop on text the model file supplies: a template that loops for ever or
+ * builds a string without end must fail (the server then makes that
+ * prompt), not stall every other request. Every evaluation allocates from
+ * the render's arena and nothing is freed before the render ends, so the
+ * arena's cap bounds time as well as memory (reached in about half a
+ * second); real templates over long conversations stay far below it. */
+#define JINJA_MAX_RENDER_BYTES (256u << 20)
+#define JINJA_MAX_EVAL_DEPTH 1000
+#define JINJA_MAX_PARSE_DEPTH 500
 
 struct jval *jv_new(struct rt *rt, enum jtype t);
 struct jval *jv_undef(struct rt *rt, const char *hint);

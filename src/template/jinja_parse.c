@@ -25,7 +25,15 @@ struct parser {
 	struct jerr *e;
 	const struct token *toks;
 	size_t n, cur;
+	int depth; /* recursion guard: a template is text from a model file */
 };
+
+#define ENTER(p)                                                                         \
+	do {                                                                             \
+		if (++(p)->depth > JINJA_MAX_PARSE_DEPTH)                                \
+			jinja_fail((p)->e, "parser: template nested too deep at token %zu", \
+				   (p)->cur);                                            \
+	} while (0)
 
 static const struct token eof_token = {T_EOF, "", 0, 0};
 
@@ -317,7 +325,9 @@ static struct node *parse_not(struct parser *p)
 		const struct token *op = next(p);
 		struct node *u = mk(p, N_UNARY, at);
 		u->s = op->v;
+		ENTER(p);
 		u->a = parse_not(p);
+		p->depth--;
 		return u;
 	}
 	return parse_comparison(p);
@@ -369,7 +379,10 @@ static struct node *parse_if_expression(struct parser *p)
 
 static struct node *parse_expression(struct parser *p)
 {
-	return parse_if_expression(p);
+	ENTER(p);
+	struct node *nd = parse_if_expression(p);
+	p->depth--;
+	return nd;
 }
 
 static struct node *parse_sequence(struct parser *p, int primary)
@@ -582,7 +595,17 @@ static struct node *parse_statement(struct parser *p)
 	return nd;
 }
 
+static struct node *parse_any_inner(struct parser *p);
+
 static struct node *parse_any(struct parser *p)
+{
+	ENTER(p);
+	struct node *nd = parse_any_inner(p);
+	p->depth--;
+	return nd;
+}
+
+static struct node *parse_any_inner(struct parser *p)
 {
 	size_t at = p->cur;
 	const struct token *t = peek(p, 0);
@@ -613,7 +636,7 @@ static struct node *parse_any(struct parser *p)
 void jinja_parse_tokens(struct arena *a, struct jerr *e, const struct token *toks, size_t n,
 			struct nodes *body)
 {
-	struct parser p = {a, e, toks, n, 0};
+	struct parser p = {a, e, toks, n, 0, 0};
 	while (p.cur < p.n)
 		add(&p, body, parse_any(&p));
 }

@@ -27,9 +27,12 @@ void *arena_alloc(struct arena *a, size_t n)
 	struct arena_block *b = a->head;
 	if (!b || b->cap - b->used < n) {
 		size_t cap = n > 65536 ? n : 65536;
+		if (a->limit && (cap > a->limit || a->total > a->limit - cap))
+			return NULL;
 		b = malloc(sizeof *b + cap);
 		if (!b)
 			return NULL;
+		a->total += cap;
 		b->used = 0;
 		b->cap = cap;
 		b->next = a->head;
@@ -48,6 +51,7 @@ void arena_free(struct arena *a)
 		a->head = b->next;
 		free(b);
 	}
+	a->total = 0;
 }
 
 _Noreturn void jinja_fail(struct jerr *e, const char *fmt, ...)

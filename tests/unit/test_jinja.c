@@ -218,6 +218,69 @@ static void test_objects_and_methods(void **state)
 	expect("{% filter upper %}shout{% endfilter %}", NULL, "SHOUT");
 }
 
+/* A template is text from a model file and runs in the daemon's loop: one
+ * that recurses, loops or grows without end fails instead. */
+/* Found against llama-server's /apply-template (build 11669). */
+static void test_server_quirks(void **state)
+{
+	(void)state;
+	expect("{{ 'x' * 3 }}|{{ 3 * 'x' }}|{{ 'x' * 0 }}|{{ 'x' * -1 }}|{{ '' * 1000000000000 }}",
+	       NULL, "xxx|xxx|||");
+	expect_error("{{ 'ab' * 2.0 }}", NULL, "Unknown operator");
+	expect("{{ '%s-%d'|format('a', 7) }}|{{ 'q'|format }}", NULL, "%s-%d|q");
+	expect_error("{{ [1]|format }}", NULL, "format");
+	expect_error("{{ 1.5|round }}", NULL, "round");
+	expect_error("{{ 2 ** 10 }}", NULL, "parser");
+	expect_error("{{ 7 // 2 }}", NULL, "parser");
+}
+
+static void test_limits(void **state)
+{
+	(void)state;
+	size_t n = 100000;
+	char *src = malloc(4 * n + 16);
+	assert_non_null(src);
+	/* Nesting the parser would recurse through without end. */
+	size_t k = (size_t)sprintf(src, "{{ ");
+	for (size_t i = 0; i < n; i++)
+		src[k++] = '(';
+	src[k++] = '1';
+	for (size_t i = 0; i < n; i++)
+		src[k++] = ')';
+	strcpy(src + k, " }}");
+	expect_error(src, NULL, "nested too deep");
+	k = (size_t)sprintf(src, "{{ ");
+	for (size_t i = 0; i < n; i++)
+		k += (size_t)sprintf(src + k, "not ");
+	strcpy(src + k, "1 }}");
+	expect_error(src, NULL, "nested too deep");
+	k = 0;
+	for (size_t i = 0; i < 1000; i++)
+		k += (size_t)sprintf(src + k, "{%% if 1 %%}");
+	src[k] = 0;
+	expect_error(src, NULL, "nested too deep");
+	/* A left-deep sum parses in a loop, but evaluates by recursion. */
+	k = (size_t)sprintf(src, "{{ 1");
+	for (size_t i = 0; i < 50000; i++)
+		k += (size_t)sprintf(src + k, "+1");
+	strcpy(src + k, " }}");
+	expect_error(src, NULL, "nested too deep");
+	free(src);
+	/* Macros that call themselves. */
+	expect_error("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}", NULL, "too deep");
+	/* Loops without end in practice, and a string that doubles: each step
+	 * allocates, and the render's memory cap ends them. */
+	expect_error("{% set r = range(5000) %}{% for i in r %}{% for j in r %}{% endfor %}"
+	             "{% endfor %}",
+	             NULL, "out of memory");
+	expect_error("{% set ns = namespace(s='xx') %}{% for i in range(64) %}"
+	             "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+	             NULL, "out of memory");
+	/* What real templates do stays well inside. */
+	expect("{% for i in range(200) %}{% for j in range(100) %}{% endfor %}{% endfor %}ok", NULL,
+	       "ok");
+}
+
 static void test_globals_and_errors(void **state)
 {
 	(void)state;
@@ -273,6 +336,8 @@ int main(void)
 	    cmocka_unit_test(test_objects_and_methods),
 	    cmocka_unit_test(test_globals_and_errors),
 	    cmocka_unit_test(test_dtoa),
+	    cmocka_unit_test(test_limits),
+	    cmocka_unit_test(test_server_quirks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
