@@ -31,12 +31,14 @@ struct daemon_config {
 	int save_idle_ms;	/* save a slot idle this long (0: only on eviction and exit) */
 	int slot_compress;	/* zstd level for slot files (0: stored as they are) */
 	const char *kv_settings; /* llama-server settings that shape KV, for fingerprints */
+	int local_prompts;	/* template and tokenize in toki when the probes match (--tokenize) */
 };
 
 struct daemon_stats {
 	uint64_t requests, routed, hits, partials, misses, errors;
 	uint64_t prompt_tokens, evaluated_tokens, cached_tokens, trim_tokens;
 	uint64_t saves, restores, disk_hits, saved_evictions, discarded_files;
+	uint64_t replans; /* requests planned again after the server disagreed */
 };
 
 struct daemon {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "api/api_error.h"
 #include "api/anthropic.h"
@@ -12,11 +13,13 @@
 #include "api/request_check.h"
 #include "api/responses.h"
 #include "backend/backend.h"
+#include "backend/prompt_probe.h"
 #include "backend/slot_store.h"
 #include "backend/supervise.h"
 #include "daemon.h"
 #include "http/http_server.h"
 #include "http/sse.h"
+#include "prompt/prompt.h"
 #include "router/router.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -63,6 +66,17 @@ struct proxy_req {
 	uint64_t allowed;   /* backends serving the requested model (bit i: backend i) */
 	uint64_t excluded;  /* backends that failed this request before it streamed */
 	int set_cache_prompt; /* toki added cache_prompt: false (exact mode, nothing reused) */
+	int local_prompt;     /* toki tokenized the prompt itself */
+	int local_template;   /* ... and applied the chat template too */
+	int force_server;     /* ... and then found it wrong: the server does it now */
+	int added_progress;   /* toki asked for return_progress (its events are dropped) */
+	int progress_checked; /* the first progress event was checked against the plan */
+	int replans;	      /* times the request was planned again (bounded) */
+	int replanning;	      /* a replan is scheduled: the old call's events are ignored */
+	struct event *replan_ev;
+	struct backend *prompt_backend; /* whose engine made the prompt */
+	struct backend *tokenize_backend; /* who was asked for the tokens (or whose engine) */
+	int64_t t_tokenize_us, tokenize_us; /* when tokenizing began; what it took */
 	int retries;
 	int count_only;	    /* count_tokens: answer with the count, generate nothing */
 	long max_tokens;    /* the output cap sent to the backend */
@@ -87,6 +101,8 @@ static void pr_finish(struct proxy_req *pr);
 static void pr_try_route(struct proxy_req *pr);
 static void save_slot(struct proxy_req *pr);
 static void pr_begin(struct proxy_req *pr, struct backend *b);
+static void tokens_ready(struct proxy_req *pr);
+static int local_text(struct proxy_req *pr, struct backend *b, const char *text, size_t len);
 static void unpin_restore(struct proxy_req *pr);
 static void after_save(struct proxy_req *pr);
 
@@ -264,6 +280,12 @@ static json_t *cache_block(struct proxy_req *pr)
 	if (pr->restored)
 		json_object_set_new(c, "restored", json_string(pr->restored_name));
 	json_object_set_new(c, "est_prefill_ms", json_real(pr->choice.est_prefill_s * 1000.0));
+	json_object_set_new(c, "tokenized", json_string(pr->local_prompt ? "toki" : "server"));
+	if (pr->kind != KIND_COMPLETION)
+		json_object_set_new(c, "templated",
+				    json_string(pr->local_template ? "toki" : "server"));
+	if (pr->tokenize_us)
+		json_object_set_new(c, "tokenize_ms", json_real((double)pr->tokenize_us / 1000.0));
 	return c;
 }
 
@@ -402,6 +424,8 @@ static void pr_free(struct proxy_req *pr)
 		evbuffer_free(pr->errbuf);
 	if (pr->keepalive)
 		event_free(pr->keepalive);
+	if (pr->replan_ev)
+		event_free(pr->replan_ev);
 	free(pr);
 }
 
@@ -501,11 +525,65 @@ static void on_chat_chunk_for_anthropic(struct proxy_req *pr, const char *data, 
 	strbuf_free(&b);
 }
 
+static void schedule_replan(struct proxy_req *pr, const char *why);
+
+/* The first progress event tells what the server is about to do: how many
+ * prompt tokens it has (toki's count must agree) and how many it reuses
+ * (exact mode: exactly the reuse toki planned, or the text may differ from
+ * an uncached run). It comes before any token is generated, so a wrong plan
+ * can still be replaced before the client sees any of its answer. Returns 1
+ * when a replan was scheduled. */
+static int check_plan(struct proxy_req *pr, long long total, long long cache)
+{
+	if (!pr->routable || pr->replans >= 2)
+		return 0;
+	int exact = pr->d->router->mode == REUSE_EXACT;
+	char why[200];
+	if (total != (long long)pr->n_tokens) {
+		snprintf(why, sizeof why, "the server has %lld prompt tokens, toki %zu", total,
+			 pr->n_tokens);
+		if (pr->local_prompt && pr->prompt_backend)
+			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
+		if (exact) {
+			schedule_replan(pr, why);
+			return 1;
+		}
+		return 0;
+	}
+	if (exact && cache != (long long)pr->choice.reuse && pr->set_cache_prompt == 0) {
+		snprintf(why, sizeof why, "exact mode planned to reuse %zu tokens, the server reuses %lld",
+			 pr->choice.reuse, cache);
+		schedule_replan(pr, why);
+		return 1;
+	}
+	return 0;
+}
+
 static void on_sse_event(const char *raw, size_t len, void *arg)
 {
 	struct proxy_req *pr = arg;
+	if (pr->replanning)
+		return; /* the rest of an answer being replaced */
 	size_t dl = 0;
 	char *data = sse_event_data(raw, len, &dl);
+	if (data && strstr(data, "\"prompt_progress\"")) {
+		json_error_t jerr;
+		json_t *obj = json_loadb(data, dl, 0, &jerr);
+		json_t *pp = json_object_get(obj, "prompt_progress");
+		int replanned = 0;
+		if (!pr->progress_checked && json_is_object(pp)) {
+			pr->progress_checked = 1;
+			replanned = check_plan(pr, json_integer_value(json_object_get(pp, "total")),
+					       json_integer_value(json_object_get(pp, "cache")));
+		}
+		json_decref(obj);
+		if (replanned || pr->added_progress) {
+			free(data);
+			return;
+		}
+	}
+	if (!pr->t_first_data_us)
+		pr->t_first_data_us = clock_now_us();
 	if (pr->astream) {
 		if (data)
 			on_chat_chunk_for_anthropic(pr, data, dl);
@@ -561,8 +639,6 @@ static void on_forward_head(struct backend_call *call, int status, void *arg)
 static void on_forward_data(struct backend_call *call, const char *data, size_t len, void *arg)
 {
 	struct proxy_req *pr = arg;
-	if (pr->status == 200 && !pr->t_first_data_us && len)
-		pr->t_first_data_us = clock_now_us();
 	if (pr->status != 200) {
 		if (!pr->errbuf)
 			pr->errbuf = evbuffer_new();
@@ -585,6 +661,97 @@ static void log_done(struct proxy_req *pr)
 		 pr->backend_path, pr->choice.slot ? pr->choice.slot->id : -1,
 		 pr->routable ? pr->choice.kind : "unrouted", pr->n_tokens, pr->choice.matched,
 		 pr->choice.reuse, pr->cache_n, pr->prompt_n, pr->prompt_ms, total_ms);
+}
+
+/* Plans the request again, from routing (or, when toki's own prompt was the
+ * fault, from the server's template and tokenizer), on the next turn of the
+ * loop: it runs from inside the old answer's callbacks. What the failed
+ * plan did to its slot is unknown, so the slot is forgotten. */
+static void replan_now(evutil_socket_t fd, short what, void *arg)
+{
+	struct proxy_req *pr = arg;
+	struct daemon *d = pr->d;
+	pr->replanning = 0;
+	if (!pr->client) {
+		pr_finish(pr);
+		return;
+	}
+	if (pr->local_prompt) {
+		free(pr->tokens);
+		pr->tokens = NULL;
+		pr->n_tokens = 0;
+		pr->routable = 0;
+		pr->local_prompt = 0;
+		pr->local_template = 0;
+		pr->force_server = 1;
+	}
+	json_object_del(pr->body, "id_slot");
+	if (pr->set_cache_prompt)
+		json_object_del(pr->body, "cache_prompt");
+	pr->set_cache_prompt = 0;
+	if (pr->added_progress)
+		json_object_del(pr->body, "return_progress");
+	pr->added_progress = 0;
+	pr->progress_checked = 0;
+	free(pr->held);
+	pr->held = NULL;
+	pr->held_len = 0;
+	pr->timings_seen = 0;
+	pr->t_first_data_us = 0;
+	pr->restored = 0;
+	memset(&pr->choice, 0, sizeof pr->choice);
+	if (pr->routable) {
+		pr->state = PS_TOKENIZE; /* routed again with the same tokens */
+		pr_try_route(pr);
+	} else {
+		struct backend *b = any_allowed_backend(pr);
+		if (!b) {
+			pr->needs_begin = 1;
+			wait_add(pr);
+			return;
+		}
+		pr_begin(pr, b);
+	}
+	(void)d;
+}
+
+static void schedule_replan(struct proxy_req *pr, const char *why)
+{
+	struct daemon *d = pr->d;
+	log_warn("slot %d: %s; planning the request again%s", pr->slot ? pr->slot->id : -1, why,
+		 pr->local_prompt ? " with the server's prompt" : "");
+	pr->replans++;
+	pr->replanning = 1;
+	d->stats.replans++;
+	if (pr->call) {
+		backend_call_cancel(pr->call);
+		pr->call = NULL;
+	}
+	if (pr->slot) {
+		unpin_restore(pr);
+		router_slot_forget(d->router, pr->slot);
+		router_slot_end(d->router, pr->slot, clock_now_us());
+		pr->slot = NULL;
+		daemon_slots_changed(d);
+	}
+	if (!pr->replan_ev)
+		pr->replan_ev = evtimer_new(d->base, replan_now, pr);
+	struct timeval now = {0, 0};
+	if (!pr->replan_ev || evtimer_add(pr->replan_ev, &now) != 0) {
+		pr->replanning = 0;
+		fail(pr, 500, "out of memory");
+	}
+}
+
+/* A request whose prompt toki made is, now and then, made by the server too
+ * (off the request's path) and compared. */
+static void audit_prompt(struct proxy_req *pr)
+{
+	if (!pr->local_prompt || !pr->prompt_backend)
+		return;
+	int chat = pr->kind != KIND_COMPLETION;
+	prompt_audit_start(pr->prompt_backend, pr->template_body ? pr->template_body : pr->body, chat,
+			   pr->tokens, pr->n_tokens);
 }
 
 static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -611,6 +778,14 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 			on_chat_chunk_for_anthropic(pr, "[DONE]", 6);
 		else if (!pr->done_sent)
 			flush_held(pr, 1);
+		if (pr->local_prompt && pr->timings_seen && pr->routable &&
+		    pr->cache_n + pr->prompt_n != (long long)pr->n_tokens && pr->prompt_backend) {
+			char why[160];
+			snprintf(why, sizeof why, "the server counted %lld prompt tokens, toki %zu",
+				 pr->cache_n + pr->prompt_n, pr->n_tokens);
+			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
+		}
+		audit_prompt(pr);
 		commit_slot(pr, pr->timings_seen);
 		log_done(pr);
 		if (pr->client) {
@@ -625,6 +800,21 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	if (obj)
 		note_timings(pr, obj);
 	json_decref(obj);
+	if (status == 200 && pr->timings_seen && pr->routable && pr->client) {
+		/* The same checks as a stream's first progress event, after the
+		 * fact: a wrong exact-mode plan is thrown away and done again. */
+		long long n_server = pr->cache_n + pr->prompt_n;
+		if (check_plan(pr, n_server, pr->cache_n))
+			return;
+		if (pr->local_prompt && n_server != (long long)pr->n_tokens && pr->prompt_backend) {
+			char why[160];
+			snprintf(why, sizeof why, "the server counted %lld prompt tokens, toki %zu",
+				 n_server, pr->n_tokens);
+			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
+		}
+	}
+	if (status == 200)
+		audit_prompt(pr);
 	commit_slot(pr, status == 200 && pr->timings_seen);
 	log_done(pr);
 	if (pr->client && pr->kind == KIND_ANTHROPIC) {
@@ -747,6 +937,15 @@ static void forward(struct proxy_req *pr)
 			pr->set_cache_prompt = 1;
 		}
 	}
+	/* The first progress event lets toki check its plan before the answer
+	 * starts (check_plan); events the client did not ask for are dropped. */
+	if (pr->stream && pr->routable && pr->kind != KIND_RESPONSES &&
+	    (pr->local_prompt || d->router->mode == REUSE_EXACT) &&
+	    !json_object_get(pr->body, "return_progress")) {
+		json_object_set_new(pr->body, "return_progress", json_true());
+		pr->added_progress = 1;
+	}
+	pr->progress_checked = 0;
 	char *body = json_dumps(pr->body, JSON_COMPACT);
 	if (!body) {
 		fail(pr, 500, "out of memory");
@@ -1147,16 +1346,7 @@ static void on_tokenize_done(struct backend_call *call, int status, const char *
 	pr->n_tokens = n;
 	pr->routable = n > 0;
 	json_decref(obj);
-	if (pr->count_only) {
-		json_t *o = json_pack("{s:I}", "input_tokens", (json_int_t)n);
-		http_request_on_close(pr->client, NULL, NULL);
-		respond_json(pr->client, 200, o);
-		json_decref(o);
-		pr->client = NULL;
-		pr_finish(pr);
-		return;
-	}
-	pr_try_route(pr);
+	tokens_ready(pr);
 }
 
 static void on_aux_error(struct backend_call *call, enum backend_error err, void *arg)
@@ -1217,7 +1407,8 @@ static void on_template_done(struct backend_call *call, int status, const char *
 		fail(pr, status >= 400 && status < 500 ? status : 502, msg);
 		return;
 	}
-	tokenize_text(pr, prompt);
+	if (!local_text(pr, pr->backend, prompt, json_string_length(json_object_get(obj, "prompt"))))
+		tokenize_text(pr, prompt);
 	json_decref(obj);
 }
 
@@ -1330,13 +1521,96 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	pr_begin(pr, b);
 }
 
-/* Tokenizes (through backend b), then routes. */
+/* The tokens are known: answer a count, or route. */
+static void tokens_ready(struct proxy_req *pr)
+{
+	struct backend *tb = pr->tokenize_backend;
+	if (pr->t_tokenize_us && tb) {
+		pr->tokenize_us = clock_now_us() - pr->t_tokenize_us;
+		if (!pr->tokenize_us)
+			pr->tokenize_us = 1;
+		if (pr->local_prompt) {
+			tb->prompt_local++;
+			tb->prompt_local_us += (uint64_t)pr->tokenize_us;
+		} else {
+			tb->prompt_server++;
+			tb->prompt_server_us += (uint64_t)pr->tokenize_us;
+		}
+	}
+	if (pr->count_only) {
+		json_t *o = json_pack("{s:I}", "input_tokens", (json_int_t)pr->n_tokens);
+		http_request_on_close(pr->client, NULL, NULL);
+		respond_json(pr->client, 200, o);
+		json_decref(o);
+		pr->client = NULL;
+		pr_finish(pr);
+		return;
+	}
+	pr_try_route(pr);
+}
+
+static void take_tokens(struct proxy_req *pr, struct backend *b, struct token_list *t,
+			int templated)
+{
+	pr->local_template = templated;
+	pr->tokens = t->v;
+	pr->n_tokens = t->n;
+	pr->routable = t->n > 0;
+	pr->local_prompt = 1;
+	pr->prompt_backend = b;
+	t->v = NULL;
+	t->n = t->cap = 0;
+}
+
+/* The chat request templated and tokenized here, when b's engine matched
+ * the server (backend/prompt_probe.h) and the request is one it renders.
+ * Returns 1 when the request went on from here. */
+static int local_chat(struct proxy_req *pr, struct backend *b)
+{
+	if (pr->force_server || !b->prompt || !b->prompt_chat_ok)
+		return 0;
+	char why[256], *prompt = NULL;
+	size_t plen = 0;
+	struct token_list t = {0};
+	enum chat_result r = prompt_engine_chat(b->prompt, pr->template_body ? pr->template_body
+									      : pr->body,
+						time(NULL), &prompt, &plen, &t, why, sizeof why);
+	free(prompt);
+	if (r != CHAT_OK) {
+		log_debug("prompt by the server: %s", why);
+		token_list_free(&t);
+		return 0;
+	}
+	take_tokens(pr, b, &t, 1);
+	tokens_ready(pr);
+	return 1;
+}
+
+/* A text prompt (a completion's, or a chat prompt the server templated)
+ * tokenized here when b's tokenizer matched the server. */
+static int local_text(struct proxy_req *pr, struct backend *b, const char *text, size_t len)
+{
+	if (pr->force_server || !b->prompt || !b->prompt_tokens_ok)
+		return 0;
+	struct token_list t = {0};
+	if (prompt_engine_tokenize(b->prompt, text, len, &t) != 0) {
+		token_list_free(&t);
+		return 0;
+	}
+	take_tokens(pr, b, &t, 0);
+	tokens_ready(pr);
+	return 1;
+}
+
+/* Tokenizes (here, or through backend b), then routes. */
 static void pr_begin(struct proxy_req *pr, struct backend *b)
 {
 	struct daemon *d = pr->d;
 	json_t *body = pr->body;
 	enum route_kind kind = pr->kind;
 	pr->backend = b; /* for tokenization; routing picks the real one */
+	pr->tokenize_backend = b;
+	pr->t_tokenize_us = clock_now_us();
 	if (json_object_get(body, "id_slot")) {
 		/* The client pinned a slot itself: respect it, but then the router
 		 * cannot know what that slot holds. */
@@ -1347,6 +1621,8 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 		return;
 	}
 	if (kind != KIND_COMPLETION) {
+		if (local_chat(pr, b))
+			return;
 		pr->state = PS_TEMPLATE;
 		char *raw = json_dumps(pr->template_body ? pr->template_body : body, JSON_COMPACT);
 		pr->call = raw ? backend_call_start(b->http, "POST", "/apply-template", raw,
@@ -1358,8 +1634,12 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 		return;
 	}
 	json_t *prompt = json_object_get(body, "prompt");
+	if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
+	    json_is_string(json_array_get(prompt, 0)))
+		prompt = json_array_get(prompt, 0);
 	if (json_is_string(prompt)) {
-		tokenize_text(pr, json_string_value(prompt));
+		if (!local_text(pr, b, json_string_value(prompt), json_string_length(prompt)))
+			tokenize_text(pr, json_string_value(prompt));
 		return;
 	}
 	/* A prompt of token ids is routed as it is; several prompts are not. */
@@ -1376,9 +1656,6 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 		json_array_foreach(prompt, i, t) pr->tokens[i] = (token_t)json_integer_value(t);
 		pr->n_tokens = n;
 		pr->routable = 1;
-	} else if (n == 1 && json_is_string(json_array_get(prompt, 0))) {
-		tokenize_text(pr, json_string_value(json_array_get(prompt, 0)));
-		return;
 	}
 	pr_try_route(pr);
 }
@@ -1518,9 +1795,27 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 				      rb->n_ctx_slot, "n_ubatch", rb->n_ubatch, "prefill_tps",
 				      rb->prefill_tps, "decode_tps", rb->decode_tps, "slots", slots));
 	}
-	for (int i = 0; i < d->n_backends; i++)
-		json_object_set_new(json_array_get(bs, (size_t)i), "discoveries",
-				    json_integer(d->backends[i]->rb->discoveries));
+	for (int i = 0; i < d->n_backends; i++) {
+		struct backend *b = d->backends[i];
+		json_t *e = json_array_get(bs, (size_t)i);
+		json_object_set_new(e, "discoveries", json_integer(b->rb->discoveries));
+		struct prompt_engine_stats ps = {0};
+		if (b->prompt)
+			prompt_engine_get_stats(b->prompt, &ps);
+		json_object_set_new(
+			e, "prompts",
+			json_pack("{s:s, s:b, s:b, s:I, s:f, s:I, s:f, s:I, s:I, s:I, s:I, s:I}",
+				  "status", b->prompt_status, "local_tokenizer", b->prompt_tokens_ok,
+				  "local_template", b->prompt_chat_ok, "local", (json_int_t)b->prompt_local,
+				  "local_ms", (double)b->prompt_local_us / 1000.0, "server",
+				  (json_int_t)b->prompt_server, "server_ms",
+				  (double)b->prompt_server_us / 1000.0, "audits",
+				  (json_int_t)b->prompt_audits, "mismatches",
+				  (json_int_t)b->prompt_mismatches, "fragments", (json_int_t)ps.fragments,
+				  "fragment_hits", (json_int_t)ps.fragment_hits, "cached_tokens",
+				  (json_int_t)ps.cached_tokens));
+	}
+	json_object_set_new(o, "replans", json_integer((json_int_t)s->replans));
 	json_object_set_new(o, "backends", bs);
 	json_int_t waiting = 0;
 	for (struct proxy_req *w = d->waiting_head; w; w = w->wait_next)

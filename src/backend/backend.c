@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "backend/prompt_probe.h"
 #include "backend/slot_store.h"
 #include "model/gguf.h"
 #include "util/log.h"
@@ -42,6 +43,8 @@ void backend_free(struct backend *b)
 		backend_call_cancel(b->health_call);
 	if (b->health_timer)
 		event_free(b->health_timer);
+	prompt_probe_stop(b);
+	json_decref(b->props);
 	backend_http_free(b->http);
 	free(b->build_info);
 	free(b->model_path);
@@ -61,6 +64,8 @@ void backend_mark_down(struct backend *b, const char *why)
 	 * them against its fingerprint. */
 	if (b->rb->up)
 		log_warn("backend %s is down: %s", b->rb->url, why);
+	/* It may come back with another model: its prompts are probed again. */
+	prompt_probe_stop(b);
 	router_backend_set_up(b->d->router, b->rb, 0);
 }
 
@@ -115,7 +120,8 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 	}
 	free(b->build_info);
 	b->build_info = strdup(build ? build : "unknown");
-	json_decref(props);
+	json_decref(b->props);
+	b->props = props;
 	b->health_call = backend_call_start(b->http, "GET", "/slots", NULL, 0, &slots_handlers, b);
 	if (!b->health_call)
 		discovery_failed(b, "out of memory");
@@ -168,6 +174,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	b->models = models;
 	slot_store_backend_ready(b->d, b, b->model_path);
 	router_backend_set_up(b->d->router, b->rb, 1);
+	prompt_probe_start(b, b->props);
 	b->rb->discoveries++;
 	b->ever_up = 1;
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,

@@ -24,7 +24,17 @@ struct backend {
 	char *model_id;    /* id reported by /v1/models */
 	json_t *models;    /* the backend's /v1/models answer */
 	char *model_path;  /* /props model_path */
+	json_t *props;	   /* the last /props answer */
 	char fingerprint[72]; /* what its saved states must match (slot_store) */
+	/* Prompts made in toki (backend/prompt_probe.h): the engine, what of it
+	 * matched the server, and how it has done since. */
+	struct prompt_engine *prompt;
+	int prompt_tokens_ok, prompt_chat_ok;
+	char prompt_status[200];
+	struct prompt_probe *probe;
+	struct prompt_audit *audits; /* in flight */
+	uint64_t prompt_local, prompt_server, prompt_audits, prompt_mismatches;
+	uint64_t prompt_local_us, prompt_server_us; /* time spent making prompts, each way */
 };
 
 struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen);

@@ -43,6 +43,10 @@ static void usage(FILE *out)
 		"  --reuse MODE       exact (default: output byte-identical to an uncached run)\n"
 		"                     or fast (reuse every matching token)\n"
 		"  --ubatch N         the backends' micro-batch size, -ub (default 512)\n"
+		"  --tokenize WHERE   local (default): toki applies the chat template and\n"
+		"                     tokenizes itself, for backends whose model file it can\n"
+		"                     read and whose probes match the server; server: always\n"
+		"                     ask the server (/apply-template, /tokenize)\n"
 		"  --keepalive-ms N   SSE keep-alive interval while the backend is silent\n"
 		"                     (default 5000)\n"
 		"  --max-body-mb N    largest request body accepted (default 64)\n"
@@ -333,6 +337,7 @@ int cmd_serve(int argc, char **argv)
 		{"slot-save-idle-ms", required_argument, NULL, 'I'},
 		{"kv-settings", required_argument, NULL, 'K'},
 		{"slot-compress", required_argument, NULL, 'Z'},
+		{"tokenize", required_argument, NULL, 'T'},
 		{"model", required_argument, NULL, 'M'},
 		{"llama-server", required_argument, NULL, 'L'},
 		{"ctx", required_argument, NULL, 'c'},
@@ -354,6 +359,7 @@ int cmd_serve(int argc, char **argv)
 	d.cfg.max_body_bytes = 64u << 20;
 	d.cfg.backend_timeout_s = 1800;
 	d.cfg.save_idle_ms = 5000;
+	d.cfg.local_prompts = 1;
 	const char *urls[64];
 	int n_urls = 0;
 	struct managed m = {0};
@@ -393,6 +399,13 @@ int cmd_serve(int argc, char **argv)
 		case 'I': d.cfg.save_idle_ms = atoi(optarg); break;
 		case 'K': d.cfg.kv_settings = optarg; break;
 		case 'Z': d.cfg.slot_compress = atoi(optarg); break;
+		case 'T':
+			if (strcmp(optarg, "local") && strcmp(optarg, "server")) {
+				fprintf(stderr, "toki serve: --tokenize is local or server\n");
+				return 2;
+			}
+			d.cfg.local_prompts = !strcmp(optarg, "local");
+			break;
 		case 'M': m.model = optarg; break;
 		case 'L': m.binary = optarg; break;
 		case 'c': m.ctx = atol(optarg); break;

@@ -247,6 +247,16 @@ int prompt_engine_has_chat(const struct prompt_engine *pe)
 	return pe->has_chat;
 }
 
+void prompt_engine_set_thinking(struct prompt_engine *pe, int on)
+{
+	pe->env.enable_thinking = on;
+}
+
+int prompt_engine_thinking(const struct prompt_engine *pe)
+{
+	return pe->env.enable_thinking;
+}
+
 void prompt_engine_get_stats(const struct prompt_engine *pe, struct prompt_engine_stats *st)
 {
 	*st = pe->stats;

@@ -53,6 +53,10 @@ enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, t
 				    char **prompt, size_t *prompt_len, struct token_list *out,
 				    char *why, size_t whylen);
 
+/* The enable_thinking llama-server passes when the request does not say. */
+void prompt_engine_set_thinking(struct prompt_engine *pe, int on);
+int prompt_engine_thinking(const struct prompt_engine *pe);
+
 struct prompt_engine_stats {
 	uint64_t fragments, fragment_hits, cached_tokens;
 };

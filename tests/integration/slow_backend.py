@@ -207,20 +207,24 @@ class SlowBackend:
                 return
 
     def _upstream_events(self, route, body, n):
-        """The first n events of the real stream for this request."""
+        """The real stream's events up to its n-th content event. Progress
+        events (toki asks for them with return_progress) pass along but do
+        not count: `events` means what the client would see."""
         up = http.client.HTTPConnection(self.up_host, self.up_port, timeout=600)
         up.request("POST", route, body=body,
                    headers={"Content-Type": "application/json"})
         r = up.getresponse()
-        events, buf = [], b""
-        while len(events) < n:
+        events, buf, counted = [], b"", 0
+        while counted < n:
             d = r.read1(65536)
             if not d:
                 break
             buf += d
-            while b"\n\n" in buf and len(events) < n:
+            while b"\n\n" in buf and counted < n:
                 ev, buf = buf.split(b"\n\n", 1)
                 events.append(ev + b"\n\n")
+                if b'"prompt_progress"' not in ev:
+                    counted += 1
         up.close()  # the upstream request is cancelled
         return events
 
