@@ -322,4 +322,26 @@ put("slot_index", "other_fingerprint", dict(sidecar, fingerprint="5bf6", tokens=
                                              n_tokens=2))
 put("slot_index", "compressed", dict(sidecar, tokens=[1] * 600, n_tokens=600, aligned=512,
                                       compressed=True, bytes=0, hits=4294967296))
+# ------------------------------------------------------------ chat templates
+# First byte even: the rest is a template (this project's test templates and
+# the real ones in tests/templates/); odd: a chat request for the fixed
+# template (the corpus test_chat_template.py sends llama-server).
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import chat_corpus  # noqa: E402
+import tokenizer_corpus  # noqa: E402
+TEMPLATES = os.path.join(HERE, "..", "tests", "templates")
+for f in sorted(os.listdir(TEMPLATES)):
+    if f.endswith(".jinja"):
+        put("chat_template", "tmpl-" + f[:-6], b"\x00" + open(os.path.join(TEMPLATES, f), "rb").read())
+put("chat_template", "tmpl-chatml", b"\x00{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    b"{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    b"{% endif %}")
+for i, req in enumerate(chat_corpus.corpus(n_random=10)):
+    put("chat_template", f"req-{i:02d}", bytes([1 + 2 * (i % 64)]) + json.dumps(req).encode())
+
+# ------------------------------------------------------------ tokenizer
+# First byte: the pre-tokenizer (low 7 bits, modulo the target's list) and
+# parse_special (high bit); the rest is the text.
+for i, text in enumerate(tokenizer_corpus.FIXED):
+    put("tokenize", f"fixed-{i:02d}", bytes([(i % 16) | (0x80 if i % 3 == 0 else 0)]) + text.encode())
 print("seeds written to", OUT)

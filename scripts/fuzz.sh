@@ -31,6 +31,8 @@ declare -A sources=(
 	[anthropic_request]=src/api/anthropic.c [responses_request]=src/api/responses.c
 	[gguf]=src/model/gguf.c [registry]=src/model/registry.c
 	[slot_index]="src/router/router.c src/router/radix.c"
+	[chat_template]="src/template/jinja_lex.c src/template/jinja_parse.c src/template/jinja_eval.c src/template/jinja_builtins.c src/template/jinja_value.c src/prompt/chat.c"
+	[tokenize]="src/tokenizer/vocab.c src/tokenizer/pretokenize.c src/tokenizer/unicode.c"
 )
 
 if ! command -v clang >/dev/null; then
