@@ -2,9 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,14 +73,23 @@ int auth_load_token(char *token, size_t n, char *err, size_t errlen)
 	return 0;
 }
 
-/* Hashing both sides first makes the comparison independent of where they
- * differ and of their lengths. */
+/* A comparison whose time depends only on the length of what the client
+ * sent: every byte of b is compared (against a repeated as needed), and a
+ * length difference counts as a difference. No early exit, and no hashing:
+ * SHA-256 through OpenSSL 3 fetched its digest anew for every request, a
+ * tenth of the daemon's time per request. */
 static int same_secret(const char *a, const char *b)
 {
-	unsigned char ha[SHA256_DIGEST_LENGTH], hb[SHA256_DIGEST_LENGTH];
-	SHA256((const unsigned char *)a, strlen(a), ha);
-	SHA256((const unsigned char *)b, strlen(b), hb);
-	return CRYPTO_memcmp(ha, hb, sizeof ha) == 0;
+	size_t la = strlen(a), lb = strlen(b);
+	if (!la)
+		return 0;
+	volatile unsigned char diff = (unsigned char)(la != lb);
+	size_t j = 0;
+	for (size_t i = 0; i < lb; i++) {
+		diff |= (unsigned char)(a[j] ^ b[i]);
+		j = j + 1 == la ? 0 : j + 1;
+	}
+	return diff == 0;
 }
 
 int auth_check(const char *token, const char *authorization, const char *x_api_key)

@@ -2,6 +2,7 @@
 
 #include <event2/buffer.h>
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "prompt/prompt.h"
 #include "router/router.h"
 #include "util/clock.h"
+#include "util/dtoa.h"
 #include "util/log.h"
 
 /* The route kinds (enum route_kind, api/request_check.h): CHAT and
@@ -258,35 +260,157 @@ static void fail(struct proxy_req *pr, int status, const char *message)
 
 /* ---- the cache block ---- */
 
-static json_t *cache_block(struct proxy_req *pr)
+/* The cache block as JSON text, written here rather than through jansson:
+ * it goes into every answer, and building and dumping it as objects was a
+ * tenth of the daemon's work per request. Numbers that are estimates or
+ * times use the shortest form that reads back exactly (util/dtoa.h). */
+struct text {
+	char *p;
+	size_t len, cap;
+	int fail;
+};
+
+static void text_put(struct text *t, const char *s, size_t n)
+{
+	if (t->fail)
+		return;
+	if (t->len + n + 1 > t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 512;
+		while (cap < t->len + n + 1)
+			cap *= 2;
+		char *p = realloc(t->p, cap);
+		if (!p) {
+			t->fail = 1;
+			return;
+		}
+		t->p = p;
+		t->cap = cap;
+	}
+	memcpy(t->p + t->len, s, n);
+	t->len += n;
+	t->p[t->len] = 0;
+}
+
+static void text_printf(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_printf(struct text *t, const char *fmt, ...)
+{
+	char buf[256];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof buf)
+		t->fail = 1;
+	else
+		text_put(t, buf, (size_t)n);
+}
+
+/* ,"key": (no comma before the first key). */
+static void text_key(struct text *t, const char *key)
+{
+	if (t->len > 1)
+		text_put(t, ",", 1);
+	text_put(t, "\"", 1);
+	text_put(t, key, strlen(key));
+	text_put(t, "\":", 2);
+}
+
+/* ,"key":"value" with value escaped as JSON requires. */
+static void text_key_string(struct text *t, const char *key, const char *v)
+{
+	text_key(t, key);
+	text_put(t, "\"", 1);
+	for (const unsigned char *c = (const unsigned char *)(v ? v : ""); *c; c++) {
+		if (*c == '"' || *c == '\\') {
+			char e[2] = {'\\', (char)*c};
+			text_put(t, e, 2);
+		} else if (*c < 0x20) {
+			text_printf(t, "\\u%04x", *c);
+		} else {
+			text_put(t, (const char *)c, 1);
+		}
+	}
+	text_put(t, "\"", 1);
+}
+
+static void text_key_int(struct text *t, const char *key, long long v)
+{
+	char num[24], *e = num + sizeof num, *p = e;
+	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+	do
+		*--p = (char)('0' + u % 10);
+	while (u /= 10);
+	if (v < 0)
+		*--p = '-';
+	text_key(t, key);
+	text_put(t, p, (size_t)(e - p));
+}
+
+static void text_key_real(struct text *t, const char *key, double v)
+{
+	char num[40];
+	size_t n;
+	if (v != v || v - v != 0) /* NaN or infinite: JSON has no such number */
+		n = (size_t)snprintf(num, sizeof num, "null");
+	else
+		n = dtoa_nlohmann(v, num);
+	text_key(t, key);
+	text_put(t, num, n);
+}
+
+static void text_key_raw(struct text *t, const char *key, const char *raw)
+{
+	text_key(t, key);
+	text_put(t, raw, strlen(raw));
+}
+
+/* The block's text (malloc'd), or NULL when out of memory. */
+static char *cache_block_text(struct proxy_req *pr)
 {
 	struct router_slot *s = pr->choice.slot;
-	json_t *c = json_object();
-	json_object_set_new(c, "backend", json_string(pr->backend ? pr->backend->rb->url : ""));
-	json_object_set_new(c, "slot", s ? json_integer(s->id) : json_null());
-	json_object_set_new(c, "route", json_string(pr->routable ? pr->choice.kind : "unrouted"));
-	json_object_set_new(c, "mode", json_string(reuse_mode_name(pr->d->router->mode)));
-	json_object_set_new(c, "prompt_tokens", json_integer((json_int_t)pr->n_tokens));
-	json_object_set_new(c, "matched", json_integer((json_int_t)pr->choice.matched));
-	json_object_set_new(c, "reuse", json_integer((json_int_t)pr->choice.reuse));
+	struct text t = {0};
+	text_put(&t, "{", 1);
+	text_key_string(&t, "backend", pr->backend ? pr->backend->rb->url : "");
+	if (s)
+		text_key_int(&t, "slot", s->id);
+	else
+		text_key_raw(&t, "slot", "null");
+	text_key_string(&t, "route", pr->routable ? pr->choice.kind : "unrouted");
+	text_key_string(&t, "mode", reuse_mode_name(pr->d->router->mode));
+	text_key_int(&t, "prompt_tokens", (long long)pr->n_tokens);
+	text_key_int(&t, "matched", (long long)pr->choice.matched);
+	text_key_int(&t, "reuse", (long long)pr->choice.reuse);
 	if (pr->timings_seen) {
-		json_object_set_new(c, "cached", json_integer(pr->cache_n));
-		json_object_set_new(c, "evaluated", json_integer(pr->prompt_n));
+		text_key_int(&t, "cached", pr->cache_n);
+		text_key_int(&t, "evaluated", pr->prompt_n);
 	}
-	json_object_set_new(c, "trimmed", json_boolean(pr->choice.must_trim));
-	json_object_set_new(c, "max_tokens", json_integer(pr->max_tokens));
+	text_key_raw(&t, "trimmed", pr->choice.must_trim ? "true" : "false");
+	text_key_int(&t, "max_tokens", pr->max_tokens);
 	if (pr->output_clamped)
-		json_object_set_new(c, "max_tokens_clamped", json_true());
+		text_key_raw(&t, "max_tokens_clamped", "true");
 	if (pr->restored)
-		json_object_set_new(c, "restored", json_string(pr->restored_name));
-	json_object_set_new(c, "est_prefill_ms", json_real(pr->choice.est_prefill_s * 1000.0));
-	json_object_set_new(c, "tokenized", json_string(pr->local_prompt ? "toki" : "server"));
+		text_key_string(&t, "restored", pr->restored_name);
+	text_key_real(&t, "est_prefill_ms", pr->choice.est_prefill_s * 1000.0);
+	text_key_string(&t, "tokenized", pr->local_prompt ? "toki" : "server");
 	if (pr->kind != KIND_COMPLETION)
-		json_object_set_new(c, "templated",
-				    json_string(pr->local_template ? "toki" : "server"));
+		text_key_string(&t, "templated", pr->local_template ? "toki" : "server");
 	if (pr->tokenize_us)
-		json_object_set_new(c, "tokenize_ms", json_real((double)pr->tokenize_us / 1000.0));
-	return c;
+		text_key_real(&t, "tokenize_ms", (double)pr->tokenize_us / 1000.0);
+	text_put(&t, "}", 1);
+	if (t.fail) {
+		free(t.p);
+		return NULL;
+	}
+	return t.p;
+}
+
+static json_t *cache_block(struct proxy_req *pr)
+{
+	char *text = cache_block_text(pr);
+	json_error_t jerr;
+	json_t *c = text ? json_loads(text, 0, &jerr) : NULL;
+	free(text);
+	return c ? c : json_object();
 }
 
 /* Inserts ,"cache":{...} before the final '}' of a JSON object held in
@@ -308,9 +432,7 @@ static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, si
 		close--;
 	if (open >= len || text[open] != '{' || close <= open + 1)
 		return NULL;
-	json_t *c = cache_block(pr);
-	char *cs = json_dumps(c, JSON_COMPACT);
-	json_decref(c);
+	char *cs = cache_block_text(pr);
 	if (!cs)
 		return NULL;
 	/* An empty object must not get a leading comma. */
@@ -368,6 +490,99 @@ static void note_timings(struct proxy_req *pr, json_t *obj)
 	pr->prompt_ms = json_number_value(json_object_get(t, "prompt_ms"));
 	pr->predicted_n = json_integer_value(json_object_get(t, "predicted_n"));
 	pr->predicted_ms = json_number_value(json_object_get(t, "predicted_ms"));
+}
+
+/* llama-server's timings object is flat: keys and numbers. This reads the
+ * five toki uses straight from the text; 0 when the text is anything else
+ * (the caller then parses it as JSON). Numbers toki does not use are
+ * skipped, not converted. */
+static int scan_timings(struct proxy_req *pr, const char *p, const char *end)
+{
+	long long cache_n = -1, prompt_n = -1, predicted_n = 0;
+	double prompt_ms = 0, predicted_ms = 0;
+#define SKIP_WS()                                                                          \
+	while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))            \
+	p++
+	SKIP_WS();
+	if (p >= end || *p++ != '{')
+		return 0;
+	for (;;) {
+		SKIP_WS();
+		if (p < end && *p == '}')
+			break;
+		if (p >= end || *p++ != '"')
+			return 0;
+		const char *key = p;
+		while (p < end && *p != '"' && *p != '\\')
+			p++;
+		if (p >= end || *p != '"')
+			return 0;
+		size_t klen = (size_t)(p++ - key);
+		SKIP_WS();
+		if (p >= end || *p++ != ':')
+			return 0;
+		SKIP_WS();
+		char num[48];
+		size_t n = 0;
+		while (p < end && n < sizeof num - 1 &&
+		       ((*p >= '0' && *p <= '9') || *p == '-' || *p == '+' || *p == '.' || *p == 'e' ||
+			*p == 'E'))
+			num[n++] = *p++;
+		if (!n || n == sizeof num - 1)
+			return 0;
+		num[n] = 0;
+#define IS(k) (klen == sizeof k - 1 && !memcmp(key, k, klen))
+		if (IS("cache_n"))
+			cache_n = strtoll(num, NULL, 10);
+		else if (IS("prompt_n"))
+			prompt_n = strtoll(num, NULL, 10);
+		else if (IS("predicted_n"))
+			predicted_n = strtoll(num, NULL, 10);
+		else if (IS("prompt_ms"))
+			prompt_ms = strtod(num, NULL);
+		else if (IS("predicted_ms"))
+			predicted_ms = strtod(num, NULL);
+#undef IS
+		SKIP_WS();
+		if (p < end && *p == ',') {
+			p++;
+			continue;
+		}
+		if (p < end && *p == '}')
+			break;
+		return 0;
+	}
+#undef SKIP_WS
+	if (cache_n < 0 || prompt_n < 0)
+		return 0;
+	pr->timings_seen = 1;
+	pr->cache_n = cache_n;
+	pr->prompt_n = prompt_n;
+	pr->prompt_ms = prompt_ms;
+	pr->predicted_n = predicted_n;
+	pr->predicted_ms = predicted_ms;
+	return 1;
+}
+
+/* The timings of a whole (non-streamed) answer. llama-server writes
+ * "timings" as the answer's last key, after everything generated: the last
+ * occurrence of the key is the real one, and reading only that object
+ * spares parsing the whole answer (most of the daemon's work on a short
+ * request). Anything else is parsed whole. */
+static void note_timings_in_body(struct proxy_req *pr, const char *body, size_t len)
+{
+	static const char key[] = "\"timings\":";
+	const char *at = NULL;
+	for (const char *p = body; (p = memmem(p, len - (size_t)(p - body), key, sizeof key - 1));
+	     p++)
+		at = p;
+	if (at && scan_timings(pr, at + sizeof key - 1, body + len))
+		return;
+	json_error_t jerr;
+	json_t *obj = json_loadb(body, len, 0, &jerr);
+	if (obj)
+		note_timings(pr, obj);
+	json_decref(obj);
 }
 
 /* ---- finishing ---- */
@@ -796,10 +1011,8 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		return;
 	}
 	json_error_t jerr;
-	json_t *obj = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
-	if (obj)
-		note_timings(pr, obj);
-	json_decref(obj);
+	if (status == 200)
+		note_timings_in_body(pr, body, len);
 	if (status == 200 && pr->timings_seen && pr->routable && pr->client) {
 		/* The same checks as a stream's first progress event, after the
 		 * fact: a wrong exact-mode plan is thrown away and done again. */
@@ -987,11 +1200,14 @@ static void forward(struct proxy_req *pr)
 		if (pr->keepalive)
 			event_add(pr->keepalive, &tv);
 	}
+	/* Every request gets one line when it ends (log_done); this one, as it
+	 * starts, only when its prefill will be long enough to wait for. */
 	if (pr->routable)
-		log_info("%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
-			 pr->backend_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
-			 pr->n_tokens, pr->choice.matched, pr->choice.reuse,
-			 pr->choice.est_prefill_s * 1000.0);
+		log_write(pr->choice.est_prefill_s >= 1.0 ? LOG_INFO : LOG_DEBUG,
+		       "%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
+		       pr->backend_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
+		       pr->n_tokens, pr->choice.matched, pr->choice.reuse,
+		       pr->choice.est_prefill_s * 1000.0);
 	pr->call = backend_call_start(pr->backend->http, "POST", pr->backend_path, body,
 				      strlen(body), pr->stream ? &forward_stream_handlers : &forward_handlers,
 				      pr);
