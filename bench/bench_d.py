@@ -13,26 +13,31 @@ SYSTEM = "You are a helpful assistant who answers in short sentences."
 
 
 def latency(quick):
-    """Alternates direct and toki requests for the same short chat (a cache
-    hit every time after the first), each over its own keep-alive
-    connection, max_tokens 1, non-streamed."""
+    """Rotates direct, toki (prompts made in toki: the default) and toki
+    --tokenize server requests for the same short chat (a cache hit every
+    time after the first), each over its own keep-alive connection,
+    max_tokens 1, non-streamed. Both daemons front the same server: the
+    prompt is the same, so the slot holds it whoever asked last."""
     th = harness()
     n = 200 if quick else 600
     ls = th.LlamaServer(slots=1, ctx=2048, cache_ram=0, name="bench-d-lat")
-    toki = None
+    toki = tokis = None
     try:
         toki = th.Toki([ls], mode="fast", name="toki-bench-d-lat")
+        tokis = th.Toki([ls], mode="fast", extra=["--tokenize", "server"],
+                        name="toki-bench-d-lat-server")
         body = {"messages": [{"role": "system", "content": SYSTEM},
                              {"role": "user", "content": "Say hi."}],
                 "temperature": 0, "max_tokens": 1}
-        cd, ct = Client(ls.port), Client(toki.port)
-        for _ in range(20):  # warm up both paths and the slot
-            cd.json("POST", "/v1/chat/completions", body)
-            ct.json("POST", "/v1/chat/completions", body)
-        direct, via, paired = [], [], []
-        prompt_n = []
+        cd, ct, cs = Client(ls.port), Client(toki.port), Client(tokis.port)
+        for _ in range(20):  # warm up every path and the slot
+            for c in (cd, ct, cs):
+                c.json("POST", "/v1/chat/completions", body)
+        times = {cd: [], ct: [], cs: []}
+        added, added_server, tok_local, tok_server = [], [], [], []
+        prompt_n, tokenized = [], set()
         for i in range(n):
-            order = (cd, ct) if i % 2 == 0 else (ct, cd)
+            order = [(cd, ct, cs), (ct, cs, cd), (cs, cd, ct)][i % 3]
             t = {}
             for c in order:
                 t0 = time.perf_counter()
@@ -41,33 +46,138 @@ def latency(quick):
                 if st != 200:
                     raise RuntimeError(f"latency request failed: {st} {r}")
                 prompt_n.append(r["timings"]["prompt_n"])
-            direct.append(t[cd] * 1000)
-            via.append(t[ct] * 1000)
-            paired.append((t[ct] - t[cd]) * 1000)
-        # toki's own round trips: /apply-template then /tokenize, straight to the server.
-        tok = []
+                if c is ct:
+                    tokenized.add(r["cache"]["tokenized"])
+                    tok_local.append(r["cache"]["tokenize_ms"])
+                elif c is cs:
+                    tok_server.append(r["cache"]["tokenize_ms"])
+            for c in t:
+                times[c].append(t[c] * 1000)
+            added.append((t[ct] - t[cd]) * 1000)
+            added_server.append((t[cs] - t[cd]) * 1000)
+        # The server round trips --tokenize server makes: /apply-template then
+        # /tokenize, straight to the server.
+        rt = []
         for _ in range(n):
             t0 = time.perf_counter()
             st, r = cd.json("POST", "/apply-template", {"messages": body["messages"]})
             st2, r2 = cd.json("POST", "/tokenize", {"content": r["prompt"], "add_special": True,
                                                     "parse_special": True})
-            tok.append((time.perf_counter() - t0) * 1000)
+            rt.append((time.perf_counter() - t0) * 1000)
             if st != 200 or st2 != 200:
                 raise RuntimeError("tokenization round trip failed")
-        cd.close()
-        ct.close()
+        for c in (cd, ct, cs):
+            c.close()
         stats = toki.stats()
     finally:
-        stop(toki, ls)
-    res = {"n": n, "direct_ms": {"p50": median(direct), "p99": pct(direct, 99)},
-           "toki_ms": {"p50": median(via), "p99": pct(via, 99)},
-           "paired_added_ms": {"p50": median(paired), "p99": pct(paired, 99)},
-           "tokenize_ms": {"p50": median(tok), "p99": pct(tok, 99)},
-           "max_prompt_n": max(prompt_n), "toki_hits": stats.get("hits"),
-           "toki_routed": stats.get("routed")}
+        stop(toki, tokis, ls)
+
+    def pp(v):
+        return {"p50": median(v), "p99": pct(v, 99)}
+    res = {"n": n, "direct_ms": pp(times[cd]), "toki_ms": pp(times[ct]),
+           "toki_server_ms": pp(times[cs]), "paired_added_ms": pp(added),
+           "paired_added_server_ms": pp(added_server), "tokenize_local_ms": pp(tok_local),
+           "tokenize_server_ms": pp(tok_server), "round_trips_ms": pp(rt),
+           "tokenized": sorted(tokenized), "max_prompt_n": max(prompt_n),
+           "toki_hits": stats.get("hits"), "toki_routed": stats.get("routed"),
+           "prompts": stats["backends"][0].get("prompts")}
     log(f"  d latency: direct p50 {res['direct_ms']['p50']:.3f} toki p50 "
-        f"{res['toki_ms']['p50']:.3f} tokenize p50 {res['tokenize_ms']['p50']:.3f}")
+        f"{res['toki_ms']['p50']:.3f} (+{res['paired_added_ms']['p50']:.3f}) toki --tokenize "
+        f"server p50 {res['toki_server_ms']['p50']:.3f} (+{res['paired_added_server_ms']['p50']:.3f})")
     return res
+
+
+WORDS = ("the of and to in is was for on that with as it at by from this be are or an not "
+         "function return value error file test build run import class self data list string "
+         "request server token cache slot prompt model agent code line parse write read").split()
+
+
+def long_text(rng, n_words):
+    lines, line = [], []
+    for _ in range(n_words):
+        line.append(rng.choice(WORDS))
+        if len(line) == 12:
+            lines.append(" ".join(line) + ".")
+            line = []
+    return "\n".join(lines + [" ".join(line)])
+
+
+def tokenize_cost(quick):
+    """What making a prompt costs, in toki and through the server, for a
+    short chat and for one of about 30000 tokens: the Anthropic count_tokens
+    route (template + tokenize, no generation), through toki with prompts
+    made in toki and with --tokenize server, alternating. Cold: the long
+    text differs every time (nothing in toki's fragment cache); warm: the
+    same long history each time with a new short question at the end (an
+    agent's next turn). toki's own time is the cache block's tokenize_ms
+    and /toki/stats' local_ms / server_ms."""
+    import random
+    th = harness()
+    reps = 5 if quick else 15
+    models = [("stories260K (SentencePiece, 512 tokens)", th.test_model()),
+              ("Qwen 3 vocabulary (BPE, 151k tokens)", th.tokenizer_model("qwen3", "qwen2"))]
+    out = []
+    for label, model in models:
+        ls = th.LlamaServer(model=model, slots=1, ctx=2048, cache_ram=0, name="bench-d-tok")
+        tl = tsv = None
+        try:
+            tl = th.Toki([ls], mode="fast", name="toki-bench-d-tok")
+            tsv = th.Toki([ls], mode="fast", extra=["--tokenize", "server"],
+                          name="toki-bench-d-tok-server")
+            cl, cs = Client(tl.port), Client(tsv.port)
+            for _ in range(50):  # until the probes have ended
+                p = tl.stats()["backends"][0].get("prompts", {})
+                if p and "probing" not in p.get("status", "probing"):
+                    break
+                time.sleep(0.1)
+            rng = random.Random(7)
+
+            def count(c, system, question):
+                body = {"system": system, "messages": [{"role": "user", "content": question}]}
+                t0 = time.perf_counter()
+                st, r = c.json("POST", "/anthropic/v1/messages/count_tokens", body)
+                ms = (time.perf_counter() - t0) * 1000
+                if st != 200:
+                    raise RuntimeError(f"count_tokens failed: {st} {r}")
+                return ms, r["input_tokens"]
+
+            # Words for about 30000 tokens on this vocabulary.
+            _, n1 = count(cs, long_text(rng, 2000), "q")
+            n_words = int(2000 * 30000 / max(n1, 1))
+            for case in ("short", "long cold", "long warm"):
+                history = long_text(rng, n_words)
+                row = {"model": label, "case": case, "local_ms": [], "server_ms": [],
+                       "toki_local_ms": [], "toki_server_ms": [], "tokens": None}
+                for i in range(reps):
+                    if case == "short":
+                        system, q = SYSTEM, f"Say hi {i}."
+                    elif case == "long cold":
+                        system, q = f"Session {rng.random()}.\n" + long_text(rng, n_words), "Go on."
+                    else:
+                        system, q = history, f"And now step {i}?"
+                    for c, key, toki in ((cl, "local", tl), (cs, "server", tsv))[::(1 if i % 2 else -1)]:
+                        before = toki.stats()["backends"][0]["prompts"]
+                        ms, n = count(c, system, q)
+                        after = toki.stats()["backends"][0]["prompts"]
+                        row[key + "_ms"].append(ms)
+                        spent = (after["local_ms"] - before["local_ms"]) + \
+                                (after["server_ms"] - before["server_ms"])
+                        row["toki_" + key + "_ms"].append(spent)
+                        if row["tokens"] is None:
+                            row["tokens"] = n
+                p = tl.stats()["backends"][0]["prompts"]
+                row["local_used"] = p["local"] > 0 and p["mismatches"] == 0
+                row["prompts"] = p
+                out.append(row)
+                log(f"  d tokenize {label} {case}: {row['tokens']} tokens, toki "
+                    f"{median(row['toki_local_ms']):.2f} ms here vs {median(row['toki_server_ms']):.2f} ms "
+                    f"via the server; count_tokens {median(row['local_ms']):.2f} vs "
+                    f"{median(row['server_ms']):.2f} ms")
+            cl.close()
+            cs.close()
+        finally:
+            stop(tl, tsv, ls)
+    return out
 
 
 def back_to_back(quick):
@@ -198,17 +308,32 @@ def throughput(quick, threads_http=None, clients=64):
 
 def bench_d(quick):
     lat = latency(quick)
+    tok = tokenize_cost(quick)
     b2b = back_to_back(quick)
     tp4 = throughput(quick, clients=4)
     tp = throughput(quick)
     t1 = table(["", "p50 ms", "p99 ms"], [
         ["llama-server alone", lat["direct_ms"]["p50"], lat["direct_ms"]["p99"]],
-        ["through toki (fast)", lat["toki_ms"]["p50"], lat["toki_ms"]["p99"]],
-        ["added by toki (paired difference)", lat["paired_added_ms"]["p50"],
+        ["through toki (prompts made in toki)", lat["toki_ms"]["p50"], lat["toki_ms"]["p99"]],
+        ["through toki --tokenize server", lat["toki_server_ms"]["p50"],
+         lat["toki_server_ms"]["p99"]],
+        ["**added by toki** (paired difference)", lat["paired_added_ms"]["p50"],
          lat["paired_added_ms"]["p99"]],
-        ["of which: /apply-template + /tokenize, direct", lat["tokenize_ms"]["p50"],
-         lat["tokenize_ms"]["p99"]],
+        ["added by toki --tokenize server (paired difference)",
+         lat["paired_added_server_ms"]["p50"], lat["paired_added_server_ms"]["p99"]],
+        ["of which: making the prompt in toki (cache.tokenize_ms)",
+         lat["tokenize_local_ms"]["p50"], lat["tokenize_local_ms"]["p99"]],
+        ["of which, --tokenize server: /apply-template + /tokenize (cache.tokenize_ms)",
+         lat["tokenize_server_ms"]["p50"], lat["tokenize_server_ms"]["p99"]],
+        ["the same two round trips, direct", lat["round_trips_ms"]["p50"],
+         lat["round_trips_ms"]["p99"]],
     ])
+    t_tok = table(["vocabulary", "prompt", "tokens", "made in toki: ms (p50)",
+                   "by the server: ms (p50)", "count_tokens via toki: ms (p50)",
+                   "count_tokens via --tokenize server: ms (p50)"],
+                  [[r["model"], r["case"], r["tokens"], median(r["toki_local_ms"]),
+                    median(r["toki_server_ms"]), median(r["local_ms"]), median(r["server_ms"])]
+                   for r in tok])
     rows = []
     for target, r in list(tp4.items()) + list(tp.items()):
         rows.append([{"direct": "llama-server alone"}.get(target, "toki " + target),
@@ -234,7 +359,12 @@ def bench_d(quick):
                     f"(e.g. {r['error_samples'][:1]}); the last success came "
                     f"{r['last_success_s']:.1f} s into the run.")
     md = (f"### d. Overhead\n\nLatency: stories260K, 1 slot, the same short chat (a cache hit), "
-          f"max_tokens 1, {lat['n']} requests each way, alternating, keep-alive.\n\n{t1}\n\n"
+          f"max_tokens 1, {lat['n']} requests each way, rotating, keep-alive; toki made "
+          f"the prompts itself: {lat['tokenized'] == ['toki']}.\n\n{t1}\n\n"
+          f"Making prompts: Anthropic count_tokens (template + tokenize, nothing generated), "
+          f"through toki with prompts made in toki and with --tokenize server, alternating; "
+          f"cold: a new ~30k-token text each time; warm: the same history and a new question "
+          f"(the next turn). Milliseconds toki spent on the prompt, from /toki/stats.\n\n{t_tok}\n\n"
           f"Throughput: stories260K, -np 4, 4 and {tp['fast']['clients']} concurrent streaming "
           f"clients (asyncio, keep-alive, {tp['fast']['per_client']} requests each), max_tokens 32; a run "
           f"ends after {RUN_DEADLINE} s at most, requests still open then count as failed.\n\n{t2}\n\n{mem}\n")
@@ -243,5 +373,5 @@ def bench_d(quick):
          (v["samples"] or [""])[0].replace("|", "/")] for k, v in b2b.items() if k != "toki_log"])
     md += (f"\nBack to back: streamed requests sent one after another on one keep-alive "
            f"connection, no pause (stories260K, 1 slot, max_tokens 8).\n\n{t3}\n")
-    return {"latency": lat, "back_to_back": b2b, "throughput_4": tp4, "throughput": tp,
+    return {"latency": lat, "tokenize": tok, "back_to_back": b2b, "throughput_4": tp4, "throughput": tp,
             "markdown": md}
