@@ -969,6 +969,16 @@ static void audit_prompt(struct proxy_req *pr)
 			   pr->tokens, pr->n_tokens);
 }
 
+/* A whole answer was sent (or could not be): the slot's new content, the
+ * log line, perhaps an audit of toki's prompt. */
+static void after_answer(struct proxy_req *pr, int status)
+{
+	if (status == 200)
+		audit_prompt(pr);
+	commit_slot(pr, status == 200 && pr->timings_seen);
+	log_done(pr);
+}
+
 static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
 			    void *arg)
 {
@@ -1000,13 +1010,13 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 				 pr->cache_n + pr->prompt_n, pr->n_tokens);
 			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
 		}
-		audit_prompt(pr);
-		commit_slot(pr, pr->timings_seen);
-		log_done(pr);
 		if (pr->client) {
 			http_stream_end(pr->client);
 			pr->client = NULL;
 		}
+		audit_prompt(pr);
+		commit_slot(pr, pr->timings_seen);
+		log_done(pr);
 		pr_finish(pr);
 		return;
 	}
@@ -1026,10 +1036,8 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
 		}
 	}
-	if (status == 200)
-		audit_prompt(pr);
-	commit_slot(pr, status == 200 && pr->timings_seen);
-	log_done(pr);
+	/* The answer goes first; the bookkeeping after it (the slot's new
+	 * content, the log line, an audit) is not the client's wait. */
 	if (pr->client && pr->kind == KIND_ANTHROPIC) {
 		json_t *chat = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
 		if (chat)
@@ -1052,6 +1060,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 			json_decref(ej);
 		}
 		pr->client = NULL;
+		after_answer(pr, status);
 		pr_finish(pr);
 		return;
 	}
@@ -1065,6 +1074,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		free(out);
 		pr->client = NULL;
 	}
+	after_answer(pr, status);
 	pr_finish(pr);
 }
 

@@ -681,6 +681,22 @@ static void write_head(struct http_request *req, int status, const char *content
 	evbuffer_add_printf(out, "Connection: %s\r\n\r\n", req->keep_alive ? "keep-alive" : "close");
 }
 
+/* Sends what the output buffer holds now, on a plain connection, rather than
+ * on the next turn of the loop: the answer leaves before whatever work the
+ * caller does after it, and without waiting for the socket to be reported
+ * writable (it almost always is). What the socket does not take stays in
+ * the buffer for the bufferevent to send as usual; TLS connections always
+ * go through it. */
+static void send_now(struct http_conn *c)
+{
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	if (c->server->ssl_ctx || !evbuffer_get_length(out))
+		return;
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	if (fd >= 0)
+		evbuffer_write(out, fd); /* -1 with EAGAIN: the rest goes later */
+}
+
 /* The answer is complete: free the request, then either close or go on with
  * the next (possibly pipelined) request. */
 static void finish_request(struct http_request *req)
@@ -711,6 +727,7 @@ void http_respond(struct http_request *req, int status, const char *content_type
 	write_head(req, status, content_type, (long long)len);
 	if (len && strcmp(req->head.method, "HEAD") != 0)
 		evbuffer_add(bufferevent_get_output(req->conn->bev), body, len);
+	send_now(req->conn);
 	finish_request(req);
 }
 
@@ -742,6 +759,7 @@ void http_stream_write(struct http_request *req, const char *data, size_t len)
 	evbuffer_add_printf(out, "%zx\r\n", len);
 	evbuffer_add(out, data, len);
 	evbuffer_add(out, "\r\n", 2);
+	send_now(req->conn);
 }
 
 void http_stream_end(struct http_request *req)
@@ -749,6 +767,7 @@ void http_stream_end(struct http_request *req)
 	if (req->answered || !req->streaming)
 		return;
 	evbuffer_add(bufferevent_get_output(req->conn->bev), "0\r\n\r\n", 5);
+	send_now(req->conn);
 	finish_request(req);
 }
 
