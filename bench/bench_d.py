@@ -12,50 +12,69 @@ RUN_DEADLINE = 240  # seconds; a throughput run's requests still open then count
 SYSTEM = "You are a helpful assistant who answers in short sentences."
 
 
+def paired(cd, ct, body, n, on_toki=None):
+    """n rounds, each a direct and a toki request for body, in alternating
+    order; returns the two lists of milliseconds."""
+    direct, via = [], []
+    for i in range(n):
+        t = {}
+        for c in ((cd, ct) if i % 2 == 0 else (ct, cd)):
+            t0 = time.perf_counter()
+            st, r = c.json("POST", "/v1/chat/completions", body)
+            t[c] = (time.perf_counter() - t0) * 1000
+            if st != 200:
+                raise RuntimeError(f"latency request failed: {st} {r}")
+            if c is ct and on_toki:
+                on_toki(r)
+        direct.append(t[cd])
+        via.append(t[ct])
+    return direct, via
+
+
 def latency(quick):
-    """Rotates direct, toki (prompts made in toki: the default) and toki
-    --tokenize server requests for the same short chat (a cache hit every
-    time after the first), each over its own keep-alive connection,
-    max_tokens 1, non-streamed. Both daemons front the same server: the
-    prompt is the same, so the slot holds it whoever asked last."""
+    """Direct requests alternating with requests through toki for the same
+    short chat (a cache hit every time after the first), each over its own
+    keep-alive connection, max_tokens 1, non-streamed: first with prompts
+    made in toki (the default), then, with that daemon stopped, through
+    toki --tokenize server. Each phase is side by side with direct."""
     th = harness()
     n = 200 if quick else 600
     ls = th.LlamaServer(slots=1, ctx=2048, cache_ram=0, name="bench-d-lat")
-    toki = tokis = None
+    toki = None
+    body = {"messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": "Say hi."}],
+            "temperature": 0, "max_tokens": 1}
+    res = {"n": n}
+
+    def pp(v):
+        return {"p50": median(v), "p99": pct(v, 99)}
     try:
-        toki = th.Toki([ls], mode="fast", name="toki-bench-d-lat")
-        tokis = th.Toki([ls], mode="fast", extra=["--tokenize", "server"],
-                        name="toki-bench-d-lat-server")
-        body = {"messages": [{"role": "system", "content": SYSTEM},
-                             {"role": "user", "content": "Say hi."}],
-                "temperature": 0, "max_tokens": 1}
-        cd, ct, cs = Client(ls.port), Client(toki.port), Client(tokis.port)
-        for _ in range(20):  # warm up every path and the slot
-            for c in (cd, ct, cs):
-                c.json("POST", "/v1/chat/completions", body)
-        times = {cd: [], ct: [], cs: []}
-        added, added_server, tok_local, tok_server = [], [], [], []
-        prompt_n, tokenized = [], set()
-        for i in range(n):
-            order = [(cd, ct, cs), (ct, cs, cd), (cs, cd, ct)][i % 3]
-            t = {}
-            for c in order:
-                t0 = time.perf_counter()
-                st, r = c.json("POST", "/v1/chat/completions", body)
-                t[c] = time.perf_counter() - t0
-                if st != 200:
-                    raise RuntimeError(f"latency request failed: {st} {r}")
-                prompt_n.append(r["timings"]["prompt_n"])
-                if c is ct:
-                    tokenized.add(r["cache"]["tokenized"])
-                    tok_local.append(r["cache"]["tokenize_ms"])
-                elif c is cs:
-                    tok_server.append(r["cache"]["tokenize_ms"])
-            for c in t:
-                times[c].append(t[c] * 1000)
-            added.append((t[ct] - t[cd]) * 1000)
-            added_server.append((t[cs] - t[cd]) * 1000)
-        # The server round trips --tokenize server makes: /apply-template then
+        cd = Client(ls.port)
+        for phase, extra in (("local", []), ("server", ["--tokenize", "server"])):
+            toki = th.Toki([ls], mode="fast", extra=extra, name=f"toki-bench-d-lat-{phase}")
+            ct = Client(toki.port)
+            for _ in range(20):  # warm up both paths and the slot
+                cd.json("POST", "/v1/chat/completions", body)
+                ct.json("POST", "/v1/chat/completions", body)
+            seen = {"tokenize": [], "tokenized": set(), "prompt_n": []}
+
+            def note(r):
+                seen["tokenize"].append(r["cache"]["tokenize_ms"])
+                seen["tokenized"].add(r["cache"]["tokenized"])
+                seen["prompt_n"].append(r["timings"]["prompt_n"])
+            direct, via = paired(cd, ct, body, n, note)
+            stats = toki.stats()
+            ct.close()
+            stop(toki)
+            toki = None
+            res[phase] = {"direct_ms": pp(direct), "toki_ms": pp(via),
+                          "paired_added_ms": pp([b - a for a, b in zip(direct, via)]),
+                          "tokenize_ms": pp(seen["tokenize"]),
+                          "tokenized": sorted(seen["tokenized"]),
+                          "max_prompt_n": max(seen["prompt_n"]),
+                          "toki_hits": stats.get("hits"), "toki_routed": stats.get("routed"),
+                          "prompts": stats["backends"][0].get("prompts")}
+        # The round trips --tokenize server makes: /apply-template then
         # /tokenize, straight to the server.
         rt = []
         for _ in range(n):
@@ -66,24 +85,12 @@ def latency(quick):
             rt.append((time.perf_counter() - t0) * 1000)
             if st != 200 or st2 != 200:
                 raise RuntimeError("tokenization round trip failed")
-        for c in (cd, ct, cs):
-            c.close()
-        stats = toki.stats()
+        cd.close()
+        res["round_trips_ms"] = pp(rt)
     finally:
-        stop(toki, tokis, ls)
-
-    def pp(v):
-        return {"p50": median(v), "p99": pct(v, 99)}
-    res = {"n": n, "direct_ms": pp(times[cd]), "toki_ms": pp(times[ct]),
-           "toki_server_ms": pp(times[cs]), "paired_added_ms": pp(added),
-           "paired_added_server_ms": pp(added_server), "tokenize_local_ms": pp(tok_local),
-           "tokenize_server_ms": pp(tok_server), "round_trips_ms": pp(rt),
-           "tokenized": sorted(tokenized), "max_prompt_n": max(prompt_n),
-           "toki_hits": stats.get("hits"), "toki_routed": stats.get("routed"),
-           "prompts": stats["backends"][0].get("prompts")}
-    log(f"  d latency: direct p50 {res['direct_ms']['p50']:.3f} toki p50 "
-        f"{res['toki_ms']['p50']:.3f} (+{res['paired_added_ms']['p50']:.3f}) toki --tokenize "
-        f"server p50 {res['toki_server_ms']['p50']:.3f} (+{res['paired_added_server_ms']['p50']:.3f})")
+        stop(toki, ls)
+    log(f"  d latency: added p50 {res['local']['paired_added_ms']['p50']:.3f} ms (prompts in "
+        f"toki), {res['server']['paired_added_ms']['p50']:.3f} ms (--tokenize server)")
     return res
 
 
@@ -312,20 +319,22 @@ def bench_d(quick):
     b2b = back_to_back(quick)
     tp4 = throughput(quick, clients=4)
     tp = throughput(quick)
+    lo, sv = lat["local"], lat["server"]
     t1 = table(["", "p50 ms", "p99 ms"], [
-        ["llama-server alone", lat["direct_ms"]["p50"], lat["direct_ms"]["p99"]],
-        ["through toki (prompts made in toki)", lat["toki_ms"]["p50"], lat["toki_ms"]["p99"]],
-        ["through toki --tokenize server", lat["toki_server_ms"]["p50"],
-         lat["toki_server_ms"]["p99"]],
-        ["**added by toki** (paired difference)", lat["paired_added_ms"]["p50"],
-         lat["paired_added_ms"]["p99"]],
-        ["added by toki --tokenize server (paired difference)",
-         lat["paired_added_server_ms"]["p50"], lat["paired_added_server_ms"]["p99"]],
-        ["of which: making the prompt in toki (cache.tokenize_ms)",
-         lat["tokenize_local_ms"]["p50"], lat["tokenize_local_ms"]["p99"]],
-        ["of which, --tokenize server: /apply-template + /tokenize (cache.tokenize_ms)",
-         lat["tokenize_server_ms"]["p50"], lat["tokenize_server_ms"]["p99"]],
-        ["the same two round trips, direct", lat["round_trips_ms"]["p50"],
+        ["llama-server alone (phase 1)", lo["direct_ms"]["p50"], lo["direct_ms"]["p99"]],
+        ["through toki, prompts made in toki (phase 1)", lo["toki_ms"]["p50"],
+         lo["toki_ms"]["p99"]],
+        ["**added by toki** (paired difference, phase 1)", lo["paired_added_ms"]["p50"],
+         lo["paired_added_ms"]["p99"]],
+        ["of which: making the prompt in toki (cache.tokenize_ms)", lo["tokenize_ms"]["p50"],
+         lo["tokenize_ms"]["p99"]],
+        ["llama-server alone (phase 2)", sv["direct_ms"]["p50"], sv["direct_ms"]["p99"]],
+        ["through toki --tokenize server (phase 2)", sv["toki_ms"]["p50"], sv["toki_ms"]["p99"]],
+        ["added by toki --tokenize server (paired difference, phase 2)",
+         sv["paired_added_ms"]["p50"], sv["paired_added_ms"]["p99"]],
+        ["of which: /apply-template + /tokenize via the server (cache.tokenize_ms)",
+         sv["tokenize_ms"]["p50"], sv["tokenize_ms"]["p99"]],
+        ["the same two round trips, straight to the server", lat["round_trips_ms"]["p50"],
          lat["round_trips_ms"]["p99"]],
     ])
     t_tok = table(["vocabulary", "prompt", "tokens", "made in toki: ms (p50)",
@@ -359,8 +368,9 @@ def bench_d(quick):
                     f"(e.g. {r['error_samples'][:1]}); the last success came "
                     f"{r['last_success_s']:.1f} s into the run.")
     md = (f"### d. Overhead\n\nLatency: stories260K, 1 slot, the same short chat (a cache hit), "
-          f"max_tokens 1, {lat['n']} requests each way, rotating, keep-alive; toki made "
-          f"the prompts itself: {lat['tokenized'] == ['toki']}.\n\n{t1}\n\n"
+          f"max_tokens 1, {lat['n']} requests each way per phase, alternating, keep-alive; "
+          f"phase 1 toki made the prompts itself ({lo['tokenized']}), phase 2 (that daemon "
+          f"stopped) asked the server ({sv['tokenized']}).\n\n{t1}\n\n"
           f"Making prompts: Anthropic count_tokens (template + tokenize, nothing generated), "
           f"through toki with prompts made in toki and with --tokenize server, alternating; "
           f"cold: a new ~30k-token text each time; warm: the same history and a new question "
