@@ -441,11 +441,14 @@ json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum 
 		json_object_set_new(g, "tools", tools);
 		tools = NULL;
 	}
-	char date[64];
-	format_time(env->now, "%b %d %Y", date, sizeof date);
-	json_object_set_new(g, "datetime", json_string(date));
-	format_time(env->now, "%d %b %Y", date, sizeof date);
-	json_object_set_new(g, "date_string", json_string(date));
+	struct chat_dates own, *dates = env->dates ? env->dates : &own;
+	if (dates == &own || !dates->datetime[0] || env->now / 60 != dates->at / 60) {
+		format_time(env->now, "%b %d %Y", dates->datetime, sizeof dates->datetime);
+		format_time(env->now, "%d %b %Y", dates->date_string, sizeof dates->date_string);
+		dates->at = env->now;
+	}
+	json_object_set_new(g, "datetime", json_string(dates->datetime));
+	json_object_set_new(g, "date_string", json_string(dates->date_string));
 	json_t *kwargs = json_object_get(request, "chat_template_kwargs");
 	if (kwargs && json_is_object(kwargs)) {
 		const char *k;

@@ -45,6 +45,15 @@ struct chat_env {
 	int add_bos, add_eos; /* the vocabulary adds them when tokenizing */
 	int enable_thinking;  /* the server's default */
 	time_t now;
+	struct chat_dates *dates; /* a cache of the date strings; may be NULL */
+};
+
+/* The two date strings templates get, for the minute of `at`: formatting
+ * local time is slow (localtime, strftime) and they change once a day, so
+ * a caller that renders often keeps them here. */
+struct chat_dates {
+	time_t at;
+	char datetime[32], date_string[32];
 };
 
 /* Whether llama-server renders this template through a handler of its own

@@ -34,6 +34,7 @@ struct prompt_engine {
 	int has_chat;
 	char *bos, *eos;
 	struct chat_env env;
+	struct chat_dates dates;
 	struct frag_cache cache;
 	struct prompt_engine_stats stats;
 };
@@ -211,6 +212,7 @@ struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, 
 	pe->env.template_is_gpt_oss = src_copy && strstr(src_copy, "<|channel|>") != NULL;
 	chat_caps_from_json(cfg->caps, &pe->env.caps);
 	pe->env.bos_token = pe->bos;
+	pe->env.dates = &pe->dates;
 	pe->env.eos_token = pe->eos;
 	pe->env.add_bos = vocab_adds_bos(pe->vocab);
 	pe->env.add_eos = vocab_adds_eos(pe->vocab);

@@ -26,7 +26,13 @@ void *arena_alloc(struct arena *a, size_t n)
 		n = sizeof(max_align_t);
 	struct arena_block *b = a->head;
 	if (!b || b->cap - b->used < n) {
-		size_t cap = n > 65536 ? n : 65536;
+		/* Blocks start small and double (to 1 MB): a short render fits in
+		 * one or two, and freeing a 64 KB block would make glibc
+		 * consolidate its free lists on every render. */
+		size_t grow = a->head ? a->head->cap * 2 : 8192;
+		if (grow > (1u << 20))
+			grow = 1u << 20;
+		size_t cap = n > grow ? n : grow;
 		if (a->limit && (cap > a->limit || a->total > a->limit - cap))
 			return NULL;
 		b = malloc(sizeof *b + cap);
