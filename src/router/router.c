@@ -34,6 +34,7 @@ struct router *router_new(enum reuse_mode mode)
 	r->mode = mode;
 	r->cold_weight = 0.25;
 	r->hot_weight = 1.0;
+	r->spare_weight = 4.0;
 	r->stale_half_life_s = 600;
 	r->save_min_tokens = 256;
 	return r;
@@ -260,14 +261,25 @@ static double save_tokens(const struct router_backend *b, size_t n_tokens)
 }
 
 /* How much losing a slot's content costs, in prompt tokens: what it holds
- * beyond the request's match, weighted by how likely it is to be reused. */
+ * beyond the request's match, weighted by how likely it is to be reused.
+ *
+ * spare: an empty slot could take the request instead. Then a
+ * conversation's own part is not overwritten for the sake of a prefix it
+ * shares with the request (a system prompt, tool definitions) unless that
+ * part is small beside what the request would reuse: sessions that share a
+ * system prompt otherwise funnel onto one slot, each turn overwriting
+ * another session's turn, which that session recomputes in its own turn
+ * (benchmark b found all 15 main-agent turns of three sessions on one of
+ * four slots). A one-off's few tokens (a title request) still give way. */
 static double loss_of(const struct router *r, const struct router_slot *s, size_t matched,
-		      int64_t now_us, int *save_first)
+		      int64_t now_us, int spare, int *save_first)
 {
 	*save_first = 0;
 	if (s->n_tokens <= matched)
 		return 0;
 	double w = s->hits ? r->hot_weight : r->cold_weight;
+	if (spare && w < r->spare_weight)
+		w = r->spare_weight;
 	double age_s = (double)(now_us - s->last_used_us) / 1e6;
 	if (age_s > 0 && r->stale_half_life_s > 0)
 		w *= pow(0.5, age_s / r->stale_half_life_s);
@@ -354,6 +366,17 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 	struct match_ctx mc = {r, matched, offsets, NULL, 0, 0};
 	radix_match_each(r->tree, tokens, n, note_match, &mc);
 
+	/* Is there an empty slot this request could take right away? */
+	int spare = 0;
+	for (int bi = 0; bi < r->n_backends && !spare; bi++) {
+		struct router_backend *b = r->backends[bi];
+		if (!b->up || !backend_allowed(allowed, bi) ||
+		    (r->mode == REUSE_EXACT && b->in_flight > 0))
+			continue;
+		for (int si = 0; si < b->n_slots && !spare; si++)
+			spare = !b->slots[si].busy && b->slots[si].n_tokens == 0;
+	}
+
 	int any_up = 0;
 	double best_cost = INFINITY;
 	struct route_choice best = {0};
@@ -388,8 +411,8 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 			 * over idle backends, yet a conversation keeps to the backend
 			 * that holds it unless that one is crowded. */
 			double load = fast_load_penalty(r, b, n - reuse);
-			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us, &save_first) + wait +
-				      load;
+			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us, spare, &save_first) +
+				      wait + load;
 			if (cost < best_cost - 1e-9 ||
 			    (cost <= best_cost + 1e-9 && better_tie(s, m, best.slot, best.matched))) {
 				best_cost = cost;
@@ -418,7 +441,7 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 				if (ereuse <= reuse)
 					continue;
 				double ecost = (double)(n - ereuse) + restore_tokens(b, e->bytes) +
-					       loss_of(r, s, m < me ? m : me, now_us, &save_first) +
+					       loss_of(r, s, m < me ? m : me, now_us, spare, &save_first) +
 					       wait + fast_load_penalty(r, b, n - ereuse);
 				if (ecost < best_cost - 1e-9) {
 					best_cost = ecost;

@@ -101,6 +101,9 @@ struct router {
 	/* Weight of a slot's content in the eviction choice, as a fraction of
 	 * the same number of prompt tokens to prefill. */
 	double cold_weight, hot_weight;
+	/* ... and at least this while an empty slot could take the request
+	 * (see loss_of in router.c). */
+	double spare_weight;
 	double stale_half_life_s;
 	/* Saved states, most recently used first. */
 	struct router_saved *saved_head, *saved_tail;

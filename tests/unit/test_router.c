@@ -308,12 +308,35 @@ static void test_partial_system_prompt(void **state)
 	assert_int_equal(c.reuse, 200);
 	router_free(r);
 
-	/* With an empty slot too: a cold one-off is worth less than the
-	 * shared prefix, so the partial hit still wins. */
+	/* With an empty slot too: a first turn's own 300 tokens are not
+	 * overwritten for 200 shared ones (sessions sharing a system prompt
+	 * would funnel onto one slot); the new one takes the empty slot. */
 	r = mkrouter(REUSE_FAST, 1, 2, UB, &b);
 	c = serve_at(r, mk(1, 500, 200), 500, SEC(1));
 	struct router_slot *s = c.slot;
 	assert_int_equal(s->hits, 0);
+	assert_int_equal(choose(r, mk(2, 600, 200), 600, SEC(2), &c), ROUTE_CHOSEN);
+	assert_ptr_not_equal(c.slot, s);
+	assert_string_equal(c.kind, "miss");
+	router_free(r);
+
+	/* But a one-off whose own part is small beside the shared prefix (a
+	 * title request after a long system prompt) gives way. */
+	r = mkrouter(REUSE_FAST, 1, 2, UB, &b);
+	c = serve_at(r, mk(1, 1040, 1000), 1040, SEC(1));
+	s = c.slot;
+	assert_int_equal(choose(r, mk(2, 1600, 1000), 1600, SEC(2), &c), ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, s);
+	assert_string_equal(c.kind, "partial");
+	assert_int_equal(c.matched, 1000);
+	router_free(r);
+
+	/* Without an empty slot the shared prefix wins over a cold slot. */
+	r = mkrouter(REUSE_FAST, 1, 2, UB, &b);
+	c = serve_at(r, mk(1, 500, 200), 500, SEC(1));
+	s = c.slot;
+	struct router_slot *other = serve_at(r, conv(9, 900), 900, SEC(1.5)).slot;
+	assert_ptr_not_equal(other, s);
 	assert_int_equal(choose(r, mk(2, 600, 200), 600, SEC(2), &c), ROUTE_CHOSEN);
 	assert_ptr_equal(c.slot, s);
 	assert_string_equal(c.kind, "partial");
