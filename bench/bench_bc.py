@@ -4,7 +4,8 @@ uncached run, at two micro-batch sizes)."""
 import time
 
 import workload
-from common import Client, harness, stream_chat_retrying, log, median, pct, prefix_limit, stop, table
+from common import (Client, harness, lcp, log, median, pct, prefix_limit, stop,
+                    stream_chat_retrying, table)
 
 # A generated random-weight model: prefill cost is visible. Its greedy text is
 # mostly one token repeated, so the identity check also compares every token's
@@ -223,35 +224,57 @@ def bench_c(quick):
     return out
 
 
+def grid_limit(tokens, ub):
+    """The limit for exact mode: what an uncached run's micro-batch grid lets
+    any cache reuse. A request may reuse only whole micro-batches of its best
+    earlier prefix (reuse cut back to a multiple of -ub, and at most n - 1):
+    sum of n_i - floor(min(LCP_i, n_i - 1) / ub) * ub."""
+    total = 0
+    for i, t in enumerate(tokens):
+        best = 0
+        for j in range(i):
+            best = max(best, lcp(t, tokens[j]))
+        total += len(t) - (min(best, len(t) - 1) // ub) * ub
+    return total
+
+
 def bench_e(quick):
     """b's workload with toki's slot files: before evicting a slot toki saves
     its content to a file (llama-server's slot save) and restores it when that
     beats recomputing, which no per-slot cache can do on its own when sessions
-    share a system prompt. --cache-ram 0, so only toki's mechanism is at work."""
+    share a system prompt. Every configuration of b: -np 1/2/4, --cache-ram 0
+    and 8192, fast and exact."""
     model = model_path()
     requests, tokens, _ = workload.reference(quick, model, 512)
     limit, _ = prefix_limit(tokens)
+    glimit = grid_limit(tokens, 512)
     rows = []
     runs = []
     for np in (1, 2, 4):
-        for target in ("direct", "fast", "exact", "fast+slots", "exact+slots"):
-            if "slots" not in target and (quick, np, 0, target, 512) not in _runs:
-                continue  # b's rows, when b ran in this process
-            r = cached_run(quick, requests, tokens, np, 0, target, 512)
-            runs.append(r)
-            st = r.get("toki_stats") or {}
-            rows.append([np, {"direct": "llama-server alone"}.get(target, "toki " + target),
-                         r["evaluated"], r["evaluated"] / limit,
-                         st.get("saves", "") if "slots" in target else "",
-                         st.get("restores", "") if "slots" in target else "",
-                         r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
-                         f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
-                         r["failed_attempts"]])
-    t = table(["-np", "path", "evaluated", "eval/limit", "slot saves", "slot restores",
-               "TTFT p50 ms", "TTFT p95 ms", "wall s", "text = uncached",
-               "text and logprobs = uncached", "failed attempts (retried)"], rows)
-    md = (f"### e. The same workload with toki's slot files\n\nb's workload (limit {limit}), "
-          f"--cache-ram 0, -ub 512; toki with --slot-dir (llama-server --slot-save-path, the "
-          f"same folder) and --slot-save-idle-ms 0 (save only on eviction). Rows without "
-          f"slot files are b's runs (when b ran in the same invocation).\n\n{t}\n")
-    return {"limit": limit, "runs": [r for r in runs if "slots" in r["target"]], "markdown": md}
+        for cram in (0, 8192):
+            for target in ("direct", "fast", "exact", "fast+slots", "exact+slots"):
+                if "slots" not in target and (quick, np, cram, target, 512) not in _runs:
+                    continue  # b's rows, when b ran in this process
+                r = cached_run(quick, requests, tokens, np, cram, target, 512)
+                runs.append(r)
+                st = r.get("toki_stats") or {}
+                exact = target.startswith("exact")
+                rows.append([np, cram, {"direct": "llama-server alone"}.get(target, "toki " + target),
+                             r["evaluated"], r["evaluated"] / limit,
+                             r["evaluated"] / glimit if exact else "",
+                             st.get("saves", "") if "slots" in target else "",
+                             st.get("restores", "") if "slots" in target else "",
+                             r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
+                             f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
+                             r["failed_attempts"]])
+    t = table(["-np", "--cache-ram", "path", "evaluated", "eval/limit", "eval/grid limit",
+               "slot saves", "slot restores", "TTFT p50 ms", "TTFT p95 ms", "wall s",
+               "text = uncached", "text and logprobs = uncached", "failed attempts (retried)"],
+              rows)
+    md = (f"### e. The same workload with toki's slot files\n\nb's workload (limit {limit}; "
+          f"grid limit for exact mode, -ub 512: {glimit}), -ub 512; toki with --slot-dir "
+          f"(llama-server --slot-save-path, the same folder) and --slot-save-idle-ms 0 (save "
+          f"only on eviction). Rows without slot files are b's runs (when b ran in the same "
+          f"invocation).\n\n{t}\n")
+    return {"limit": limit, "grid_limit": glimit,
+            "runs": [r for r in runs if "slots" in r["target"]], "markdown": md}
