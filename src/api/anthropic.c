@@ -14,52 +14,6 @@
 
 /* ---------------------------------------------------------------- strbuf */
 
-void strbuf_init(struct strbuf *b)
-{
-	b->p = NULL;
-	b->len = 0;
-	b->cap = 0;
-}
-
-int strbuf_append(struct strbuf *b, const char *s, size_t n)
-{
-	if (n > SIZE_MAX - b->len - 1)
-		return -1;
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		while (cap < b->len + n + 1)
-			cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
-		char *p = realloc(b->p, cap);
-		if (!p)
-			return -1;
-		b->p = p;
-		b->cap = cap;
-	}
-	if (n)
-		memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = '\0';
-	return 0;
-}
-
-int strbuf_appends(struct strbuf *b, const char *s)
-{
-	return strbuf_append(b, s, strlen(s));
-}
-
-void strbuf_reset(struct strbuf *b)
-{
-	b->len = 0;
-	if (b->p)
-		b->p[0] = '\0';
-}
-
-void strbuf_free(struct strbuf *b)
-{
-	free(b->p);
-	strbuf_init(b);
-}
-
 /* ------------------------------------------------------- small helpers */
 
 /* Sets key to a new reference; returns -1 (and drops v) on failure, so call

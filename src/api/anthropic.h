@@ -17,20 +17,7 @@
 
 #include <jansson.h>
 
-/* A growable byte buffer that stays NUL-terminated. All-zero is a valid empty
- * buffer; p is NULL until the first append. */
-struct strbuf {
-	char *p;
-	size_t len, cap;
-};
-
-void strbuf_init(struct strbuf *b);
-/* 0, or -1 when out of memory (the buffer is left as it was). */
-int strbuf_append(struct strbuf *b, const char *s, size_t n);
-int strbuf_appends(struct strbuf *b, const char *s);
-/* Empties the buffer but keeps its memory. */
-void strbuf_reset(struct strbuf *b);
-void strbuf_free(struct strbuf *b);
+#include "util/strbuf.h"
 
 /* An Anthropic Messages request (POST /v1/messages body) -> a new OpenAI chat
  * completions body, or NULL with a message for a 400 in err. The caller adds

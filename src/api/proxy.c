@@ -264,35 +264,13 @@ static void fail(struct proxy_req *pr, int status, const char *message)
  * it goes into every answer, and building and dumping it as objects was a
  * tenth of the daemon's work per request. Numbers that are estimates or
  * times use the shortest form that reads back exactly (util/dtoa.h). */
-struct text {
-	char *p;
-	size_t len, cap;
-	int fail;
-};
-
-static void text_put(struct text *t, const char *s, size_t n)
+static void text_put(struct strbuf *t, const char *s, size_t n)
 {
-	if (t->fail)
-		return;
-	if (t->len + n + 1 > t->cap) {
-		size_t cap = t->cap ? t->cap * 2 : 512;
-		while (cap < t->len + n + 1)
-			cap *= 2;
-		char *p = realloc(t->p, cap);
-		if (!p) {
-			t->fail = 1;
-			return;
-		}
-		t->p = p;
-		t->cap = cap;
-	}
-	memcpy(t->p + t->len, s, n);
-	t->len += n;
-	t->p[t->len] = 0;
+	strbuf_append(t, s, n);
 }
 
-static void text_printf(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_printf(struct text *t, const char *fmt, ...)
+static void text_printf(struct strbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_printf(struct strbuf *t, const char *fmt, ...)
 {
 	char buf[256];
 	va_list ap;
@@ -300,13 +278,13 @@ static void text_printf(struct text *t, const char *fmt, ...)
 	int n = vsnprintf(buf, sizeof buf, fmt, ap);
 	va_end(ap);
 	if (n < 0 || (size_t)n >= sizeof buf)
-		t->fail = 1;
+		t->failed = 1;
 	else
 		text_put(t, buf, (size_t)n);
 }
 
 /* ,"key": (no comma before the first key). */
-static void text_key(struct text *t, const char *key)
+static void text_key(struct strbuf *t, const char *key)
 {
 	if (t->len > 1)
 		text_put(t, ",", 1);
@@ -316,7 +294,7 @@ static void text_key(struct text *t, const char *key)
 }
 
 /* ,"key":"value" with value escaped as JSON requires. */
-static void text_key_string(struct text *t, const char *key, const char *v)
+static void text_key_string(struct strbuf *t, const char *key, const char *v)
 {
 	text_key(t, key);
 	text_put(t, "\"", 1);
@@ -333,7 +311,7 @@ static void text_key_string(struct text *t, const char *key, const char *v)
 	text_put(t, "\"", 1);
 }
 
-static void text_key_int(struct text *t, const char *key, long long v)
+static void text_key_int(struct strbuf *t, const char *key, long long v)
 {
 	char num[24], *e = num + sizeof num, *p = e;
 	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
@@ -346,7 +324,7 @@ static void text_key_int(struct text *t, const char *key, long long v)
 	text_put(t, p, (size_t)(e - p));
 }
 
-static void text_key_real(struct text *t, const char *key, double v)
+static void text_key_real(struct strbuf *t, const char *key, double v)
 {
 	char num[40];
 	size_t n;
@@ -358,7 +336,7 @@ static void text_key_real(struct text *t, const char *key, double v)
 	text_put(t, num, n);
 }
 
-static void text_key_raw(struct text *t, const char *key, const char *raw)
+static void text_key_raw(struct strbuf *t, const char *key, const char *raw)
 {
 	text_key(t, key);
 	text_put(t, raw, strlen(raw));
@@ -368,7 +346,7 @@ static void text_key_raw(struct text *t, const char *key, const char *raw)
 static char *cache_block_text(struct proxy_req *pr)
 {
 	struct router_slot *s = pr->choice.slot;
-	struct text t = {0};
+	struct strbuf t = {0};
 	text_put(&t, "{", 1);
 	text_key_string(&t, "backend", pr->backend ? pr->backend->rb->url : "");
 	if (s)
@@ -397,7 +375,7 @@ static char *cache_block_text(struct proxy_req *pr)
 	if (pr->tokenize_us)
 		text_key_real(&t, "tokenize_ms", (double)pr->tokenize_us / 1000.0);
 	text_put(&t, "}", 1);
-	if (t.fail) {
+	if (t.failed) {
 		free(t.p);
 		return NULL;
 	}

@@ -61,6 +61,17 @@ struct prompt_probe {
 
 static void probe_next(struct prompt_probe *p);
 
+/* A /tokenize body for text, as the server tokenizes prompts (BOS added,
+ * special tokens parsed); malloc'd, NULL when out of memory. */
+static char *tokenize_body(const char *text, size_t len)
+{
+	json_t *req = json_pack("{s:s%, s:b, s:b}", "content", text, len, "add_special", 1,
+	                        "parse_special", 1);
+	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+	json_decref(req);
+	return body;
+}
+
 static void probe_free(struct prompt_probe *p)
 {
 	if (p->call)
@@ -232,10 +243,7 @@ static const struct backend_call_handlers last_handlers = {.on_done = on_last_to
 static void start_tokenize(struct prompt_probe *p, const char *text, size_t len,
                            const struct backend_call_handlers *h)
 {
-	json_t *req = json_pack("{s:s%, s:b, s:b}", "content", text, len, "add_special", 1,
-	                        "parse_special", 1);
-	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
-	json_decref(req);
+	char *body = tokenize_body(text, len);
 	p->call =
 	    body ? backend_call_start(p->b->http, "POST", "/tokenize", body, strlen(body), h, p)
 	         : NULL;
@@ -432,10 +440,7 @@ static const struct backend_call_handlers audit_tokens_handlers = {.on_done = on
 
 static void audit_tokenize(struct prompt_audit *a, const char *text, size_t len)
 {
-	json_t *req = json_pack("{s:s%, s:b, s:b}", "content", text, len, "add_special", 1,
-	                        "parse_special", 1);
-	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
-	json_decref(req);
+	char *body = tokenize_body(text, len);
 	a->call = body ? backend_call_start(a->b->http, "POST", "/tokenize", body, strlen(body),
 	                                    &audit_tokens_handlers, a)
 	               : NULL;

@@ -7,6 +7,7 @@
 
 #include "template/jinja.h"
 #include "util/dtoa.h"
+#include "util/strbuf.h"
 
 void chat_caps_from_json(json_t *caps, struct chat_caps *out)
 {
@@ -40,39 +41,17 @@ int chat_template_needs_server(const char *src)
 
 /* ---- nlohmann-compatible dump ---- */
 
-struct out {
-	char *p;
-	size_t len, cap;
-	int fail;
-};
-
-static void put(struct out *o, const char *s, size_t n)
+static void put(struct strbuf *o, const char *s, size_t n)
 {
-	if (o->fail)
-		return;
-	if (o->len + n + 1 > o->cap) {
-		size_t cap = o->cap ? o->cap * 2 : 256;
-		while (cap < o->len + n + 1)
-			cap *= 2;
-		char *p = realloc(o->p, cap);
-		if (!p) {
-			o->fail = 1;
-			return;
-		}
-		o->p = p;
-		o->cap = cap;
-	}
-	memcpy(o->p + o->len, s, n);
-	o->len += n;
-	o->p[o->len] = 0;
+	strbuf_append(o, s, n);
 }
 
-static void puts_(struct out *o, const char *s)
+static void puts_(struct strbuf *o, const char *s)
 {
 	put(o, s, strlen(s));
 }
 
-static void dump_string(struct out *o, const char *s, size_t n)
+static void dump_string(struct strbuf *o, const char *s, size_t n)
 {
 	put(o, "\"", 1);
 	for (size_t i = 0; i < n; i++) {
@@ -98,7 +77,7 @@ static void dump_string(struct out *o, const char *s, size_t n)
 	put(o, "\"", 1);
 }
 
-static void dump(struct out *o, json_t *v)
+static void dump(struct strbuf *o, json_t *v)
 {
 	switch (json_typeof(v)) {
 	case JSON_NULL: puts_(o, "null"); return;
@@ -113,7 +92,7 @@ static void dump(struct out *o, json_t *v)
 	case JSON_REAL: {
 		char num[40];
 		if (isnan(json_real_value(v)) || isinf(json_real_value(v))) {
-			o->fail = 1;
+			o->failed = 1;
 			return;
 		}
 		put(o, num, dtoa_nlohmann(json_real_value(v), num));
@@ -157,9 +136,9 @@ static void dump(struct out *o, json_t *v)
 
 char *chat_dump_like_nlohmann(json_t *v)
 {
-	struct out o = {0};
+	struct strbuf o = {0};
 	dump(&o, v);
-	if (o.fail) {
+	if (o.failed) {
 		free(o.p);
 		return NULL;
 	}
