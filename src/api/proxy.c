@@ -258,6 +258,11 @@ static void fail(struct proxy_req *pr, int status, const char *message)
 	pr_finish(pr);
 }
 
+/* What the backend sends is parsed allowing NUL in strings: a model can
+ * emit a NUL byte (its <0x00> token), which llama-server writes as \u0000;
+ * without the flag jansson refuses the whole answer. */
+#define BACKEND_JSON JSON_ALLOW_NUL
+
 /* ---- the cache block ---- */
 
 /* The cache block as JSON text, written here rather than through jansson:
@@ -557,7 +562,7 @@ static void note_timings_in_body(struct proxy_req *pr, const char *body, size_t 
 	if (at && scan_timings(pr, at + sizeof key - 1, body + len))
 		return;
 	json_error_t jerr;
-	json_t *obj = json_loadb(body, len, 0, &jerr);
+	json_t *obj = json_loadb(body, len, BACKEND_JSON, &jerr);
 	if (obj)
 		note_timings(pr, obj);
 	json_decref(obj);
@@ -706,7 +711,7 @@ static void on_chat_chunk_for_anthropic(struct proxy_req *pr, const char *data, 
 		pr->done_sent = 1;
 	} else {
 		json_error_t jerr;
-		json_t *chunk = json_loadb(data, dl, 0, &jerr);
+		json_t *chunk = json_loadb(data, dl, BACKEND_JSON, &jerr);
 		if (chunk) {
 			note_timings(pr, chunk);
 			end_turn_at_model_cap(pr, chunk);
@@ -761,7 +766,7 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 	char *data = sse_event_data(raw, len, &dl);
 	if (data && strstr(data, "\"prompt_progress\"")) {
 		json_error_t jerr;
-		json_t *obj = json_loadb(data, dl, 0, &jerr);
+		json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
 		json_t *pp = json_object_get(obj, "prompt_progress");
 		int replanned = 0;
 		if (!pr->progress_checked && json_is_object(pp)) {
@@ -791,7 +796,7 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		/* llama-server puts timings in its final chunk: hold it back, the
 		 * cache block goes there. */
 		json_error_t jerr;
-		json_t *obj = json_loadb(data, dl, 0, &jerr);
+		json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
 		if (obj)
 			note_timings(pr, obj);
 		json_decref(obj);
@@ -1017,7 +1022,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	/* The answer goes first; the bookkeeping after it (the slot's new
 	 * content, the log line, an audit) is not the client's wait. */
 	if (pr->client && pr->kind == KIND_ANTHROPIC) {
-		json_t *chat = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+		json_t *chat = status == 200 ? json_loadb(body, len, BACKEND_JSON, &jerr) : NULL;
 		if (chat)
 			end_turn_at_model_cap(pr, chat);
 		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, pr->cache_n,
