@@ -63,6 +63,10 @@ static int uses_gpu(char *const *args, int n)
 
 int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen)
 {
+	/* A taken port is found before a model is read or loaded (run_start
+	 * checks again, just before it starts anything). */
+	if (run_check_port(o->host, o->port > 0 ? o->port : 8787, err, errlen) != 0)
+		return -1;
 	char binary[4096], gfx[32] = "";
 	if (o->binary) {
 		snprintf(binary, sizeof binary, "%s", o->binary);

@@ -5,10 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -134,6 +136,148 @@ char *run_http_get(const char *host, int port, const char *path, long *status, i
 	return m.p;
 }
 
+int run_check_port(const char *host, int port, char *err, size_t errlen)
+{
+	if (port <= 0)
+		return 0; /* any free port */
+	const char *h = host && *host ? host : "127.0.0.1";
+	struct addrinfo hints = {0}, *ai = NULL;
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	char portstr[16];
+	snprintf(portstr, sizeof portstr, "%d", port);
+	int rc = getaddrinfo(h, portstr, &hints, &ai);
+	if (rc) {
+		snprintf(err, errlen, "cannot resolve %s: %s", h, gai_strerror(rc));
+		return -1;
+	}
+	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+	int r = 0;
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot open a socket: %s", strerror(errno));
+		r = -1;
+	} else {
+		/* The option toki serve listens with (libevent's REUSEABLE): a
+		 * port held only by closed connections is free to it. */
+		int one = 1;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+			int e = errno;
+			r = -1;
+			if (e != EADDRINUSE) {
+				snprintf(err, errlen, "cannot listen on %s:%d: %s", h, port,
+				         strerror(e));
+			} else {
+				/* Name the run that holds it, when it is one of ours. */
+				struct run_info *runs = NULL;
+				int nr = 0;
+				const char *who = NULL;
+				run_list(&runs, &nr);
+				for (int i = 0; i < nr && !who; i++)
+					if (runs[i].port == port)
+						who = runs[i].name;
+				if (who)
+					snprintf(
+					    err, errlen,
+					    "port %d is in use by the run '%s' (toki down %s stops "
+					    "it); pass --port",
+					    port, who, who);
+				else
+					snprintf(err, errlen, "port %d is in use; pass --port",
+					         port);
+				free(runs);
+			}
+		}
+		close(fd);
+	}
+	freeaddrinfo(ai);
+	return r;
+}
+
+/* Whether a process of the session sid is still alive (zombies, which only
+ * wait for their new parent to reap them, do not count); with sig, sends it
+ * to each of them. The detached `toki serve` is its session's leader, and
+ * the llama-server it starts stays in that session (in a process group of
+ * its own), so the session id finds it even after toki serve has died and
+ * left it to init. */
+static int session_signal(pid_t sid, int sig)
+{
+	DIR *d = opendir("/proc");
+	if (!d)
+		return 0;
+	int alive = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char *end;
+		long pid = strtol(de->d_name, &end, 10);
+		if (*end || pid <= 0 || pid == (long)getpid())
+			continue;
+		char path[64], buf[1024];
+		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		size_t len = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[len] = '\0';
+		/* pid (comm) state ppid pgrp session ...; comm may hold anything,
+		 * so parse from its last ')'. */
+		const char *rp = strrchr(buf, ')');
+		char state = 0;
+		long ppid = 0, pgrp = 0, session = 0;
+		if (!rp || sscanf(rp + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) != 4)
+			continue;
+		if (session != (long)sid || state == 'Z' || state == 'X')
+			continue;
+		alive++;
+		if (sig)
+			kill((pid_t)pid, sig);
+	}
+	closedir(d);
+	return alive;
+}
+
+/* Stops everything a failed start left: toki serve first (it stops its
+ * llama-server in order), then whatever of its session outlives it. */
+static void stop_failed_start(pid_t pid)
+{
+	int status;
+	if (waitpid(pid, &status, WNOHANG) == 0) {
+		kill(pid, SIGTERM);
+		for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++)
+			usleep(100000);
+		if (waitpid(pid, &status, WNOHANG) == 0) {
+			kill(pid, SIGKILL);
+			while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+				;
+		}
+	}
+	if (!session_signal(pid, SIGTERM))
+		return;
+	for (int i = 0; i < 50 && session_signal(pid, 0); i++)
+		usleep(100000);
+	session_signal(pid, SIGKILL);
+}
+
+/* The last line toki serve wrote to its log that says why it stopped
+ * ("toki serve: ..."), or "" when there is none. */
+static void last_serve_error(const char *log, char *out, size_t n)
+{
+	out[0] = '\0';
+	FILE *f = fopen(log, "r");
+	if (!f)
+		return;
+	char line[1024];
+	while (fgets(line, sizeof line, f)) {
+		if (strncmp(line, "toki serve: ", 12) != 0)
+			continue;
+		line[strcspn(line, "\r\n")] = '\0';
+		snprintf(out, n, "%.500s", line + 12);
+	}
+	fclose(f);
+}
+
 int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n, char *err,
 	      size_t errlen)
 {
@@ -148,6 +292,10 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 			 spec->name, (int)ri.pid, ri.host, ri.port, spec->name);
 		return -1;
 	}
+	/* Before anything starts: a port that is taken would only be found
+	 * after llama-server has loaded the model. */
+	if (run_check_port(spec->host, spec->port, err, errlen) != 0)
+		return -1;
 	if (paths_mkdir_p(dir, 0700) != 0) {
 		snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
 		return -1;
@@ -244,8 +392,22 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 	while (time(NULL) < deadline) {
 		int status;
 		if (waitpid(pid, &status, WNOHANG) == pid) {
-			snprintf(err, errlen, "toki serve exited at start (status %d); see %s",
-				 WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
+			/* It may have started llama-server before it failed (a port
+			 * taken since the check): that one must not outlive it. */
+			stop_failed_start(pid);
+			unlink(pidpath);
+			char why[600];
+			last_serve_error(log, why, sizeof why);
+			if (strstr(why, "Address already in use"))
+				snprintf(err, errlen, "port %d is in use; pass --port (see %s)",
+				         spec->port, log);
+			else if (*why)
+				snprintf(err, errlen, "toki serve could not start: %s (see %s)",
+				         why, log);
+			else
+				snprintf(err, errlen,
+				         "toki serve exited at start (status %d); see %s",
+				         WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
 			return -1;
 		}
 		if (read_info(dir, &ri) == 0) {
@@ -263,10 +425,15 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 			last_dot = (int)time(NULL);
 		}
 	}
+	/* A start that fails leaves nothing running: a half-loaded model would
+	 * hold its memory while toki status reports nothing ready. */
+	stop_failed_start(pid);
+	unlink(pidpath);
+	unlink(info);
 	snprintf(err, errlen,
-		 "the model did not become ready within %d s (it may still be loading); see %s and "
-		 "%s/llama-server.log",
-		 wait_s, log, dir);
+	         "the model did not become ready within %d s, so toki stopped it (--wait S gives "
+	         "it longer); see %s and %s/llama-server.log",
+	         wait_s, log, dir);
 	return -1;
 }
 

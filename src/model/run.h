@@ -36,8 +36,14 @@ struct run_info {
 	char mode[16];
 };
 
+/* Whether toki serve could listen on host:port (host NULL: 127.0.0.1; port
+ * 0: any, always free): 0, or -1 with why ("port 8787 is in use; pass
+ * --port", naming the run that holds it when it is one of toki's). */
+int run_check_port(const char *host, int port, char *err, size_t errlen);
 /* Starts the run and waits (up to wait_s) until its /health answers 200.
- * endpoint gets "http://host:port". Fails if a run of that name is alive. */
+ * endpoint gets "http://host:port". Fails if a run of that name is alive or
+ * the port is taken. A start that fails leaves nothing running: toki serve
+ * and the llama-server it started are stopped. */
 int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n, char *err,
 	      size_t errlen);
 /* Stops a run (SIGTERM, then SIGKILL after timeout_s). */

@@ -5,6 +5,7 @@ Contexts that do not fit are refused with the numbers."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,62 @@ class Lifecycle(unittest.TestCase):
         r = self.toki("model", "list", "--json")
         self.assertEqual(json.loads(r.stdout)["models"] if r.stdout.strip().startswith("{")
                          else json.loads(r.stdout), [])
+
+    def processes_with(self, marker):
+        """The live processes whose command line holds marker."""
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError, ValueError):
+                continue
+            if marker in cmd and state != "Z":
+                found.append((int(pid), cmd))
+        return found
+
+    def test_taken_port_is_refused_before_the_model_loads(self):
+        # Another program holds the port: the start is refused with why, and
+        # nothing was started (before, toki serve failed after starting
+        # llama-server, which stayed behind with the model loaded).
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        try:
+            r = self.toki("model", "use", "tiny", "--port", str(port))
+        finally:
+            holder.close()
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn(f"port {port} is in use; pass --port", r.stderr)
+        self.assertNotIn("context", r.stderr, "the model was sized and started anyway")
+        self.assertEqual(self.processes_with(self.model), [])
+        self.assertIn("nothing is running", self.toki("status").stdout)
+        # A port held by one of toki's runs names that run.
+        port = th.free_port()
+        self.assertEqual(self.toki("model", "use", "tiny", "--port", str(port)).returncode, 0)
+        r = self.toki("up", "--model", self.model, "--name", "other", "--port", str(port))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"port {port} is in use by the run 'tiny'", r.stderr)
+
+    def test_start_that_times_out_leaves_nothing_running(self):
+        # A llama-server that never answers: the start gives up after --wait
+        # and stops toki serve and it (before, both stayed, toki status
+        # listed a run that never became ready, holding the memory).
+        fake = os.path.join(self.tmp, "never-ready-llama-server")
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\nexec sleep 300\n")
+        os.chmod(fake, 0o755)
+        env = dict(self.env, TOKI_LLAMA_SERVER=fake)
+        r = self.toki("up", "--model", self.model, "--name", "slow", "--port",
+                      str(th.free_port()), "--wait", "2", env=env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("did not become ready within 2 s, so toki stopped it", r.stderr)
+        self.assertEqual(self.processes_with(fake), [])
+        self.assertEqual(self.processes_with(self.model), [])
+        self.assertIn("nothing is running", self.toki("status").stdout)
 
     def test_context_that_does_not_fit_is_refused(self):
         big = th.generated_model("fit", params="24M", ctx=32768)
