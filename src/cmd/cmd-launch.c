@@ -208,7 +208,12 @@ int cmd_launch(int argc, char **argv)
 	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
 	self[sl > 0 ? sl : 0] = '\0';
 	t.endpoint = endpoint;
-	t.model_id = model_id;
+	/* The run's name is the model id agents are given: it is what a run
+	 * serves (llama-server's --alias), and toki routes an id it does not
+	 * know (a run started before that, which serves the GGUF's path) to the
+	 * run's backend all the same. The path, with the user's home directory
+	 * in it, stays out of agents' configs, sessions and telemetry. */
+	t.model_id = run_name;
 	t.token = token;
 	t.state_dir = state;
 	t.toki_exe = sl > 0 ? self : NULL;
@@ -234,7 +239,7 @@ int cmd_launch(int argc, char **argv)
 		if (!av || !ev) {
 			fprintf(stderr, "toki launch: out of memory\n");
 		} else {
-			fprintf(stderr, "toki launch: %s on %s (%s)\n", a->display, model_id,
+			fprintf(stderr, "toki launch: %s on %s (%s)\n", a->display, run_name,
 			        endpoint);
 			fflush(NULL);
 			execve(path, av, ev);

@@ -142,20 +142,42 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		snprintf(env_gfx, sizeof env_gfx, "HSA_OVERRIDE_GFX_VERSION=%s", gfx);
 		envs[n_env++] = env_gfx;
 	}
+	/* The run's name is the model id llama-server serves (--alias), so the
+	 * id agents put in their configs, sessions and telemetry is "qwen3-4b",
+	 * not the GGUF's absolute path with the user's home directory in it.
+	 * An --alias of the user's own (or -a) wins. */
+	int has_alias = 0;
+	for (int i = 0; i < o->n_llama_args; i++)
+		has_alias |=
+		    !strcmp(o->llama_args[i], "--alias") || !strcmp(o->llama_args[i], "-a");
+	char **args = calloc((size_t)o->n_llama_args + 3, sizeof *args);
+	if (!args) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	int n_args = 0;
+	for (int i = 0; i < o->n_llama_args; i++)
+		args[n_args++] = o->llama_args[i];
+	if (!has_alias) {
+		args[n_args++] = "--alias";
+		args[n_args++] = (char *)o->name;
+	}
 	struct run_spec spec = {
-		.name = o->name,
-		.model_path = o->model_path,
-		.binary = binary,
-		.ctx = ctx,
-		.slots = slots,
-		.max_output = o->max_output,
-		.port = o->port > 0 ? o->port : 8787,
-		.host = o->host,
-		.mode = o->mode,
-		.llama_args = o->llama_args,
-		.n_llama_args = o->n_llama_args,
-		.llama_env = envs,
-		.n_llama_env = n_env,
+	    .name = o->name,
+	    .model_path = o->model_path,
+	    .binary = binary,
+	    .ctx = ctx,
+	    .slots = slots,
+	    .max_output = o->max_output,
+	    .port = o->port > 0 ? o->port : 8787,
+	    .host = o->host,
+	    .mode = o->mode,
+	    .llama_args = args,
+	    .n_llama_args = n_args,
+	    .llama_env = envs,
+	    .n_llama_env = n_env,
 	};
-	return run_start(&spec, o->wait_s > 0 ? o->wait_s : 600, endpoint, n, err, errlen);
+	int r = run_start(&spec, o->wait_s > 0 ? o->wait_s : 600, endpoint, n, err, errlen);
+	free(args);
+	return r;
 }

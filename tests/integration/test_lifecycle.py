@@ -51,6 +51,23 @@ class Lifecycle(unittest.TestCase):
         auth = {"Authorization": "Bearer " + self.token()}
         st, models = th.request(port, "GET", "/v1/models", headers=auth, auth=False)
         self.assertEqual(models["data"][0]["context_length"], 1024)
+        # The model id is the run's name (llama-server's --alias), not the
+        # GGUF's absolute path; a client that still sends the path is served.
+        self.assertEqual(models["data"][0]["id"], "tiny")
+        for model in ("tiny", self.model):
+            st, resp = th.request(port, "POST", "/v1/chat/completions",
+                                  {"model": model, "max_tokens": 2,
+                                   "messages": [{"role": "user", "content": "hi"}]},
+                                  headers=auth, auth=False)
+            self.assertEqual(st, 200, (model, resp))
+        # ... and what toki launch writes into an agent's config is that name.
+        r = self.toki("launch", "opencode", "--config")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        agent_dir = os.path.join(self.env["TOKI_STATE_DIR"], "agents", "opencode")
+        conf = json.load(open(os.path.join(agent_dir, "opencode.json")))
+        self.assertEqual(conf["model"], "toki/tiny")
+        for name in os.listdir(agent_dir):
+            self.assertNotIn(self.model, open(os.path.join(agent_dir, name)).read(), name)
         body = {"messages": [{"role": "user", "content": "Once upon a time"}],
                 "max_tokens": 32000}
         for turn in range(2):
