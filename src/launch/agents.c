@@ -632,10 +632,26 @@ static int build_droid(const struct agent_def *a, const struct agent_target *t,
 	           : oom(err, errlen);
 }
 
+/* Now as an ISO 8601 UTC time with milliseconds ("2026-12-01T13:31:41.130Z"),
+ * the form JavaScript's Date.toISOString() writes. */
+static void iso_now(char *out, size_t n)
+{
+	struct timespec ts;
+	struct tm tm;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	char sec[32];
+	strftime(sec, sizeof sec, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(out, n, "%s.%03ldZ", sec, ts.tv_nsec / 1000000);
+}
+
 /* Cline CLI: --data-dir names a private state directory whose
  * settings/providers.json selects the openai-compatible provider (the file
- * `cline auth -p openai -b URL` writes); --provider/--model select it for
- * the run. The key is in the file (0600). */
+ * `cline auth -p openai-compatible -k KEY -m MODEL -b URL` writes);
+ * --provider/--model select it for the run. The key is in the file (0600).
+ * Each provider entry needs its updatedAt (an ISO datetime): Cline 3.0.65
+ * validates the file and, without it, discards the whole file and falls back
+ * to its own provider. */
 static int build_cline(const struct agent_def *a, const struct agent_target *t,
                        char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
                        size_t errlen)
@@ -644,11 +660,13 @@ static int build_cline(const struct agent_def *a, const struct agent_target *t,
 	struct urls u;
 	if (urls_make(t, &u, err, errlen) != 0)
 		return -1;
-	json_t *doc =
-	    json_pack("{s:i, s:s, s:{}, s:{s:{s:{s:s, s:s, s:s, s:s}, s:s}}}", "version", 1,
-	              "lastUsedProvider", "openai-compatible", "modes", "providers",
-	              "openai-compatible", "settings", "provider", "openai-compatible", "apiKey",
-	              t->token, "model", t->model_id, "baseUrl", u.v1, "tokenSource", "manual");
+	char now[64];
+	iso_now(now, sizeof now);
+	json_t *doc = json_pack("{s:i, s:s, s:{}, s:{s:{s:{s:s, s:s, s:s, s:s}, s:s, s:s}}}",
+	                        "version", 1, "lastUsedProvider", "openai-compatible", "modes",
+	                        "providers", "openai-compatible", "settings", "provider",
+	                        "openai-compatible", "apiKey", t->token, "model", t->model_id,
+	                        "baseUrl", u.v1, "updatedAt", now, "tokenSource", "manual");
 	urls_free(&u);
 	char *data = private_dir(p, "data", err, errlen);
 	char *settings = data ? private_dir(p, "data/settings", err, errlen) : NULL;

@@ -560,6 +560,15 @@ static void test_cline(void **ctx)
 	assert_string_equal(jstr(j, "providers.openai-compatible.settings.baseUrl"), EP "/v1");
 	assert_string_equal(jstr(j, "providers.openai-compatible.settings.model"), MODEL);
 	assert_string_equal(jstr(j, "providers.openai-compatible.settings.apiKey"), TOKEN);
+	/* What `cline auth` writes next to the settings, and Cline requires: an
+	 * ISO datetime in UTC ("2026-12-01T13:31:41.130Z"). */
+	const char *at = jstr(j, "providers.openai-compatible.updatedAt");
+	assert_non_null(at);
+	assert_int_equal(strlen(at), 24);
+	assert_int_equal(strspn(at, "0123456789"), 4);
+	assert_true(at[4] == '-' && at[7] == '-' && at[10] == 'T' && at[13] == ':' &&
+	            at[16] == ':' && at[19] == '.' && at[23] == 'Z');
+	assert_string_equal(jstr(j, "providers.openai-compatible.tokenSource"), "manual");
 	json_decref(j);
 	agent_plan_free(&p);
 }
