@@ -53,8 +53,11 @@ static void usage(FILE *out)
 	    "\n"
 	    "Claude Code knobs (environment): TOKI_CLAUDE_BARE=1 (--bare), TOKI_CLAUDE_MCP=none\n"
 	    "(no MCP servers), TOKI_CLAUDE_EFFORT=low|medium|high|xhigh|max,\n"
-	    "TOKI_CLAUDE_TIMEOUT_MS=N (API and stream-idle timeouts; 30 min by default on a\n"
-	    "machine without a GPU). TOKI_PROFILE=cpu|gpu skips the GPU probe.\n"
+	    "TOKI_CLAUDE_TIMEOUT_MS=N (API and stream-idle timeouts).\n"
+	    "Request timeouts: 30 min on a machine without a GPU for every agent that has\n"
+	    "one (Claude Code, Codex, OpenCode, Kilo Code, MiMo Code, OpenClaw);\n"
+	    "TOKI_AGENT_TIMEOUT_MS=N sets them on any machine. TOKI_PROFILE=cpu|gpu skips\n"
+	    "the GPU probe.\n"
 	    "docs/agents.md says how each agent is pinned and where that is documented.\n");
 }
 
@@ -217,7 +220,9 @@ int cmd_launch(int argc, char **argv)
 	t.token = token;
 	t.state_dir = state;
 	t.toki_exe = sl > 0 ? self : NULL;
-	t.cpu_profile = a->api == AGENT_API_ANTHROPIC ? agents_detect_cpu_profile() : 0;
+	/* Every agent with a request timeout gets a longer one on a machine
+	 * without a GPU (docs/agents.md lists them). */
+	t.cpu_profile = a->api != AGENT_API_TOKI ? agents_detect_cpu_profile() : 0;
 	agents_target_knobs(&t);
 
 	struct agent_plan plan;

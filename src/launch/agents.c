@@ -25,9 +25,10 @@
 /* The variable that carries the local token to agents whose configuration can
  * name one (so that their files hold no secret). */
 #define TOKEN_ENV "TOKI_API_KEY"
-/* Claude Code's timeouts on a machine without a GPU: 30 minutes instead of
- * its default 10, since a long prompt on a CPU can take that long. */
-#define CLAUDE_CPU_TIMEOUT_MS "1800000"
+/* Agents' request timeouts on a machine without a GPU: 30 minutes instead of
+ * their defaults (5 or 10), since a long prompt on a CPU can take that long
+ * to prefill, and an agent that gives up and retries starts it over. */
+#define CPU_TIMEOUT_MS 1800000L
 
 /* --- small owned-string helpers ------------------------------------------- */
 
@@ -94,6 +95,31 @@ static int oom(char *err, size_t errlen)
 {
 	snprintf(err, errlen, "out of memory");
 	return -1;
+}
+
+/* The request timeout to give an agent, in ms: the variable's value when it
+ * is set (TOKI_CLAUDE_TIMEOUT_MS for Claude Code, TOKI_AGENT_TIMEOUT_MS for
+ * every agent), else CPU_TIMEOUT_MS on the CPU profile, else 0 (the agent's
+ * own default). -1 with err when the variable is not a number. */
+static long timeout_ms_of(const char *name, const char *value, int cpu_profile, char *err,
+                          size_t errlen)
+{
+	if (!value || !*value)
+		return cpu_profile ? CPU_TIMEOUT_MS : 0;
+	const char *c = value;
+	while (isdigit((unsigned char)*c))
+		c++;
+	if (*c || strlen(value) > 10 || atol(value) <= 0) {
+		snprintf(err, errlen, "%s must be a number of milliseconds, not '%s'", name, value);
+		return -1;
+	}
+	return atol(value);
+}
+
+static long agent_timeout_ms(const struct agent_target *t, char *err, size_t errlen)
+{
+	return timeout_ms_of("TOKI_AGENT_TIMEOUT_MS", t->agent_timeout_ms, t->cpu_profile, err,
+	                     errlen);
 }
 
 /* --- file writing ------------------------------------------------------- */
@@ -292,9 +318,11 @@ static void urls_free(struct urls *u)
 }
 
 /* The provider block the OpenCode family (OpenCode, Kilo Code, MiMo Code)
- * reads: an @ai-sdk/openai-compatible provider "toki" with one model. */
+ * reads: an @ai-sdk/openai-compatible provider "toki" with one model. With
+ * timeout_ms, the provider's headerTimeout and chunkTimeout (OpenCode's
+ * defaults: 300000 each, which a long prefill on a CPU outlasts). */
 static json_t *opencode_doc(const struct agent_target *t, const char *v1, const char *api_key,
-                            const char *schema)
+                            const char *schema, long timeout_ms)
 {
 	json_t *model = json_pack("{s:s}", "name", t->model_id);
 	if (model && t->context_length > 0 && t->max_output > 0)
@@ -317,6 +345,12 @@ static json_t *opencode_doc(const struct agent_target *t, const char *v1, const 
 	else
 		json_decref(models);
 	free(ref);
+	json_t *options =
+	    json_object_get(json_object_get(json_object_get(doc, "provider"), "toki"), "options");
+	if (options && timeout_ms > 0) {
+		json_object_set_new(options, "headerTimeout", json_integer(timeout_ms));
+		json_object_set_new(options, "chunkTimeout", json_integer(timeout_ms));
+	}
 	return doc;
 }
 
@@ -372,28 +406,20 @@ static int build_claude(const struct agent_def *a, const struct agent_target *t,
 	 * reaching its own max_tokens as an error, while a cut made by toki's
 	 * max_output ends the turn ("end_turn"). It asks for its default, and
 	 * the daemon caps the reply. */
-	/* Timeouts: TOKI_CLAUDE_TIMEOUT_MS, else 30 min on a CPU-only machine,
-	 * else Claude Code's own defaults. */
-	const char *timeout = NULL;
-	if (t->claude_timeout_ms && *t->claude_timeout_ms) {
-		const char *c = t->claude_timeout_ms;
-		while (isdigit((unsigned char)*c))
-			c++;
-		if (*c || strlen(t->claude_timeout_ms) > 10) {
-			json_decref(env);
-			snprintf(
-			    err, errlen,
-			    "TOKI_CLAUDE_TIMEOUT_MS must be a number of milliseconds, not '%s'",
-			    t->claude_timeout_ms);
-			return -1;
-		}
-		timeout = t->claude_timeout_ms;
-	} else if (t->cpu_profile) {
-		timeout = CLAUDE_CPU_TIMEOUT_MS;
+	/* Timeouts: TOKI_CLAUDE_TIMEOUT_MS, else TOKI_AGENT_TIMEOUT_MS, else 30
+	 * min on a CPU-only machine, else Claude Code's own defaults. */
+	long timeout =
+	    t->claude_timeout_ms && *t->claude_timeout_ms
+	        ? timeout_ms_of("TOKI_CLAUDE_TIMEOUT_MS", t->claude_timeout_ms, 0, err, errlen)
+	        : agent_timeout_ms(t, err, errlen);
+	if (timeout < 0) {
+		json_decref(env);
+		return -1;
 	}
-	if (timeout) {
-		json_object_set_new(env, "API_TIMEOUT_MS", json_string(timeout));
-		json_object_set_new(env, "CLAUDE_STREAM_IDLE_TIMEOUT_MS", json_string(timeout));
+	if (timeout > 0) {
+		snprintf(num, sizeof num, "%ld", timeout);
+		json_object_set_new(env, "API_TIMEOUT_MS", json_string(num));
+		json_object_set_new(env, "CLAUDE_STREAM_IDLE_TIMEOUT_MS", json_string(num));
 	}
 	json_t *settings = json_pack("{s:o, s:s}", "env", env, "model", t->model_id);
 	if (!settings)
@@ -459,6 +485,14 @@ static int build_codex(const struct agent_def *a, const struct agent_target *t,
                        size_t errlen)
 {
 	(void)a, (void)user_args, (void)n_user;
+	/* Codex gives up on a stream that is idle for stream_idle_timeout_ms
+	 * (300000 by default), a long prefill on a CPU included. */
+	long timeout = agent_timeout_ms(t, err, errlen);
+	if (timeout < 0)
+		return -1;
+	char idle[64] = "";
+	if (timeout > 0)
+		snprintf(idle, sizeof idle, "stream_idle_timeout_ms = %ld\n", timeout);
 	struct urls u;
 	if (urls_make(t, &u, err, errlen) != 0)
 		return -1;
@@ -482,8 +516,9 @@ static int build_codex(const struct agent_def *a, const struct agent_target *t,
 	                             "name = \"Toki Recur\"\n"
 	                             "base_url = %s\n"
 	                             "env_key = \"" TOKEN_ENV "\"\n"
-	                             "wire_api = \"responses\"\n",
-	                             model, limits, base)
+	                             "wire_api = \"responses\"\n"
+	                             "%s",
+	                             model, limits, base, idle)
 	                 : NULL;
 	free(model);
 	free(base);
@@ -512,8 +547,13 @@ static int build_opencode(const struct agent_def *a, const struct agent_target *
 	struct urls u;
 	if (urls_make(t, &u, err, errlen) != 0)
 		return -1;
-	json_t *doc =
-	    opencode_doc(t, u.v1, "{env:" TOKEN_ENV "}", "https://opencode.ai/config.json");
+	long timeout = agent_timeout_ms(t, err, errlen);
+	if (timeout < 0) {
+		urls_free(&u);
+		return -1;
+	}
+	json_t *doc = opencode_doc(t, u.v1, "{env:" TOKEN_ENV "}",
+	                           "https://opencode.ai/config.json", timeout);
 	urls_free(&u);
 	if (doc) {
 		json_object_set_new(doc, "autoupdate", json_false());
@@ -540,7 +580,12 @@ static int build_kilo(const struct agent_def *a, const struct agent_target *t,
 	struct urls u;
 	if (urls_make(t, &u, err, errlen) != 0)
 		return -1;
-	json_t *doc = opencode_doc(t, u.v1, t->token, "https://app.kilo.ai/config.json");
+	long timeout = agent_timeout_ms(t, err, errlen);
+	if (timeout < 0) {
+		urls_free(&u);
+		return -1;
+	}
+	json_t *doc = opencode_doc(t, u.v1, t->token, "https://app.kilo.ai/config.json", timeout);
 	urls_free(&u);
 	int r = doc ? write_json(p, p->dir, "kilo.json", doc, err, errlen) : oom(err, errlen);
 	json_decref(doc);
@@ -562,7 +607,13 @@ static int build_mimo(const struct agent_def *a, const struct agent_target *t,
 	struct urls u;
 	if (urls_make(t, &u, err, errlen) != 0)
 		return -1;
-	json_t *doc = opencode_doc(t, u.v1, t->token, "https://mimo.xiaomi.com/config.json");
+	long timeout = agent_timeout_ms(t, err, errlen);
+	if (timeout < 0) {
+		urls_free(&u);
+		return -1;
+	}
+	json_t *doc =
+	    opencode_doc(t, u.v1, t->token, "https://mimo.xiaomi.com/config.json", timeout);
 	urls_free(&u);
 	if (doc)
 		json_object_set_new(doc, "autoupdate", json_false());
@@ -742,6 +793,11 @@ static int build_openclaw(const struct agent_def *a, const struct agent_target *
                           size_t errlen)
 {
 	(void)a, (void)user_args, (void)n_user;
+	/* OpenClaw aborts a model request after its provider's timeoutSeconds
+	 * (300 by default) and retries it from the start. */
+	long timeout = agent_timeout_ms(t, err, errlen);
+	if (timeout < 0)
+		return -1;
 	struct urls u;
 	if (urls_make(t, &u, err, errlen) != 0)
 		return -1;
@@ -762,6 +818,11 @@ static int build_openclaw(const struct agent_def *a, const struct agent_target *
 		json_decref(model);
 	free(ref);
 	urls_free(&u);
+	if (doc && timeout > 0)
+		json_object_set_new(
+		    json_object_get(json_object_get(json_object_get(doc, "models"), "providers"),
+		                    "toki"),
+		    "timeoutSeconds", json_integer((timeout + 999) / 1000));
 	int r = doc ? write_json(p, p->dir, "openclaw.json", doc, err, errlen) : oom(err, errlen);
 	json_decref(doc);
 	if (r != 0)
@@ -1126,6 +1187,7 @@ void agents_target_knobs(struct agent_target *t)
 	t->claude_mcp = getenv("TOKI_CLAUDE_MCP");
 	t->claude_effort = getenv("TOKI_CLAUDE_EFFORT");
 	t->claude_timeout_ms = getenv("TOKI_CLAUDE_TIMEOUT_MS");
+	t->agent_timeout_ms = getenv("TOKI_AGENT_TIMEOUT_MS");
 }
 
 /* --- building and launching ------------------------------------------------ */

@@ -48,11 +48,12 @@ struct agent_target {
 	const char *state_dir; /* $TOKI_STATE_DIR */
 	long context_length;   /* tokens per slot; 0 when unknown */
 	long max_output;       /* the run's output cap; 0 when unknown */
-	int cpu_profile;       /* 1: no usable GPU (longer timeouts) */
+	int cpu_profile;       /* 1: no usable GPU (longer request timeouts) */
 	/* Knobs read from the environment by agents_target_knobs(), NULL when
 	 * unset: TOKI_CLAUDE_BARE, TOKI_CLAUDE_MCP, TOKI_CLAUDE_EFFORT,
-	 * TOKI_CLAUDE_TIMEOUT_MS. */
+	 * TOKI_CLAUDE_TIMEOUT_MS, TOKI_AGENT_TIMEOUT_MS. */
 	const char *claude_bare, *claude_mcp, *claude_effort, *claude_timeout_ms;
+	const char *agent_timeout_ms;
 	/* The toki binary (for Toki Chat), or NULL. */
 	const char *toki_exe;
 };

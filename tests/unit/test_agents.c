@@ -44,6 +44,7 @@ static int setup(void **ctx)
 	unsetenv("TOKI_CLAUDE_MCP");
 	unsetenv("TOKI_CLAUDE_EFFORT");
 	unsetenv("TOKI_CLAUDE_TIMEOUT_MS");
+	unsetenv("TOKI_AGENT_TIMEOUT_MS");
 	return 0;
 }
 
@@ -351,6 +352,83 @@ static void test_claude_cpu_timeouts(void **ctx)
 	assert_int_equal(agents_build(agents_find("claude"), &t, NULL, 0, &p, err, sizeof err), -1);
 	assert_non_null(strstr(err, "TOKI_CLAUDE_TIMEOUT_MS"));
 	unsetenv("TOKI_CLAUDE_TIMEOUT_MS");
+}
+
+/* The request timeout each agent was given in its files: ms, or 0 when it
+ * keeps its own default. */
+static long agent_timeout(const char *name, const struct agent_target *t)
+{
+	struct agent_plan p;
+	build(name, t, NULL, 0, &p);
+	long ms = 0;
+	if (!strcmp(name, "openclaw")) {
+		json_t *j = load_json(file_of(&p, "/openclaw.json"));
+		json_t *v = json_object_get(
+		    json_object_get(json_object_get(json_object_get(j, "models"), "providers"),
+		                    "toki"),
+		    "timeoutSeconds");
+		ms = v ? (long)json_integer_value(v) * 1000 : 0;
+		json_decref(j);
+	} else if (!strcmp(name, "codex")) {
+		const char *cfg = file_of(&p, "/home/config.toml");
+		for (const char *line = strstr(slurp(cfg), "stream_idle_timeout_ms = "); line;
+		     line = NULL)
+			ms = atol(line + strlen("stream_idle_timeout_ms = "));
+	} else {
+		const char *file = !strcmp(name, "opencode") ? "/opencode.json"
+		                   : !strcmp(name, "kilo")   ? "/kilo.json"
+		                                             : "/mimocode.json";
+		json_t *j = load_json(file_of(&p, file));
+		json_t *opts = json_object_get(
+		    json_object_get(json_object_get(j, "provider"), "toki"), "options");
+		json_t *h = json_object_get(opts, "headerTimeout");
+		json_t *c = json_object_get(opts, "chunkTimeout");
+		assert_true((h == NULL) == (c == NULL));
+		ms = h ? (long)json_integer_value(h) : 0;
+		if (h)
+			assert_int_equal(json_integer_value(c), ms);
+		json_decref(j);
+	}
+	agent_plan_free(&p);
+	return ms;
+}
+
+/* Every agent with a request timeout gets 30 min on the CPU profile (OpenClaw
+ * aborted every request at its 300 s and retried it from scratch) and
+ * TOKI_AGENT_TIMEOUT_MS on any machine; on a GPU they keep their own. */
+static void test_cpu_timeouts_every_agent(void **ctx)
+{
+	(void)ctx;
+	static const char *const names[] = {"openclaw", "codex", "opencode", "kilo", "mimo"};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		struct agent_target t = target();
+		assert_int_equal(agent_timeout(names[i], &t), 0);
+		t.cpu_profile = 1;
+		assert_int_equal(agent_timeout(names[i], &t), 1800000);
+		setenv("TOKI_AGENT_TIMEOUT_MS", "120000", 1);
+		t = target();
+		agents_target_knobs(&t);
+		assert_int_equal(agent_timeout(names[i], &t), 120000);
+		setenv("TOKI_AGENT_TIMEOUT_MS", "2h", 1);
+		agents_target_knobs(&t);
+		struct agent_plan p;
+		char err[256];
+		assert_int_equal(
+		    agents_build(agents_find(names[i]), &t, NULL, 0, &p, err, sizeof err), -1);
+		assert_non_null(strstr(err, "TOKI_AGENT_TIMEOUT_MS"));
+		unsetenv("TOKI_AGENT_TIMEOUT_MS");
+	}
+	/* Claude Code: TOKI_CLAUDE_TIMEOUT_MS, else TOKI_AGENT_TIMEOUT_MS. */
+	setenv("TOKI_AGENT_TIMEOUT_MS", "120000", 1);
+	struct agent_target t = target();
+	agents_target_knobs(&t);
+	struct agent_plan p;
+	build("claude", &t, NULL, 0, &p);
+	json_t *s = load_json(file_of(&p, "/settings.json"));
+	assert_string_equal(jstr(s, "env.API_TIMEOUT_MS"), "120000");
+	json_decref(s);
+	agent_plan_free(&p);
+	unsetenv("TOKI_AGENT_TIMEOUT_MS");
 }
 
 static void test_claude_knobs(void **ctx)
@@ -774,6 +852,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_names_and_aliases, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_claude, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_claude_cpu_timeouts, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_cpu_timeouts_every_agent, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_claude_knobs, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_codex, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_opencode_family, setup, teardown),
