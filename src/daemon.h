@@ -32,6 +32,7 @@ struct daemon_config {
 	int slot_compress;	/* zstd level for slot files (0: stored as they are) */
 	const char *kv_settings; /* llama-server settings that shape KV, for fingerprints */
 	int local_prompts;	/* template and tokenize in toki when the probes match (--tokenize) */
+	const char *backend_key; /* the backends' --api-key (--backend-key, TOKI_BACKEND_KEY) */
 };
 
 struct daemon_stats {
@@ -39,6 +40,11 @@ struct daemon_stats {
 	uint64_t prompt_tokens, evaluated_tokens, cached_tokens, trim_tokens;
 	uint64_t saves, restores, disk_hits, saved_evictions, discarded_files;
 	uint64_t replans; /* requests planned again after the server disagreed */
+	/* Exact mode: cuts of a slot's tail after an answer (or a cancel), and
+	 * the tokens they evaluated (one each), which no request's cache block
+	 * counts: /toki/stats evaluated_tokens does. */
+	uint64_t tail_cuts, tail_cut_tokens;
+	uint64_t prefill_steps; /* chunks evaluated as steps of their own */
 };
 
 struct daemon {
@@ -59,6 +65,7 @@ struct daemon {
 	struct save_all *save_all; /* the shutdown saves */
 	int shutting_down;
 	struct event *wake; /* retries the waiting requests on the next loop turn */
+	int exit_code;	    /* what toki serve exits with once its loop ends */
 };
 
 /* A slot ended or a backend came up: the waiting requests are retried on

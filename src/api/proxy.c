@@ -38,7 +38,9 @@ enum proxy_state {
 	PS_SAVE,     /* saving the slot's content to a file before it is replaced */
 	PS_RESTORE,  /* restoring a saved state into the slot */
 	PS_TRIM,     /* cutting the slot back to the reuse point (exact mode) */
+	PS_PREFILL,  /* evaluating a chunk of the prompt (exact mode's schedule) */
 	PS_FORWARD,  /* the request is on the backend */
+	PS_TAILCUT,  /* answered; cutting the slot back to what exact mode can reuse */
 	PS_DONE,
 };
 
@@ -60,6 +62,23 @@ struct proxy_req {
 	struct backend_call *call;
 	struct route_choice choice;
 	struct router_slot *slot; /* held (busy) while set */
+	/* Exact mode: the chunk starts of the request's schedule (none: the
+	 * grid), the plan the executor runs, and how far the slot holds the
+	 * prompt evaluated on that schedule (router/sched.h). */
+	size_t *bounds, n_bounds;
+	struct plan plan;
+	size_t done_upto;
+	int client_uncached; /* the client sent cache_prompt: false */
+	int force_cold;	     /* a step found the slot not as planned: start from empty */
+	int prompt_fault;    /* the server's prompt is not toki's: toki's is dropped */
+	int gen_started;     /* the last step's prompt was evaluated (a token came) */
+	int steps;	     /* backend calls before GENERATE that evaluated tokens */
+	long long steps_prompt_n; /* ... and what they evaluated */
+	double steps_prompt_ms;
+	token_t cut_junk;  /* the token a cut leaves after the kept prefix */
+	size_t cut_keep;   /* ... and how much of the prompt it keeps */
+	int counted;	   /* its evaluated tokens are in the stats */
+	char client_path[64];
 	char save_name[96];
 	char restored_name[96];
 	int restored;
@@ -106,7 +125,6 @@ static void pr_begin(struct proxy_req *pr, struct backend *b);
 static void tokens_ready(struct proxy_req *pr);
 static int local_text(struct proxy_req *pr, struct backend *b, const char *text, size_t len);
 static void unpin_restore(struct proxy_req *pr);
-static void after_save(struct proxy_req *pr);
 
 /* ---- small helpers ---- */
 
@@ -347,6 +365,24 @@ static void text_key_raw(struct strbuf *t, const char *key, const char *raw)
 	text_put(t, raw, strlen(raw));
 }
 
+/* What the whole request cost, all its backend steps together: the
+ * prompt tokens it took from the cache, and those the server evaluated for
+ * it (chunks, cuts and the last step). */
+static long long req_cached(const struct proxy_req *pr)
+{
+	return pr->steps ? (long long)pr->plan.reuse : pr->cache_n;
+}
+
+static long long req_evaluated(const struct proxy_req *pr)
+{
+	return pr->steps_prompt_n + pr->prompt_n;
+}
+
+static int exact_mode(const struct proxy_req *pr)
+{
+	return reuse_mode_is_exact(pr->d->router->mode);
+}
+
 /* The block's text (malloc'd), or NULL when out of memory. */
 static char *cache_block_text(struct proxy_req *pr)
 {
@@ -364,8 +400,16 @@ static char *cache_block_text(struct proxy_req *pr)
 	text_key_int(&t, "matched", (long long)pr->choice.matched);
 	text_key_int(&t, "reuse", (long long)pr->choice.reuse);
 	if (pr->timings_seen) {
-		text_key_int(&t, "cached", pr->cache_n);
-		text_key_int(&t, "evaluated", pr->prompt_n);
+		text_key_int(&t, "cached", req_cached(pr));
+		text_key_int(&t, "evaluated", req_evaluated(pr));
+	}
+	if (exact_mode(pr) && pr->routable) {
+		/* "messages": chunks that end where messages start; "grid":
+		 * llama-server's own schedule (--reuse grid, or no prompt of
+		 * toki's own to find messages in). */
+		text_key_string(&t, "schedule", pr->n_bounds ? "messages" : "grid");
+		text_key_int(&t, "chunks", (long long)pr->n_bounds + 1);
+		text_key_int(&t, "steps", (long long)pr->steps + 1);
 	}
 	text_key_raw(&t, "trimmed", pr->choice.must_trim ? "true" : "false");
 	text_key_int(&t, "max_tokens", pr->max_tokens);
@@ -396,13 +440,10 @@ static json_t *cache_block(struct proxy_req *pr)
 	return c ? c : json_object();
 }
 
-/* Inserts ,"cache":{...} before the final '}' of a JSON object held in
- * text, so that every byte the backend sent is kept as it was. Returns a new
- * buffer, or NULL when the text is not an object. */
-static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, size_t *out_len)
+/* Where the JSON object in text (an event's "data:" or a whole body)
+ * opens and closes; 0 when there is none. */
+static int object_span(const char *text, size_t len, size_t *open_at, size_t *close_at)
 {
-	/* The object starts after the event's "data:" (in a stream) or at the
-	 * first non-blank byte (a plain body); it ends at the last '}'. */
 	size_t open = 0;
 	const char *data = memmem(text, len, "data:", 5);
 	if (data && (data == text || data[-1] == '\n' || data[-1] == '\r'))
@@ -414,6 +455,94 @@ static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, si
 	while (close > open && text[close - 1] != '}')
 		close--;
 	if (open >= len || text[open] != '{' || close <= open + 1)
+		return 0;
+	*open_at = open;
+	*close_at = close;
+	return 1;
+}
+
+static void set_cached_tokens(json_t *usage, const char *details, long long cached)
+{
+	json_t *d = json_object_get(usage, details);
+	if (json_is_object(d) && json_object_get(d, "cached_tokens"))
+		json_object_set_new(d, "cached_tokens", json_integer(cached));
+}
+
+/* When a request ran in several backend steps, the last step's timings and
+ * usage describe only that step: they are rewritten to describe the whole
+ * request (what it reused from before it, what the server evaluated for
+ * it, in how long). Returns a new buffer, or NULL when nothing changes. */
+static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t len,
+				  size_t *out_len)
+{
+	size_t open, close;
+	if (!pr->steps || !pr->timings_seen || !object_span(text, len, &open, &close))
+		return NULL;
+	json_error_t jerr;
+	json_t *o = json_loadb(text + open, close - open, BACKEND_JSON, &jerr);
+	if (!json_is_object(o)) {
+		json_decref(o);
+		return NULL;
+	}
+	long long cached = req_cached(pr), evaluated = req_evaluated(pr);
+	double ms = pr->steps_prompt_ms + pr->prompt_ms;
+	json_t *t = json_object_get(o, "timings");
+	if (json_is_object(t)) {
+		json_object_set_new(t, "cache_n", json_integer(cached));
+		json_object_set_new(t, "prompt_n", json_integer(evaluated));
+		json_object_set_new(t, "prompt_ms", json_real(ms));
+		if (evaluated > 0 && ms > 0) {
+			json_object_set_new(t, "prompt_per_token_ms", json_real(ms / (double)evaluated));
+			json_object_set_new(t, "prompt_per_second",
+					    json_real(1000.0 * (double)evaluated / ms));
+		}
+	}
+	json_t *u = json_object_get(o, "usage");
+	if (!json_is_object(u))
+		u = json_object_get(json_object_get(o, "response"), "usage");
+	set_cached_tokens(u, "prompt_tokens_details", cached);
+	set_cached_tokens(u, "input_tokens_details", cached);
+	char *js = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (!js)
+		return NULL;
+	size_t jl = strlen(js), n = open + jl + (len - close);
+	char *out = malloc(n + 1);
+	if (out) {
+		memcpy(out, text, open);
+		memcpy(out + open, js, jl);
+		memcpy(out + open + jl, text + close, len - close);
+		out[n] = 0;
+		*out_len = n;
+	}
+	free(js);
+	return out;
+}
+
+/* Inserts ,"cache":{...} before the final '}' of a JSON object held in
+ * text, so that every byte the backend sent is kept as it was (but for the
+ * counts of a request that ran in several steps). Returns a new buffer, or
+ * NULL when the text is not an object. */
+static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len,
+			       size_t *out_len);
+
+static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, size_t *out_len)
+{
+	size_t wl = 0;
+	char *whole = whole_request_counts(pr, text, len, &wl);
+	char *out = whole ? inject_cache_text(pr, whole, wl, out_len)
+			  : inject_cache_text(pr, text, len, out_len);
+	free(whole);
+	return out;
+}
+
+static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len,
+			       size_t *out_len)
+{
+	/* The object starts after the event's "data:" (in a stream) or at the
+	 * first non-blank byte (a plain body); it ends at the last '}'. */
+	size_t open, close;
+	if (!object_span(text, len, &open, &close))
 		return NULL;
 	char *cs = cache_block_text(pr);
 	if (!cs)
@@ -570,6 +699,21 @@ static void note_timings_in_body(struct proxy_req *pr, const char *body, size_t 
 
 /* ---- finishing ---- */
 
+static void end_slot(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	struct router_slot *s = pr->slot;
+	if (!s)
+		return;
+	router_slot_end(d->router, s, clock_now_us());
+	pr->slot = NULL;
+	/* The slot is free (and exact mode's backend too): requests that
+	 * waited for it go now. */
+	daemon_slots_changed(d);
+}
+
+static int start_tail_cut(struct proxy_req *pr);
+
 /* The slot's KV now holds what this request sent, if the backend's own count
  * agrees with ours; otherwise what it holds is unknown. */
 static void commit_slot(struct proxy_req *pr, int success)
@@ -581,36 +725,47 @@ static void commit_slot(struct proxy_req *pr, int success)
 	int64_t now = clock_now_us();
 	if (success && pr->timings_seen && pr->routable) {
 		long long n_server = pr->cache_n + pr->prompt_n;
-		if (n_server == (long long)pr->n_tokens) {
+		if (n_server == (long long)pr->n_tokens && exact_mode(pr)) {
+			/* The plan ran as checked step by step: every row of the
+			 * prompt is on the request's schedule. */
+			router_slot_commit_sched(d->router, s, pr->tokens, pr->n_tokens, pr->bounds,
+						 pr->n_bounds, pr->n_tokens, now);
+			if ((size_t)pr->cache_n != pr->plan.final_cache)
+				log_warn("exact mode: backend reused %lld tokens, expected %zu",
+					 pr->cache_n, pr->plan.final_cache);
+		} else if (n_server == (long long)pr->n_tokens) {
 			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens, (size_t)pr->cache_n,
 					   now);
-			if (d->router->mode == REUSE_EXACT && (size_t)pr->cache_n != pr->choice.reuse)
-				log_warn("exact mode: backend reused %lld tokens, expected %zu", pr->cache_n,
-					 pr->choice.reuse);
 		} else {
 			log_warn("slot %d: backend counted %lld prompt tokens, toki %zu; forgetting slot",
 				 s->id, n_server, pr->n_tokens);
 			router_slot_forget(d->router, s);
 		}
-		router_backend_note_prefill(s->backend, (uint64_t)pr->prompt_n, pr->prompt_ms);
+		router_backend_note_prefill(s->backend, (uint64_t)req_evaluated(pr),
+					    pr->steps_prompt_ms + pr->prompt_ms);
 		router_backend_note_decode(s->backend, (uint64_t)pr->predicted_n, pr->predicted_ms);
-		s->backend->evaluated_tokens += (uint64_t)pr->prompt_n;
-		s->backend->cached_tokens += (uint64_t)pr->cache_n;
+		s->backend->cached_tokens += (uint64_t)req_cached(pr);
 		s->backend->requests++;
-		d->stats.evaluated_tokens += (uint64_t)pr->prompt_n;
-		d->stats.cached_tokens += (uint64_t)pr->cache_n;
+		d->stats.cached_tokens += (uint64_t)req_cached(pr);
 	} else {
 		router_slot_forget(d->router, s);
 	}
-	router_slot_end(d->router, s, now);
-	pr->slot = NULL;
-	/* The slot is free (and exact mode's backend too): requests that
-	 * waited for it go now. */
-	daemon_slots_changed(d);
+	/* Steps before the last evaluated tokens whatever became of it. */
+	if (!pr->counted) {
+		s->backend->evaluated_tokens += (uint64_t)req_evaluated(pr);
+		d->stats.evaluated_tokens += (uint64_t)req_evaluated(pr);
+		pr->counted = 1;
+	}
+	if (exact_mode(pr) && s->n_tokens && !s->retired && pr->backend &&
+	    backend_is_up(pr->backend) && start_tail_cut(pr))
+		return; /* the cut ends the slot */
+	end_slot(pr);
 }
 
 static void pr_free(struct proxy_req *pr)
 {
+	free(pr->bounds);
+	plan_free(&pr->plan);
 	json_decref(pr->body);
 	json_decref(pr->template_body);
 	free(pr->client_model);
@@ -650,13 +805,58 @@ static void pr_finish(struct proxy_req *pr)
 		pr_free(pr);
 }
 
+static int cut_slot_to(struct proxy_req *pr, size_t keep);
+
+/* A request cancelled on its slot leaves there what llama-server really
+ * holds: the prompt up to where its evaluation got (the whole prompt once
+ * a token came; in exact mode the last chunk end reached, whose rows are on
+ * the schedule; in fast mode at least what it reused). Exact mode then
+ * cuts the slot to that, which also waits for llama-server to stop the
+ * cancelled task before the backend takes another request. Returns 1 when
+ * the cut finishes the request. */
+static int keep_after_cancel(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	struct router_slot *s = pr->slot;
+	if (!s || !pr->routable || s->retired || pr->replanning ||
+	    (pr->state != PS_TRIM && pr->state != PS_PREFILL && pr->state != PS_FORWARD))
+		return 0;
+	if (pr->call) {
+		/* The backend sees its connection close and stops. */
+		backend_call_cancel(pr->call);
+		pr->call = NULL;
+	}
+	int64_t now = clock_now_us();
+	int whole = pr->state == PS_FORWARD && pr->gen_started;
+	size_t n = pr->n_tokens;
+	if (!exact_mode(pr)) {
+		size_t got = whole ? n : pr->plan.reuse > pr->done_upto ? pr->plan.reuse : pr->done_upto;
+		router_slot_commit(d->router, s, pr->tokens, got, got < pr->plan.reuse ? got : pr->plan.reuse,
+				   now);
+		log_info("slot %d keeps %zu tokens of the cancelled request", s->id, got);
+		end_slot(pr);
+		return 0;
+	}
+	/* A cut in flight may or may not have run: the reused part is there
+	 * either way. */
+	size_t got = whole ? n : pr->state == PS_TRIM ? pr->plan.reuse : pr->done_upto;
+	router_slot_commit_sched(d->router, s, pr->tokens, got, pr->bounds, pr->n_bounds, got, now);
+	size_t keep = whole ? sched_floor(pr->bounds, pr->n_bounds, n, n - 1, s->backend->n_ubatch)
+			    : got;
+	log_info("slot %d keeps %zu tokens of the cancelled request", s->id, keep);
+	if (cut_slot_to(pr, keep))
+		return 1;
+	router_slot_forget(d->router, s);
+	return 0;
+}
+
 static void on_client_close(struct http_request *req, void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->client = NULL;
-	/* The backend sees its connection close and stops generating. */
-	log_info("client went away; cancelling its backend request");
-	pr_finish(pr);
+	log_info("%s: client went away; cancelling its backend request", pr->client_path);
+	if (!keep_after_cancel(pr))
+		pr_finish(pr);
 }
 
 /* ---- streaming from the backend ---- */
@@ -735,22 +935,24 @@ static int check_plan(struct proxy_req *pr, long long total, long long cache)
 {
 	if (!pr->routable || pr->replans >= 2)
 		return 0;
-	int exact = pr->d->router->mode == REUSE_EXACT;
+	int exact = exact_mode(pr);
 	char why[200];
 	if (total != (long long)pr->n_tokens) {
 		snprintf(why, sizeof why, "the server has %lld prompt tokens, toki %zu", total,
 			 pr->n_tokens);
 		if (pr->local_prompt && pr->prompt_backend)
 			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
+		pr->prompt_fault = 1;
 		if (exact) {
 			schedule_replan(pr, why);
 			return 1;
 		}
 		return 0;
 	}
-	if (exact && cache != (long long)pr->choice.reuse && pr->set_cache_prompt == 0) {
+	if (exact && cache != (long long)pr->plan.final_cache) {
 		snprintf(why, sizeof why, "exact mode planned to reuse %zu tokens, the server reuses %lld",
-			 pr->choice.reuse, cache);
+			 pr->plan.final_cache, cache);
+		pr->force_cold = 1; /* a slot that surprised once is not trusted again */
 		schedule_replan(pr, why);
 		return 1;
 	}
@@ -769,11 +971,16 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
 		json_t *pp = json_object_get(obj, "prompt_progress");
 		int replanned = 0;
+		long long total = json_integer_value(json_object_get(pp, "total"));
+		long long cache = json_integer_value(json_object_get(pp, "cache"));
 		if (!pr->progress_checked && json_is_object(pp)) {
 			pr->progress_checked = 1;
-			replanned = check_plan(pr, json_integer_value(json_object_get(pp, "total")),
-					       json_integer_value(json_object_get(pp, "cache")));
+			replanned = check_plan(pr, total, cache);
 		}
+		/* "processed" counts the reused tokens too. */
+		if (!replanned && json_is_object(pp) &&
+		    json_integer_value(json_object_get(pp, "processed")) >= total)
+			pr->gen_started = 1; /* the whole prompt is in the slot */
 		json_decref(obj);
 		if (replanned || pr->added_progress) {
 			free(data);
@@ -782,6 +989,8 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 	}
 	if (!pr->t_first_data_us)
 		pr->t_first_data_us = clock_now_us();
+	if (!data || !strstr(data, "\"prompt_progress\""))
+		pr->gen_started = 1; /* an answer's first event follows its prompt */
 	if (pr->astream) {
 		if (data)
 			on_chat_chunk_for_anthropic(pr, data, dl);
@@ -855,10 +1064,11 @@ static void log_done(struct proxy_req *pr)
 {
 	double total_ms = (double)(clock_now_us() - pr->t_start_us) / 1000.0;
 	log_info("%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu cached=%lld evaluated=%lld "
-		 "prefill=%.0fms total=%.0fms",
-		 pr->backend_path, pr->choice.slot ? pr->choice.slot->id : -1,
+		 "steps=%d prefill=%.0fms total=%.0fms",
+		 pr->client_path, pr->choice.slot ? pr->choice.slot->id : -1,
 		 pr->routable ? pr->choice.kind : "unrouted", pr->n_tokens, pr->choice.matched,
-		 pr->choice.reuse, pr->cache_n, pr->prompt_n, pr->prompt_ms, total_ms);
+		 pr->choice.reuse, req_cached(pr), req_evaluated(pr), pr->steps + 1,
+		 pr->steps_prompt_ms + pr->prompt_ms, total_ms);
 }
 
 /* Plans the request again, from routing (or, when toki's own prompt was the
@@ -874,10 +1084,13 @@ static void replan_now(evutil_socket_t fd, short what, void *arg)
 		pr_finish(pr);
 		return;
 	}
-	if (pr->local_prompt) {
+	if (pr->local_prompt && pr->prompt_fault) {
 		free(pr->tokens);
 		pr->tokens = NULL;
 		pr->n_tokens = 0;
+		free(pr->bounds);
+		pr->bounds = NULL;
+		pr->n_bounds = 0;
 		pr->routable = 0;
 		pr->local_prompt = 0;
 		pr->local_template = 0;
@@ -960,6 +1173,9 @@ static void after_answer(struct proxy_req *pr, int status)
 		audit_prompt(pr);
 	commit_slot(pr, status == 200 && pr->timings_seen);
 	log_done(pr);
+	/* A cut of the slot's tail may still run: it finishes the request. */
+	if (pr->state != PS_TAILCUT)
+		pr_finish(pr);
 }
 
 static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -997,10 +1213,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 			http_stream_end(pr->client);
 			pr->client = NULL;
 		}
-		audit_prompt(pr);
-		commit_slot(pr, pr->timings_seen);
-		log_done(pr);
-		pr_finish(pr);
+		after_answer(pr, pr->timings_seen ? 200 : 0);
 		return;
 	}
 	json_error_t jerr;
@@ -1025,8 +1238,8 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		json_t *chat = status == 200 ? json_loadb(body, len, BACKEND_JSON, &jerr) : NULL;
 		if (chat)
 			end_turn_at_model_cap(pr, chat);
-		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, pr->cache_n,
-							 pr->prompt_n)
+		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, req_cached(pr),
+							 req_evaluated(pr))
 				   : NULL;
 		json_decref(chat);
 		http_request_on_close(pr->client, NULL, NULL);
@@ -1044,7 +1257,6 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		}
 		pr->client = NULL;
 		after_answer(pr, status);
-		pr_finish(pr);
 		return;
 	}
 	if (pr->client) {
@@ -1058,7 +1270,6 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		pr->client = NULL;
 	}
 	after_answer(pr, status);
-	pr_finish(pr);
 }
 
 /* A backend failed before any of its answer reached the client: the request
@@ -1135,18 +1346,20 @@ static void forward(struct proxy_req *pr)
 	pr->state = PS_FORWARD;
 	if (pr->slot) {
 		json_object_set_new(pr->body, "id_slot", json_integer(pr->slot->id));
-		/* Exact mode with nothing to reuse: evaluate from the start, as
-		 * an uncached run does, whatever the slot holds. */
-		if (pr->routable && pr->d->router->mode == REUSE_EXACT && pr->choice.reuse == 0 &&
-		    !json_object_get(pr->body, "cache_prompt")) {
-			json_object_set_new(pr->body, "cache_prompt", json_false());
+		/* Exact mode: with nothing evaluated or reused yet, the server
+		 * starts from position 0, as an uncached run does, whatever the
+		 * slot holds; after the earlier chunks it must reuse them (even
+		 * for a client that asked for an uncached run: they were its
+		 * uncached run). */
+		if (pr->routable && exact_mode(pr)) {
+			json_object_set_new(pr->body, "cache_prompt", json_boolean(pr->done_upto > 0));
 			pr->set_cache_prompt = 1;
 		}
 	}
 	/* The first progress event lets toki check its plan before the answer
 	 * starts (check_plan); events the client did not ask for are dropped. */
 	if (pr->stream && pr->routable && pr->kind != KIND_RESPONSES &&
-	    (pr->local_prompt || d->router->mode == REUSE_EXACT) &&
+	    (pr->local_prompt || exact_mode(pr)) &&
 	    !json_object_get(pr->body, "return_progress")) {
 		json_object_set_new(pr->body, "return_progress", json_true());
 		pr->added_progress = 1;
@@ -1209,74 +1422,201 @@ static void forward(struct proxy_req *pr)
 		fail(pr, 500, "out of memory");
 }
 
-/* ---- exact mode: cutting a slot back to the grid ---- */
+/* ---- the executor: a request's plan, one backend step at a time ----
+ *
+ * The router chose a slot and how much of its content to reuse; plan_build
+ * (router/sched.h) made the steps: save the slot's content, restore a saved
+ * state, cut the slot back, evaluate the prompt chunk by chunk, generate.
+ * run_step starts the next one; each step's end runs the one after. Every
+ * step that evaluates tokens is checked against the plan: what the server
+ * reused must be what toki planned, or exact mode's rows would not be the
+ * schedule's. */
+
+static void run_step(struct proxy_req *pr);
+
+/* A step found the slot holding something else than planned (llama-server
+ * may load a state of its own RAM cache into it): the request is planned
+ * again from an empty slot, which cannot go wrong that way. */
+static void step_went_wrong(struct proxy_req *pr, const char *why)
+{
+	pr->force_cold = 1;
+	schedule_replan(pr, why);
+}
+
+/* The timings of a step's answer: how many prompt tokens the server reused
+ * and evaluated, and in how many ms. 0, or -1 when there are none. */
+static int step_timings(int status, const char *body, size_t len, long long *cache_n,
+			long long *prompt_n, double *ms)
+{
+	json_error_t jerr;
+	json_t *o = status == 200 ? json_loadb(body, len, BACKEND_JSON, &jerr) : NULL;
+	json_t *t = json_object_get(o, "timings");
+	int rc = json_is_object(t) ? 0 : -1;
+	*cache_n = json_integer_value(json_object_get(t, "cache_n"));
+	*prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
+	*ms = json_number_value(json_object_get(t, "prompt_ms"));
+	json_decref(o);
+	return rc;
+}
+
+/* A /completion body that evaluates tokens[0..n) (then `junk`, when
+ * with_junk) on the slot and generates nothing. Written as text: a long
+ * prompt is resent for every chunk. */
+static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_t junk, int slot,
+			  int cache_prompt)
+{
+	struct strbuf b = {0};
+	strbuf_append(&b, "{\"prompt\":[", 11);
+	for (size_t i = 0; i < n + (with_junk ? 1 : 0); i++) {
+		char num[24];
+		int k = snprintf(num, sizeof num, "%s%d", i ? "," : "", i < n ? tokens[i] : junk);
+		strbuf_append(&b, num, (size_t)k);
+	}
+	char tail[96];
+	int k = snprintf(tail, sizeof tail, "],\"n_predict\":0,\"cache_prompt\":%s,\"id_slot\":%d}",
+			 cache_prompt ? "true" : "false", slot);
+	strbuf_append(&b, tail, (size_t)k);
+	if (b.failed) {
+		free(b.p);
+		return NULL;
+	}
+	return b.p;
+}
+
+/* The token a cut puts after the kept prefix: one the prompt does not have
+ * there, so that the next step's common prefix with the slot ends exactly
+ * at the cut. */
+static token_t junk_after(const struct proxy_req *pr, size_t keep)
+{
+	token_t next = keep < pr->n_tokens ? pr->tokens[keep] : 0;
+	return next > 0 ? next - 1 : next + 1;
+}
+
+/* Counts a step's evaluated tokens as the request's. */
+static void note_step(struct proxy_req *pr, long long prompt_n, double ms)
+{
+	pr->steps++;
+	pr->steps_prompt_n += prompt_n;
+	pr->steps_prompt_ms += ms;
+}
 
 static void on_trim_done(struct backend_call *call, int status, const char *body, size_t len,
 			 void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
-	if (status != 200) {
+	long long cache_n, prompt_n;
+	double ms;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) != 0) {
 		log_warn("cut-back of slot %d failed (%d): %.*s", pr->slot->id, status,
 			 (int)(len > 200 ? 200 : len), body);
-		fail(pr, 502, "backend refused to cut the slot back");
+		fail(pr, status >= 400 && status < 500 ? 502 : 502,
+		     "backend refused to cut the slot back");
 		return;
 	}
-	router_slot_truncate(pr->d->router, pr->slot, pr->choice.reuse);
-	if (pr->choice.reuse)
+	note_step(pr, prompt_n, ms);
+	if ((size_t)cache_n != pr->cut_keep) {
+		char why[160];
+		snprintf(why, sizeof why, "a cut to %zu tokens kept %lld", pr->cut_keep, cache_n);
+		step_went_wrong(pr, why);
+		return;
+	}
+	router_slot_cut(pr->d->router, pr->slot, pr->tokens, pr->cut_keep, pr->cut_junk,
+			clock_now_us());
+	pr->done_upto = pr->cut_keep;
+	if (pr->cut_keep)
 		pr->d->stats.trim_tokens++;
-	forward(pr);
+	run_step(pr);
 }
 
-static void on_trim_error(struct backend_call *call, enum backend_error err, void *arg)
+static void on_step_error(struct backend_call *call, enum backend_error err, void *arg)
 {
 	on_forward_error(call, err, arg);
 }
 
 static const struct backend_call_handlers trim_handlers = {
 	.on_done = on_trim_done,
-	.on_error = on_trim_error,
+	.on_error = on_step_error,
 };
 
-/* The server reuses the longest common prefix of the slot and the prompt.
- * To make it reuse exactly `reuse` tokens, the slot is first given those
- * tokens plus one that differs from the prompt's next token. (With reuse 0
- * no cut is needed: the request goes with cache_prompt off.) */
-static void trim(struct proxy_req *pr)
+/* Sends a cut: the slot is left holding tokens[0..keep) and one token that
+ * differs from the prompt's next, so that the server reuses exactly keep
+ * tokens next (it reuses the longest common prefix). Returns 0, or -1 when
+ * out of memory. */
+static int send_cut(struct proxy_req *pr, size_t keep, const struct backend_call_handlers *h)
+{
+	pr->cut_keep = keep;
+	pr->cut_junk = junk_after(pr, keep);
+	char *body = prefill_body(pr->tokens, keep, 1, pr->cut_junk, pr->slot->id, 1);
+	pr->call = body ? backend_call_start(pr->backend->http, "POST", "/completion", body,
+					     strlen(body), h, pr)
+			: NULL;
+	free(body);
+	return pr->call ? 0 : -1;
+}
+
+static void trim(struct proxy_req *pr, size_t keep)
 {
 	pr->state = PS_TRIM;
-	size_t reuse = pr->choice.reuse;
-	{
-		json_t *prompt = json_array();
-		for (size_t i = 0; i < reuse; i++)
-			json_array_append_new(prompt, json_integer(pr->tokens[i]));
-		token_t next = pr->tokens[reuse];
-		json_array_append_new(prompt, json_integer(next > 0 ? next - 1 : next + 1));
-		json_t *req = json_pack("{s:o, s:i, s:i, s:b}", "prompt", prompt, "n_predict", 0,
-					"id_slot", pr->slot->id, "cache_prompt", 1);
-		char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
-		json_decref(req);
-		if (!body) {
-			fail(pr, 500, "out of memory");
-			return;
-		}
-		pr->call = backend_call_start(pr->backend->http, "POST", "/completion", body,
-					      strlen(body), &trim_handlers, pr);
-		free(body);
+	if (send_cut(pr, keep, &trim_handlers) != 0)
+		fail(pr, 500, "out of memory");
+}
+
+static void on_prefill_done(struct backend_call *call, int status, const char *body, size_t len,
+			    void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	long long cache_n, prompt_n;
+	double ms;
+	size_t upto = pr->plan.steps[pr->plan.next - 1].upto;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) != 0) {
+		json_error_t jerr;
+		json_t *ej = json_loadb(body, len, 0, &jerr);
+		const char *m =
+			json_string_value(json_object_get(json_object_get(ej, "error"), "message"));
+		char msg[300];
+		snprintf(msg, sizeof msg, "%s", m ? m : "the backend refused a prefill step");
+		json_decref(ej);
+		log_warn("prefill of slot %d to %zu failed (%d): %s", pr->slot->id, upto, status,
+			 msg);
+		fail(pr, status >= 400 ? status : 502, msg);
+		return;
 	}
+	note_step(pr, prompt_n, ms);
+	if ((size_t)cache_n != pr->done_upto || (size_t)(cache_n + prompt_n) != upto) {
+		char why[160];
+		snprintf(why, sizeof why, "a chunk to %zu reused %lld tokens and evaluated %lld, not %zu",
+			 upto, cache_n, prompt_n, pr->done_upto);
+		step_went_wrong(pr, why);
+		return;
+	}
+	pr->done_upto = upto;
+	pr->d->stats.prefill_steps++;
+	run_step(pr);
+}
+
+static const struct backend_call_handlers prefill_handlers = {
+	.on_done = on_prefill_done,
+	.on_error = on_step_error,
+};
+
+/* Evaluates the prompt up to a chunk end. The first evaluation of a
+ * request that reuses nothing starts from an empty slot (cache_prompt
+ * false), as an uncached run does. */
+static void prefill(struct proxy_req *pr, size_t upto)
+{
+	pr->state = PS_PREFILL;
+	char *body = prefill_body(pr->tokens, upto, 0, 0, pr->slot->id, pr->done_upto > 0);
+	pr->call = body ? backend_call_start(pr->backend->http, "POST", "/completion", body,
+					     strlen(body), &prefill_handlers, pr)
+			: NULL;
+	free(body);
 	if (!pr->call)
 		fail(pr, 500, "out of memory");
 }
 
 /* ---- slot files: save before evicting, restore instead of recomputing ---- */
-
-static void after_restore(struct proxy_req *pr)
-{
-	if (pr->choice.must_trim)
-		trim(pr);
-	else
-		forward(pr);
-}
 
 static void unpin_restore(struct proxy_req *pr)
 {
@@ -1297,6 +1637,24 @@ static json_t *load_object(int status, const char *body, size_t len)
 	return o;
 }
 
+/* The restore failed or the file is damaged: forget the slot, whose content
+ * is unknown now, and evaluate the whole prompt instead. */
+static void restore_instead_recompute(struct proxy_req *pr)
+{
+	router_slot_forget(pr->d->router, pr->slot);
+	pr->choice.reuse = 0;
+	pr->choice.matched = 0;
+	pr->choice.must_trim = 0;
+	pr->choice.kind = "miss";
+	pr->done_upto = 0;
+	plan_free(&pr->plan);
+	if (plan_build(&pr->plan, pr->bounds, pr->n_bounds, pr->n_tokens, 0, 0, 0, 0) != 0) {
+		fail(pr, 500, "out of memory");
+		return;
+	}
+	run_step(pr);
+}
+
 static void on_restore_done(struct backend_call *call, int status, const char *body, size_t len,
 			    void *arg)
 {
@@ -1310,18 +1668,12 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "restore_ms"));
 	json_decref(o);
 	if (!o) {
-		/* The file is gone or refused: forget it, and the slot, whose
-		 * content is now unknown; then evaluate from scratch. */
+		/* The file is gone or refused: forget it, and the slot. */
 		log_warn("restore of %s into slot %d failed (%d): %.*s", e->name, pr->slot->id, status,
 			 (int)(len > 200 ? 200 : len), body);
 		unpin_restore(pr);
 		daemon_saved_delete(d, e);
-		router_slot_forget(d->router, pr->slot);
-		pr->choice.reuse = 0;
-		pr->choice.matched = 0;
-		pr->choice.must_trim = 0;
-		pr->choice.kind = "miss";
-		forward(pr);
+		restore_instead_recompute(pr);
 		return;
 	}
 	router_backend_note_restore(pr->slot->backend, (uint64_t)n_read, ms);
@@ -1335,31 +1687,26 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	pr->restored = 1;
 	/* A save may have gone over the cap while this state was pinned. */
 	daemon_saved_enforce_budget(d);
-	after_restore(pr);
+	run_step(pr);
 }
 
 static const struct backend_call_handlers restore_handlers = {
 	.on_done = on_restore_done,
-	.on_error = on_forward_error,
+	.on_error = on_step_error,
 };
 
-static void after_save(struct proxy_req *pr)
+static void restore_slot(struct proxy_req *pr)
 {
 	struct router_saved *e = pr->choice.restore;
 	if (!e) {
-		after_restore(pr);
+		run_step(pr);
 		return;
 	}
 	pr->state = PS_RESTORE;
 	if (slot_store_verify(pr->d, e) != 0) {
 		/* Deleted as damaged: recompute instead. */
 		pr->choice.restore = NULL;
-		router_slot_forget(pr->d->router, pr->slot);
-		pr->choice.reuse = 0;
-		pr->choice.matched = 0;
-		pr->choice.must_trim = 0;
-		pr->choice.kind = "miss";
-		forward(pr);
+		restore_instead_recompute(pr);
 		return;
 	}
 	char path[64];
@@ -1386,7 +1733,7 @@ static void on_slot_saved(struct router_saved *e, void *arg)
 		pr_free(pr);
 		return;
 	}
-	after_save(pr);
+	run_step(pr);
 }
 
 static void save_slot(struct proxy_req *pr)
@@ -1395,8 +1742,104 @@ static void save_slot(struct proxy_req *pr)
 	pr->saving = 1;
 	if (slot_store_save(pr->d, pr->backend, pr->slot, on_slot_saved, pr) != 0) {
 		pr->saving = 0;
-		after_save(pr);
+		run_step(pr);
 	}
+}
+
+static void run_step(struct proxy_req *pr)
+{
+	if (pr->plan.next >= pr->plan.n) {
+		fail(pr, 500, "the request's plan ended without an answer");
+		return;
+	}
+	struct plan_step *st = &pr->plan.steps[pr->plan.next++];
+	switch (st->kind) {
+	case STEP_SAVE:
+		save_slot(pr);
+		break;
+	case STEP_RESTORE:
+		restore_slot(pr);
+		break;
+	case STEP_CUT:
+		trim(pr, st->upto);
+		break;
+	case STEP_PREFILL:
+		prefill(pr, st->upto);
+		break;
+	case STEP_GENERATE:
+		forward(pr);
+		break;
+	}
+}
+
+/* ---- after the answer: the slot's useless tail (exact mode) ----
+ *
+ * The slot holds the prompt and the answer's tokens, computed one at a
+ * time; exact mode can reuse neither those nor the prompt's last
+ * micro-batch (a longer prompt's chunk there is longer). Cutting them off
+ * now, after the answer was sent, spares the next request a cut on its own
+ * path. The cut is also a barrier: llama-server runs it on the slot only
+ * once the slot's last task has really stopped, and until then the slot,
+ * and in exact mode its backend, stays busy. */
+
+static void on_tail_cut_done(struct backend_call *call, int status, const char *body, size_t len,
+			     void *arg)
+{
+	struct proxy_req *pr = arg;
+	struct daemon *d = pr->d;
+	pr->call = NULL;
+	long long cache_n = -1, prompt_n = 0;
+	double ms;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
+		pr->slot->backend->evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.tail_cuts++;
+		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
+	}
+	if (cache_n == (long long)pr->cut_keep)
+		router_slot_cut(d->router, pr->slot, pr->tokens, pr->cut_keep, pr->cut_junk,
+				clock_now_us());
+	else
+		router_slot_forget(d->router, pr->slot);
+	end_slot(pr);
+	pr_finish(pr);
+}
+
+static void on_tail_cut_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	router_slot_forget(pr->d->router, pr->slot);
+	end_slot(pr);
+	pr_finish(pr);
+}
+
+static const struct backend_call_handlers tail_cut_handlers = {
+	.on_done = on_tail_cut_done,
+	.on_error = on_tail_cut_error,
+};
+
+/* Cuts the slot back to keep tokens of the prompt. Returns 1 when the cut
+ * is out (it ends the slot and the request), 0 when none was sent. */
+static int cut_slot_to(struct proxy_req *pr, size_t keep)
+{
+	if (send_cut(pr, keep, &tail_cut_handlers) != 0)
+		return 0;
+	pr->state = PS_TAILCUT;
+	return 1;
+}
+
+static int start_tail_cut(struct proxy_req *pr)
+{
+	struct router_slot *s = pr->slot;
+	if (!s || !pr->routable || s->n_tokens != pr->n_tokens || !pr->n_tokens)
+		return 0;
+	/* Where the micro-batch holding the prompt's last token starts. */
+	size_t keep = sched_floor(s->bounds, s->n_bounds, s->aligned, pr->n_tokens - 1,
+				  s->backend->n_ubatch);
+	if (!keep)
+		return 0;
+	return cut_slot_to(pr, keep);
 }
 
 /* ---- the context every part agrees on ---- */
@@ -1445,7 +1888,8 @@ static void pr_try_route(struct proxy_req *pr)
 {
 	struct daemon *d = pr->d;
 	if (!pr->routable) {
-		struct backend *b = any_allowed_backend(pr);
+		/* A client-pinned slot is on the backend it was pinned on. */
+		struct backend *b = pr->slot ? pr->backend : any_allowed_backend(pr);
 		if (!b) {
 			if (pr->state != PS_WAITING)
 				fail(pr, 503, "no backend is up");
@@ -1457,8 +1901,9 @@ static void pr_try_route(struct proxy_req *pr)
 		return;
 	}
 	struct route_choice ch;
-	enum route_status st = router_choose_among(d->router, pr->tokens, pr->n_tokens,
-						   clock_now_us(), pr->allowed & ~pr->excluded, &ch);
+	enum route_status st =
+		router_choose_sched(d->router, pr->tokens, pr->n_tokens, pr->bounds, pr->n_bounds,
+				    clock_now_us(), pr->allowed & ~pr->excluded, &ch);
 	if (st == ROUTE_NO_BACKEND && !d->supervisor) {
 		wait_remove(pr);
 		fail(pr, 503, "no backend is up");
@@ -1475,9 +1920,11 @@ static void pr_try_route(struct proxy_req *pr)
 	struct router_backend *rb = ch.slot->backend;
 	if (clamp_output(pr, rb->n_ctx_slot) != 0)
 		return;
-	if (json_is_false(json_object_get(pr->body, "cache_prompt")) && !pr->set_cache_prompt) {
-		/* The client asked for a full evaluation (a raw run): nothing is
-		 * reused, so there is nothing to cut back or restore. */
+	if (pr->client_uncached || pr->force_cold) {
+		/* The client asked for a full evaluation (a raw run), or a plan
+		 * went wrong: nothing is reused, so there is nothing to cut back
+		 * or restore; in exact mode the prompt is evaluated on its
+		 * schedule from an empty slot. */
 		ch.reuse = 0;
 		ch.must_trim = 0;
 		ch.restore = NULL;
@@ -1498,10 +1945,17 @@ static void pr_try_route(struct proxy_req *pr)
 	d->stats.prompt_tokens += pr->n_tokens;
 	if (ch.restore)
 		ch.restore->pinned++;
-	if (ch.save_first && pr->slot->n_tokens)
-		save_slot(pr);
-	else
-		after_save(pr);
+	/* Fast mode evaluates the prompt in one step, from whatever matches. */
+	int exact = exact_mode(pr);
+	plan_free(&pr->plan);
+	if (plan_build(&pr->plan, exact ? pr->bounds : NULL, exact ? pr->n_bounds : 0, pr->n_tokens,
+		       ch.reuse, ch.save_first && pr->slot->n_tokens, ch.restore != NULL,
+		       ch.must_trim) != 0) {
+		fail(pr, 500, "out of memory");
+		return;
+	}
+	pr->done_upto = ch.must_trim ? 0 : ch.reuse;
+	run_step(pr);
 }
 
 void proxy_retry_waiting(struct daemon *d)
@@ -1709,6 +2163,8 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	pr->allowed = backends_for_model(
 		d, client_model ? client_model : json_string_value(json_object_get(body, "model")));
 	pr->stream = json_is_true(json_object_get(body, "stream"));
+	pr->client_uncached = json_is_false(json_object_get(body, "cache_prompt"));
+	snprintf(pr->client_path, sizeof pr->client_path, "%s", http_request_path(req));
 	pr->t_start_us = pr->t_last_write_us = clock_now_us();
 	snprintf(pr->backend_path, sizeof pr->backend_path, "%s", backend_path);
 	active_add(pr);
@@ -1781,15 +2237,24 @@ static int local_chat(struct proxy_req *pr, struct backend *b)
 	char why[256], *prompt = NULL;
 	size_t plen = 0;
 	struct token_list t = {0};
-	enum chat_result r = prompt_engine_chat(b->prompt, pr->template_body ? pr->template_body
-									      : pr->body,
-						time(NULL), &prompt, &plen, &t, why, sizeof why);
+	/* Exact mode evaluates the prompt in chunks that end where messages
+	 * start (router/sched.h): their positions come with the tokens. */
+	struct prompt_starts st = {0};
+	enum chat_result r = prompt_engine_chat_starts(
+		b->prompt, pr->template_body ? pr->template_body : pr->body, time(NULL), &prompt,
+		&plen, &t, pr->d->router->mode == REUSE_EXACT ? &st : NULL, why, sizeof why);
 	free(prompt);
 	if (r != CHAT_OK) {
 		log_debug("prompt by the server: %s", why);
 		token_list_free(&t);
+		free(st.pos);
+		free(st.answer);
 		return 0;
 	}
+	free(pr->bounds);
+	pr->n_bounds = sched_merge(st.pos, st.answer, st.n, SCHED_MIN_CHUNK);
+	pr->bounds = st.pos;
+	free(st.answer);
 	take_tokens(pr, b, &t, 1);
 	tokens_ready(pr);
 	return 1;
@@ -1811,6 +2276,19 @@ static int local_text(struct proxy_req *pr, struct backend *b, const char *text,
 	return 1;
 }
 
+/* How long a client-pinned request will hold its slot, for the router's
+ * wait estimate: its output cap (or the slot's context) at the backend's
+ * measured decode rate; 10 s before there is one. Its prompt is unknown. */
+static double pinned_busy_s(struct proxy_req *pr, struct backend *b)
+{
+	json_t *v = json_object_get(pr->body, "max_tokens");
+	if (!json_is_integer(v))
+		v = json_object_get(pr->body, "n_predict");
+	long long n = json_is_integer(v) && json_integer_value(v) > 0 ? json_integer_value(v)
+								      : b->rb->n_ctx_slot;
+	return b->rb->decode_tps > 0 ? (double)n / b->rb->decode_tps : 10.0;
+}
+
 /* Tokenizes (here, or through backend b), then routes. */
 static void pr_begin(struct proxy_req *pr, struct backend *b)
 {
@@ -1824,8 +2302,16 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 		/* The client pinned a slot itself: respect it, but then the router
 		 * cannot know what that slot holds. */
 		json_int_t id = json_integer_value(json_object_get(body, "id_slot"));
-		if (id >= 0 && id < b->rb->n_slots)
-			router_slot_forget(d->router, &b->rb->slots[id]);
+		if (id >= 0 && id < b->rb->n_slots) {
+			struct router_slot *s = &b->rb->slots[id];
+			router_slot_forget(d->router, s);
+			/* ...and it is busy until the answer ends, so that no routed
+			 * request is sent to wait behind it (pr_finish ends it). */
+			if (!s->busy) {
+				router_slot_begin(d->router, s, clock_now_us(), pinned_busy_s(pr, b));
+				pr->slot = s;
+			}
+		}
 		pr_try_route(pr);
 		return;
 	}
@@ -2025,6 +2511,9 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 				  (json_int_t)ps.cached_tokens));
 	}
 	json_object_set_new(o, "replans", json_integer((json_int_t)s->replans));
+	json_object_set_new(o, "tail_cuts", json_integer((json_int_t)s->tail_cuts));
+	json_object_set_new(o, "tail_cut_tokens", json_integer((json_int_t)s->tail_cut_tokens));
+	json_object_set_new(o, "prefill_steps", json_integer((json_int_t)s->prefill_steps));
 	json_object_set_new(o, "backends", bs);
 	json_int_t waiting = 0;
 	for (struct proxy_req *w = d->waiting_head; w; w = w->wait_next)

@@ -224,6 +224,34 @@ void slot_store_delete(struct daemon *d, struct router_saved *e)
 	router_saved_remove(d->router, e);
 }
 
+/* A saved state's schedule from its index: increasing chunk starts. An
+ * index without one (written before there were schedules) is on the grid;
+ * one that is not a list of increasing starts makes no row exact. */
+static int load_bounds(struct router_saved *e, json_t *a)
+{
+	if (!a)
+		return 0;
+	size_t n = json_array_size(a);
+	if (!json_is_array(a) || n > e->n_tokens)
+		return -1;
+	size_t *b = malloc((n ? n : 1) * sizeof *b);
+	if (!b)
+		return -1;
+	json_int_t prev = 0;
+	for (size_t i = 0; i < n; i++) {
+		json_t *v = json_array_get(a, i);
+		if (!json_is_integer(v) || json_integer_value(v) <= prev) {
+			free(b);
+			return -1;
+		}
+		prev = json_integer_value(v);
+		b[i] = (size_t)prev;
+	}
+	int rc = router_saved_set_bounds(e, b, n);
+	free(b);
+	return rc;
+}
+
 static int write_sidecar(struct daemon *d, struct router_saved *e, const char *checksum)
 {
 	json_t *toks = json_array();
@@ -234,6 +262,12 @@ static int write_sidecar(struct daemon *d, struct router_saved *e, const char *c
 			      "n_tokens", (json_int_t)e->n_tokens, "aligned", (json_int_t)e->aligned,
 			      "hits", (int)e->hits, "tokens", toks);
 	json_object_set_new(o, "compressed", json_boolean(e->compressed));
+	/* The schedule the rows were computed on (exact mode's chunk starts;
+	 * none: the grid). */
+	json_t *bounds = json_array();
+	for (size_t i = 0; i < e->n_bounds; i++)
+		json_array_append_new(bounds, json_integer((json_int_t)e->bounds[i]));
+	json_object_set_new(o, "bounds", bounds);
 	char path[4200], tmp[4300];
 	dir_path(d, e->name, ".json", path, sizeof path);
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -261,6 +295,7 @@ struct save_op {
 	 * happens to the slot meanwhile. */
 	token_t *tokens;
 	size_t n_tokens, aligned;
+	size_t *bounds, n_bounds;
 	unsigned hits;
 	char name[96];
 	slot_store_done_fn done;
@@ -273,6 +308,7 @@ static void save_finish(struct save_op *op, struct router_saved *e)
 	if (op->done)
 		op->done(e, op->arg);
 	free(op->tokens);
+	free(op->bounds);
 	free(op);
 }
 
@@ -337,6 +373,8 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	struct router_saved *e = router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens,
 							 op->n_tokens, op->aligned, stored, op->hits,
 							 clock_now_us());
+	if (e && router_saved_set_bounds(e, op->bounds, op->n_bounds) != 0)
+		e->aligned = 0; /* out of memory: the rows' schedule is unknown */
 	if (e) {
 		e->verified = 1; /* written and checked by this daemon */
 		e->compressed = compressed;
@@ -412,6 +450,15 @@ int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
 	memcpy(op->tokens, s->tokens, s->n_tokens * sizeof *op->tokens);
 	op->n_tokens = s->n_tokens;
 	op->aligned = s->aligned;
+	if (s->n_bounds) {
+		op->bounds = malloc(s->n_bounds * sizeof *op->bounds);
+		if (op->bounds) {
+			memcpy(op->bounds, s->bounds, s->n_bounds * sizeof *op->bounds);
+			op->n_bounds = s->n_bounds;
+		} else {
+			op->aligned = 0; /* without its schedule, no row is exact */
+		}
+	}
 	op->hits = s->hits;
 	snprintf(op->name, sizeof op->name, "toki-%.12s-%llx-%llx", b->fingerprint,
 		 (unsigned long long)d->started_us, (unsigned long long)++d->save_counter);
@@ -428,6 +475,7 @@ int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
 	free(body);
 	if (!call) {
 		free(op->tokens);
+		free(op->bounds);
 		free(op);
 		return -1;
 	}
@@ -558,6 +606,8 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 				(uint64_t)json_integer_value(json_object_get(o, "bytes")),
 				(unsigned)json_integer_value(json_object_get(o, "hits")),
 				clock_now_us());
+			if (e && load_bounds(e, json_object_get(o, "bounds")) != 0)
+				e->aligned = 0;
 			if (e) {
 				snprintf(e->fingerprint, sizeof e->fingerprint, "%s", fp);
 				e->compressed = json_is_true(json_object_get(o, "compressed"));
@@ -627,7 +677,7 @@ void slot_store_tick(struct daemon *d)
 		if (!b->rb->up || !b->rb->can_save)
 			continue;
 		/* Exact mode runs one thing at a time on a backend. */
-		if (d->router->mode == REUSE_EXACT && b->rb->in_flight > 0)
+		if (reuse_mode_is_exact(d->router->mode) && b->rb->in_flight > 0)
 			continue;
 		for (int k = 0; k < b->rb->n_slots; k++) {
 			struct router_slot *s = &b->rb->slots[k];

@@ -12,13 +12,14 @@
 #include "cmd/cmd.h"
 #include "model/gguf.h"
 #include "prompt/prompt.h"
+#include "router/sched.h"
 #include "tokenizer/vocab.h"
 
 static const char usage[] =
 	"usage: toki tokenize --model FILE [--no-add-special] [--no-parse-special]\n"
 	"                     [--pieces] [--lines] [TEXT]\n"
 	"       toki tokenize --model FILE --chat [--props PROPS.json] [--thinking on|off]\n"
-	"                     [--lines] [REQUEST]\n"
+	"                     [--schedule] [--lines] [REQUEST]\n"
 	"\n"
 	"Prints the token ids of TEXT (or of standard input) as the llama-server\n"
 	"serving FILE gives them on /tokenize with add_special and parse_special,\n"
@@ -37,12 +38,15 @@ static const char usage[] =
 	"  --props FILE        the server's /props answer: its chat template, template\n"
 	"                      capabilities and BOS/EOS text (default: the model's own\n"
 	"                      template, a plain template's capabilities)\n"
+	"  --schedule          with --chat: also print \"chunks\", the token positions\n"
+	"                      where exact mode's schedule starts a chunk (message starts,\n"
+	"                      small chunks merged; the last is the generation prompt)\n"
 	"  --thinking on|off   the enable_thinking the server passes its template when\n"
 	"                      the request does not say (default on; llama-server turns\n"
 	"                      it off for templates it finds no reasoning in)\n";
 
 struct opts {
-	int add_special, parse_special, pieces;
+	int add_special, parse_special, pieces, schedule;
 };
 
 static json_t *tokens_json(const struct vocab *v, const struct token_list *t, int pieces)
@@ -113,13 +117,25 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 		char why[512], *prompt = NULL;
 		size_t plen = 0;
 		struct token_list t = {0};
-		enum chat_result r = prompt_engine_chat(pe, req, time(NULL), &prompt, &plen, &t, why,
-							sizeof why);
+		struct prompt_starts st = {0};
+		enum chat_result r = prompt_engine_chat_starts(
+			pe, req, time(NULL), &prompt, &plen, &t, o->schedule ? &st : NULL, why,
+			sizeof why);
 		if (r == CHAT_OK) {
 			json_t *p = json_stringn(prompt, plen);
 			out = json_pack("{s:o, s:o}", "prompt",
 					p ? p : json_string("(not valid UTF-8)"), "tokens",
 					tokens_json(prompt_engine_vocab(pe), &t, o->pieces));
+			if (o->schedule) {
+				st.n = sched_merge(st.pos, st.answer, st.n, SCHED_MIN_CHUNK);
+				json_t *a = json_array();
+				for (size_t i = 0; i < st.n; i++)
+					json_array_append_new(a, json_integer((json_int_t)st.pos[i]));
+				json_object_set_new(out, "chunks", a);
+				json_object_set_new(out, "header", json_boolean(st.header));
+			}
+			free(st.pos);
+			free(st.answer);
 		} else {
 			out = json_pack("{s:s}", r == CHAT_DECLINED ? "declined" : "error", why);
 			rc = r == CHAT_DECLINED ? 0 : 1;
@@ -178,10 +194,11 @@ int cmd_tokenize(int argc, char **argv)
 		{"chat", no_argument, NULL, 'c'},
 		{"props", required_argument, NULL, 'r'},
 		{"thinking", required_argument, NULL, 't'},
+		{"schedule", no_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	struct opts o = {1, 1, 0};
+	struct opts o = {1, 1, 0, 0};
 	const char *model = NULL, *props = NULL;
 	int lines = 0, chat = 0, thinking = 1, c;
 	optind = 1;
@@ -191,6 +208,7 @@ int cmd_tokenize(int argc, char **argv)
 		case 'a': o.add_special = 0; break;
 		case 'p': o.parse_special = 0; break;
 		case 'P': o.pieces = 1; break;
+		case 'S': o.schedule = 1; break;
 		case 'l': lines = 1; break;
 		case 'c': chat = 1; break;
 		case 'r': props = optarg; break;

@@ -22,7 +22,7 @@ static void usage(FILE *out)
 		"  --slots N         parallel slots (default 2)\n"
 		"  --max-output N    cap on a request's output tokens\n"
 		"  --port N          toki's port (default 8787)\n"
-		"  --reuse MODE      exact (default) or fast\n"
+		"  --reuse MODE      exact (default), fast or grid (see toki serve --help)\n"
 		"  --llama-server B  the llama-server binary (default: see toki model use)\n"
 		"  --wait S          seconds to wait for the model to load (default 600)\n");
 }

@@ -478,3 +478,83 @@ enum chat_result chat_render(const struct chat_env *env, json_t *request, char *
 	*prompt = text;
 	return CHAT_OK;
 }
+
+/* Renders g (the template globals) with only its first k messages and no
+ * generation prompt; NULL when the template fails on that prefix. */
+static char *render_prefix(const struct chat_env *env, const struct jinja_template *t, json_t *g,
+			   json_t *msgs, size_t k, size_t *len)
+{
+	json_t *sub = json_array();
+	for (size_t i = 0; sub && i < k; i++)
+		json_array_append(sub, json_array_get(msgs, i));
+	if (!sub || json_object_set_new(g, "messages", sub) != 0)
+		return NULL;
+	char err[256];
+	char *text = jinja_render(t, g, env->now, len, err, sizeof err);
+	size_t bl = env->bos_token ? strlen(env->bos_token) : 0;
+	if (text && env->add_bos && bl && *len >= bl && !memcmp(text, env->bos_token, bl)) {
+		memmove(text, text + bl, *len - bl + 1);
+		*len -= bl;
+	}
+	return text;
+}
+
+int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt,
+			size_t len, size_t **offsets, unsigned char **answer, size_t *n,
+			int *last_is_header)
+{
+	*offsets = NULL;
+	*answer = NULL;
+	*n = 0;
+	*last_is_header = 0;
+	if (env->add_eos)
+		return 0; /* a prefix would end in the EOS the full prompt has not */
+	enum chat_result res;
+	char why[256];
+	json_t *g = chat_template_globals(env, request, &res, why, sizeof why);
+	if (!g)
+		return res == CHAT_ERROR ? -1 : 0;
+	json_t *msgs = json_incref(json_object_get(g, "messages"));
+	const struct jinja_template *t =
+		json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
+	int add_gen = json_is_true(json_object_get(g, "add_generation_prompt"));
+	json_object_set_new(g, "add_generation_prompt", json_false());
+	size_t m = json_array_size(msgs);
+	size_t *offs = calloc(m ? m : 1, sizeof *offs);
+	unsigned char *ans = calloc(m ? m : 1, 1);
+	int rc = offs && ans ? 0 : -1;
+	size_t count = 0, last = 0;
+	/* Message k starts where the rendering of the first k ends, if that
+	 * rendering is a prefix of the whole: a template that renders earlier
+	 * messages differently once more follow (one that drops reasoning
+	 * before the last user turn, say) gives no start there. k = m is where
+	 * the generation prompt starts. */
+	for (size_t k = 1; !rc && k <= m; k++) {
+		if (k == m && !add_gen)
+			break;
+		size_t tl = 0;
+		char *text = render_prefix(env, t, g, msgs, k, &tl);
+		if (text && tl > last && tl < len && !memcmp(text, prompt, tl)) {
+			const char *role = k < m ? json_string_value(json_object_get(
+							   json_array_get(msgs, k), "role"))
+						 : "assistant";
+			ans[count] = role && !strcmp(role, "assistant");
+			offs[count++] = tl;
+			last = tl;
+			if (k == m)
+				*last_is_header = 1;
+		}
+		free(text);
+	}
+	json_decref(msgs);
+	json_decref(g);
+	if (rc || !count) {
+		free(offs);
+		free(ans);
+		return rc;
+	}
+	*offsets = offs;
+	*answer = ans;
+	*n = count;
+	return 0;
+}

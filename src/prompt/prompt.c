@@ -288,8 +288,14 @@ static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t 
 	return rc;
 }
 
-int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
-			   struct token_list *out)
+/* Tokenizes as prompt_engine_tokenize; with cuts (byte offsets, increasing),
+ * also finds the token position where each cut falls: pos[i] is the number
+ * of tokens before cuts[i] when the tokens of the text before it are exactly
+ * the prompt's first pos[i] tokens, else (size_t)-1. A cut at a special
+ * token is that; one inside text is checked by tokenizing the text before it
+ * (llama.cpp's tokenizers may merge across it). */
+static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
+			 struct token_list *out, const size_t *cuts, size_t n_cuts, size_t *pos)
 {
 	const struct vocab *v = pe->vocab;
 	struct fragment_list f = {0};
@@ -299,14 +305,36 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
 	if (vocab_adds_bos(v))
 		rc = token_list_push(out, vocab_bos(v));
 	int after_special = 1;
+	size_t ci = 0;
+	for (size_t i = 0; i < n_cuts; i++)
+		pos[i] = (size_t)-1;
 	for (size_t i = 0; i < f.n && !rc; i++) {
+		size_t off = f.v[i].off, end = off + f.v[i].len, before = out->n;
 		if (f.v[i].token >= 0) {
 			rc = token_list_push(out, f.v[i].token);
-			after_special = 1;
 		} else {
-			rc = tokenize_fragment(pe, text + f.v[i].off, f.v[i].len, after_special, out);
-			after_special = 0;
+			rc = tokenize_fragment(pe, text + off, f.v[i].len, after_special, out);
 		}
+		for (; !rc && ci < n_cuts && cuts[ci] < end; ci++) {
+			if (cuts[ci] < off)
+				continue;
+			if (cuts[ci] == off) {
+				pos[ci] = before;
+				continue;
+			}
+			if (f.v[i].token >= 0)
+				continue; /* inside a special token's text */
+			struct token_list head = {0};
+			int hr = vocab_tokenize_fragment(v, text + off, cuts[ci] - off, after_special,
+							 &head);
+			if (hr == -1)
+				rc = -1;
+			else if (hr == 0 && before + head.n < out->n &&
+				 !memcmp(head.v, out->v + before, head.n * sizeof *head.v))
+				pos[ci] = before + head.n;
+			token_list_free(&head);
+		}
+		after_special = f.v[i].token >= 0;
 	}
 	if (!rc && vocab_adds_eos(v))
 		rc = token_list_push(out, vocab_eos(v));
@@ -314,10 +342,26 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
 	return rc;
 }
 
+int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
+			   struct token_list *out)
+{
+	return tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
+}
+
 enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
 				    char **prompt, size_t *prompt_len, struct token_list *out,
 				    char *why, size_t whylen)
 {
+	return prompt_engine_chat_starts(pe, request, now, prompt, prompt_len, out, NULL, why,
+					 whylen);
+}
+
+enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *request, time_t now,
+					   char **prompt, size_t *prompt_len, struct token_list *out,
+					   struct prompt_starts *starts, char *why, size_t whylen)
+{
+	if (starts)
+		*starts = (struct prompt_starts){0};
 	*prompt = NULL;
 	if (!pe->has_chat) {
 		snprintf(why, whylen, "the chat template is one llama-server renders its own way");
@@ -327,7 +371,45 @@ enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, t
 	enum chat_result r = chat_render(&pe->env, request, prompt, prompt_len, why, whylen);
 	if (r != CHAT_OK)
 		return r;
-	int rc = prompt_engine_tokenize(pe, *prompt, *prompt_len, out);
+	size_t *cuts = NULL, n_cuts = 0;
+	unsigned char *answer = NULL;
+	int header = 0;
+	if (starts && chat_message_starts(&pe->env, request, *prompt, *prompt_len, &cuts, &answer,
+					  &n_cuts, &header) != 0) {
+		snprintf(why, whylen, "out of memory");
+		return CHAT_ERROR;
+	}
+	size_t *pos = n_cuts ? malloc(n_cuts * sizeof *pos) : NULL;
+	if (n_cuts && !pos) {
+		free(cuts);
+		free(answer);
+		snprintf(why, whylen, "out of memory");
+		return CHAT_ERROR;
+	}
+	int rc = tokenize_cuts(pe, *prompt, *prompt_len, out, cuts, n_cuts, pos);
+	if (starts && !rc) {
+		/* Token positions of the starts that map to one, in order. */
+		size_t k = 0, prev = 0;
+		for (size_t i = 0; i < n_cuts; i++) {
+			int last = i + 1 == n_cuts;
+			if (pos[i] != (size_t)-1 && pos[i] > prev && pos[i] < out->n) {
+				answer[k] = answer[i];
+				pos[k++] = pos[i];
+				prev = pos[i];
+				if (last && header)
+					starts->header = 1;
+			}
+		}
+		starts->pos = pos;
+		starts->answer = answer;
+		answer = NULL;
+		starts->n = k;
+		starts->messages = n_cuts;
+		pos = NULL;
+	}
+	free(pos);
+	free(cuts);
+	free(answer);
 	if (rc == -2) {
 		snprintf(why, whylen, "text the server's tokenizer rejects");
 		return CHAT_DECLINED;

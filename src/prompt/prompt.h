@@ -53,6 +53,24 @@ enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, t
 				    char **prompt, size_t *prompt_len, struct token_list *out,
 				    char *why, size_t whylen);
 
+/* Where a chat prompt's messages start, in tokens: the chunk boundaries of
+ * exact mode's schedule (router/sched.h). pos[0..n) increasing, each in
+ * (0, n_tokens); header: the last one is where the generation prompt
+ * starts. messages: how many starts the template gave (some may not map to
+ * a token boundary). */
+struct prompt_starts {
+	size_t *pos, n;
+	unsigned char *answer; /* answer[i]: an assistant message starts at pos[i] */
+	size_t messages;
+	int header;
+};
+
+/* prompt_engine_chat, and with starts non-NULL the message starts too
+ * (starts->pos and starts->answer malloc'd; free them). */
+enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *request, time_t now,
+					   char **prompt, size_t *prompt_len, struct token_list *out,
+					   struct prompt_starts *starts, char *why, size_t whylen);
+
 /* The enable_thinking llama-server passes when the request does not say. */
 void prompt_engine_set_thinking(struct prompt_engine *pe, int on);
 int prompt_engine_thinking(const struct prompt_engine *pe);

@@ -7,7 +7,12 @@
 
 const char *reuse_mode_name(enum reuse_mode mode)
 {
-	return mode == REUSE_EXACT ? "exact" : "fast";
+	return mode == REUSE_EXACT ? "exact" : mode == REUSE_GRID ? "grid" : "fast";
+}
+
+int reuse_mode_is_exact(enum reuse_mode mode)
+{
+	return mode == REUSE_EXACT || mode == REUSE_GRID;
 }
 
 int reuse_mode_parse(const char *s, enum reuse_mode *mode)
@@ -16,6 +21,8 @@ int reuse_mode_parse(const char *s, enum reuse_mode *mode)
 		*mode = REUSE_EXACT;
 	else if (!strcmp(s, "fast"))
 		*mode = REUSE_FAST;
+	else if (!strcmp(s, "grid"))
+		*mode = REUSE_GRID;
 	else
 		return -1;
 	return 0;
@@ -53,6 +60,7 @@ static void backend_free_slots(struct router *r, struct router_backend *b)
 		if (s->n_tokens)
 			radix_remove(r->tree, s->tokens, s->n_tokens, s);
 		free(s->tokens);
+		free(s->bounds);
 	}
 	free(b->slots);
 	b->slots = NULL;
@@ -74,6 +82,8 @@ void router_free(struct router *r)
 	while (r->retired) {
 		struct retired_slots *rs = r->retired;
 		r->retired = rs->next;
+		for (int i = 0; i < rs->n; i++)
+			free(rs->slots[i].bounds);
 		free(rs->slots);
 		free(rs);
 	}
@@ -299,11 +309,26 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	return recompute;
 }
 
-static size_t reuse_for(const struct router *r, size_t m, size_t aligned, size_t n, int ub)
+/* The request being routed: its tokens' schedule (exact mode). */
+struct req_sched {
+	const size_t *b;
+	size_t nb, n;
+};
+
+/* What a slot or saved state (rows [0, aligned) on chunk starts sb) lends a
+ * request that matches m of its tokens: in exact mode, the rows computed on
+ * the same micro-batches as the request's own schedule would compute them;
+ * at least one token is left to evaluate (its logits start the answer). */
+static size_t reuse_for(const struct router *r, const struct req_sched *q, size_t m,
+			const size_t *sb, size_t nsb, size_t aligned, int ub)
 {
-	if (r->mode == REUSE_EXACT)
-		return router_exact_reuse(m, aligned, n, ub);
-	return m < n ? m : (n ? n - 1 : 0);
+	size_t n = q->n;
+	if (!reuse_mode_is_exact(r->mode))
+		return m < n ? m : (n ? n - 1 : 0);
+	size_t limit = m < n ? m : n;
+	if (limit > n - 1)
+		limit = n ? n - 1 : 0;
+	return sched_common(q->b, q->nb, n, sb, nsb, aligned, limit, ub);
 }
 
 /* In fast mode requests run side by side on a backend; in exact mode a busy
@@ -311,7 +336,7 @@ static size_t reuse_for(const struct router *r, size_t m, size_t aligned, size_t
 static double fast_load_penalty(const struct router *r, const struct router_backend *b,
 				size_t to_evaluate)
 {
-	if (r->mode == REUSE_EXACT || b->in_flight <= 0)
+	if (reuse_mode_is_exact(r->mode) || b->in_flight <= 0)
 		return 0;
 	return 0.5 * b->in_flight * (double)(to_evaluate ? to_evaluate : 1);
 }
@@ -348,6 +373,14 @@ static int backend_allowed(uint64_t allowed, int index)
 enum route_status router_choose_among(struct router *r, const token_t *tokens, size_t n,
 				      int64_t now_us, uint64_t allowed, struct route_choice *out)
 {
+	return router_choose_sched(r, tokens, n, NULL, 0, now_us, allowed, out);
+}
+
+enum route_status router_choose_sched(struct router *r, const token_t *tokens, size_t n,
+				      const size_t *bounds, size_t nb, int64_t now_us,
+				      uint64_t allowed, struct route_choice *out)
+{
+	struct req_sched q = {bounds, nb, n};
 	int total = 0;
 	int offsets_small[16];
 	int *offsets = r->n_backends <= 16 ? offsets_small : malloc(sizeof(int) * (size_t)r->n_backends);
@@ -371,7 +404,7 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 	for (int bi = 0; bi < r->n_backends && !spare; bi++) {
 		struct router_backend *b = r->backends[bi];
 		if (!b->up || !backend_allowed(allowed, bi) ||
-		    (r->mode == REUSE_EXACT && b->in_flight > 0))
+		    (reuse_mode_is_exact(r->mode) && b->in_flight > 0))
 			continue;
 		for (int si = 0; si < b->n_slots && !spare; si++)
 			spare = !b->slots[si].busy && b->slots[si].n_tokens == 0;
@@ -389,7 +422,7 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 		/* Exact mode runs one request per backend at a time: llama.cpp
 		 * batches the tokens of all active slots together, which moves
 		 * the micro-batch boundaries and with them the bits. */
-		int backend_busy = r->mode == REUSE_EXACT && b->in_flight > 0;
+		int backend_busy = reuse_mode_is_exact(r->mode) && b->in_flight > 0;
 		for (int si = 0; si < b->n_slots; si++) {
 			struct router_slot *s = &b->slots[si];
 			size_t m = matched[offsets[bi] + si];
@@ -404,7 +437,8 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 				wait = in_tokens(b, wait_s);
 			}
 			/* The slot with its own content... */
-			size_t reuse = reuse_for(r, m, s->aligned, n, b->n_ubatch);
+			size_t reuse =
+				reuse_for(r, &q, m, s->bounds, s->n_bounds, s->aligned, b->n_ubatch);
 			int save_first;
 			/* Requests running on a backend share its compute: each one
 			 * there slows this prefill. That spreads new conversations
@@ -426,7 +460,7 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 				 * may run past what the router knows (generated tokens
 				 * follow the prompt in the KV); exact mode cuts it back
 				 * whenever it could exceed the grid-aligned reuse. */
-				best.must_trim = r->mode == REUSE_EXACT && reuse > 0 &&
+				best.must_trim = reuse_mode_is_exact(r->mode) && reuse > 0 &&
 						 (m > reuse || m == s->n_tokens);
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
 				best.kind = m == 0 ? "miss" : (m >= s->n_tokens ? "hit" : "partial");
@@ -437,7 +471,8 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 				if (e->backend != b)
 					continue;
 				size_t me = mc.saved[k].matched;
-				size_t ereuse = reuse_for(r, me, e->aligned, n, b->n_ubatch);
+				size_t ereuse = reuse_for(r, &q, me, e->bounds, e->n_bounds, e->aligned,
+							  b->n_ubatch);
 				if (ereuse <= reuse)
 					continue;
 				double ecost = (double)(n - ereuse) + restore_tokens(b, e->bytes) +
@@ -451,7 +486,7 @@ enum route_status router_choose_among(struct router *r, const token_t *tokens, s
 					best.reuse = ereuse;
 					best.restore = e;
 					best.save_first = save_first;
-					best.must_trim = r->mode == REUSE_EXACT &&
+					best.must_trim = reuse_mode_is_exact(r->mode) &&
 							 (me > ereuse || me == e->n_tokens);
 					best.est_prefill_s = router_estimate_prefill_s(b, n - ereuse);
 					best.kind = "disk";
@@ -495,8 +530,33 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->tokens = NULL;
 	s->n_tokens = s->cap = 0;
 	s->aligned = 0;
+	free(s->bounds);
+	s->bounds = NULL;
+	s->n_bounds = 0;
 	s->hits = 0;
 	s->saved = NULL;
+}
+
+/* Keeps the chunk starts below n: the schedule of a prefix. */
+static void bounds_keep_below(size_t *b, size_t *nb, size_t n)
+{
+	while (*nb && b[*nb - 1] >= n)
+		(*nb)--;
+}
+
+static int bounds_copy(size_t **dst, size_t *ndst, const size_t *src, size_t n)
+{
+	size_t *c = NULL;
+	if (n) {
+		c = malloc(n * sizeof *c);
+		if (!c)
+			return -1;
+		memcpy(c, src, n * sizeof *c);
+	}
+	free(*dst);
+	*dst = c;
+	*ndst = n;
+	return 0;
 }
 
 void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
@@ -510,8 +570,9 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 	radix_remove(r->tree, s->tokens, s->n_tokens, s);
 	s->n_tokens = n;
 	s->saved = NULL;
-	if (s->aligned > n)
-		s->aligned = n;
+	/* Only whole micro-batches of what was computed stay reusable. */
+	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, n, s->backend->n_ubatch);
+	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
 	if (radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0)
 		router_slot_forget(r, s);
 }
@@ -527,6 +588,8 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 	while (same < s->n_tokens && same < n && s->tokens[same] == tokens[same])
 		same++;
 	size_t base = s->aligned < same ? s->aligned : same;
+	if (s->n_bounds)
+		base = 0; /* rows of another schedule are none of the grid's */
 	size_t aligned;
 	if (reused <= base && reused % ub == 0)
 		/* Evaluation began on the grid: every full micro-batch after it
@@ -568,11 +631,88 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 		memcpy(s->tokens, tokens, n * sizeof *tokens);
 	s->n_tokens = n;
 	s->aligned = aligned;
+	/* Grid arithmetic above: the rows are on the grid's schedule. */
+	free(s->bounds);
+	s->bounds = NULL;
+	s->n_bounds = 0;
 	s->last_used_us = now_us;
 	if (radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0) {
 		router_slot_forget(r, s);
 		return -1;
 	}
+	return 0;
+}
+
+/* Replaces the slot's content with tokens[0..n) (+ junk when have_junk). */
+static int slot_set(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
+		    int have_junk, token_t junk)
+{
+	size_t total = n + (have_junk ? 1 : 0);
+	if (s->n_tokens)
+		radix_remove(r->tree, s->tokens, s->n_tokens, s);
+	s->n_tokens = 0;
+	if (total > s->cap) {
+		token_t *t = malloc(total * sizeof *t);
+		if (!t) {
+			router_slot_forget(r, s);
+			return -1;
+		}
+		if (n)
+			memcpy(t, tokens, n * sizeof *t);
+		free(s->tokens);
+		s->tokens = t;
+		s->cap = total;
+	} else if (n && s->tokens != tokens) {
+		memmove(s->tokens, tokens, n * sizeof *tokens);
+	}
+	if (have_junk)
+		s->tokens[n] = junk;
+	s->n_tokens = total;
+	if (total && radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0) {
+		router_slot_forget(r, s);
+		return -1;
+	}
+	return 0;
+}
+
+int router_slot_commit_sched(struct router *r, struct router_slot *s, const token_t *tokens,
+			     size_t n, const size_t *bounds, size_t nb, size_t aligned,
+			     int64_t now_us)
+{
+	if (s->retired)
+		return 0;
+	size_t same = 0;
+	while (same < s->n_tokens && same < n && s->tokens[same] == tokens[same])
+		same++;
+	/* Hot when the request continued all of the old content. */
+	if (same > 0 && same == s->n_tokens)
+		s->hits++;
+	else
+		s->hits = 0;
+	if (s->saved && !(n == s->n_tokens && same == n))
+		s->saved = NULL;
+	s->last_used_us = now_us;
+	if (bounds_copy(&s->bounds, &s->n_bounds, bounds, nb) != 0 ||
+	    slot_set(r, s, tokens, n, 0, 0) != 0) {
+		router_slot_forget(r, s);
+		return -1;
+	}
+	s->aligned = aligned < n ? aligned : n;
+	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
+	return 0;
+}
+
+int router_slot_cut(struct router *r, struct router_slot *s, const token_t *tokens, size_t keep,
+		    token_t junk, int64_t now_us)
+{
+	if (s->retired)
+		return 0;
+	s->saved = NULL;
+	s->last_used_us = now_us;
+	if (slot_set(r, s, tokens, keep, 1, junk) != 0)
+		return -1;
+	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, keep, s->backend->n_ubatch);
+	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
 	return 0;
 }
 
@@ -614,6 +754,7 @@ void router_saved_remove(struct router *r, struct router_saved *e)
 	r->n_saved--;
 	r->saved_bytes -= e->bytes;
 	free(e->tokens);
+	free(e->bounds);
 	free(e);
 }
 
@@ -660,11 +801,23 @@ struct router_saved *router_saved_add(struct router *r, struct router_slot *from
 	struct router_saved *e =
 		router_saved_add_tokens(r, from->backend, name, from->tokens, from->n_tokens,
 					from->aligned, bytes, from->hits, now_us);
+	if (e && router_saved_set_bounds(e, from->bounds, from->n_bounds) != 0) {
+		router_saved_remove(r, e);
+		return NULL;
+	}
 	if (e) {
 		e->verified = 1; /* written and checked by this daemon */
 		from->saved = e;
 	}
 	return e;
+}
+
+int router_saved_set_bounds(struct router_saved *e, const size_t *bounds, size_t nb)
+{
+	if (bounds_copy(&e->bounds, &e->n_bounds, bounds, nb) != 0)
+		return -1;
+	bounds_keep_below(e->bounds, &e->n_bounds, e->aligned);
+	return 0;
 }
 
 struct router_saved *router_saved_find(struct router *r, const char *name)
@@ -693,8 +846,12 @@ int router_slot_restored(struct router *r, struct router_slot *s, struct router_
 		s->cap = e->n_tokens;
 	}
 	memcpy(s->tokens, e->tokens, e->n_tokens * sizeof *s->tokens);
-	s->n_tokens = e->n_tokens;
 	s->aligned = e->aligned;
+	if (bounds_copy(&s->bounds, &s->n_bounds, e->bounds, e->n_bounds) != 0) {
+		router_slot_forget(r, s); /* not in the tree yet: n_tokens is 0 */
+		return -1;
+	}
+	s->n_tokens = e->n_tokens;
 	s->hits = e->hits;
 	s->saved = e;
 	s->last_used_us = now_us;

@@ -13,17 +13,27 @@
 #include <stdint.h>
 
 #include "router/radix.h"
+#include "router/sched.h"
 
 enum reuse_mode {
-	/* Reuse only the prefix that was computed in full micro-batches on the
-	 * server's grid, so that the rest is computed in the same batch shapes
-	 * as an uncached run: byte-identical output at temperature 0. */
+	/* The answer is a function of the request alone: a prompt is evaluated
+	 * on a schedule that depends only on its messages (chunks that end
+	 * where a message starts, router/sched.h), and only rows computed on
+	 * the same micro-batches are reused. Byte-identical, at temperature 0,
+	 * to the same request sent uncached through toki. */
 	REUSE_EXACT,
 	/* Reuse every matching token. Faster, but llama.cpp's results depend on
 	 * the micro-batch shape, so the text may differ from an uncached run. */
 	REUSE_FAST,
+	/* Exact on llama-server's own schedule (one chunk from position 0):
+	 * identical to llama-server's own uncached answer, at the price of
+	 * recomputing everything past the last full micro-batch it shares. */
+	REUSE_GRID,
 };
 const char *reuse_mode_name(enum reuse_mode mode);
+/* Whether the mode promises identical answers (one request per backend at a
+ * time, reuse only on a shared schedule). */
+int reuse_mode_is_exact(enum reuse_mode mode);
 int reuse_mode_parse(const char *s, enum reuse_mode *mode);
 
 struct router_backend;
@@ -39,9 +49,11 @@ struct router_slot {
 	int id;
 	token_t *tokens; /* the prompt tokens the slot's KV holds, in order */
 	size_t n_tokens, cap;
-	/* Length of the prefix computed in full micro-batches aligned to the
-	 * grid (a multiple of n_ubatch); what exact mode may reuse. */
+	/* Rows [0, aligned) were computed on the schedule whose chunk starts
+	 * are bounds[0..n_bounds) (none: the grid); aligned is a micro-batch
+	 * end of it. What exact mode may reuse (router/sched.h). */
 	size_t aligned;
+	size_t *bounds, n_bounds;
 	int busy;
 	int64_t last_used_us;
 	unsigned hits;	/* requests that reused this content */
@@ -64,6 +76,7 @@ struct router_saved {
 	token_t *tokens;
 	size_t n_tokens;
 	size_t aligned;
+	size_t *bounds, n_bounds; /* as a slot's */
 	uint64_t bytes;
 	int64_t last_used_us;
 	unsigned hits;
@@ -146,6 +159,11 @@ enum route_status router_choose(struct router *r, const token_t *tokens, size_t 
  * i; backends past 63 are always allowed). */
 enum route_status router_choose_among(struct router *r, const token_t *tokens, size_t n,
 				      int64_t now_us, uint64_t allowed, struct route_choice *out);
+/* The same for a request whose exact-mode schedule has chunk starts
+ * bounds[0..nb) (router/sched.h). */
+enum route_status router_choose_sched(struct router *r, const token_t *tokens, size_t n,
+				      const size_t *bounds, size_t nb, int64_t now_us,
+				      uint64_t allowed, struct route_choice *out);
 
 /* Bookkeeping around one request on a slot. */
 void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, double est_s);
@@ -154,6 +172,16 @@ void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, 
  * starting at `reused`. Returns -1 on allocation failure (slot forgotten). */
 int router_slot_commit(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
 		       size_t reused, int64_t now_us);
+/* The request ran on the schedule bounds[0..nb): the slot holds
+ * tokens[0..n), rows [0, aligned) computed on that schedule. */
+int router_slot_commit_sched(struct router *r, struct router_slot *s, const token_t *tokens,
+			     size_t n, const size_t *bounds, size_t nb, size_t aligned,
+			     int64_t now_us);
+/* The slot was cut back: it holds tokens[0..keep) then one throw-away token
+ * `junk` (what a cut request leaves), and those rows keep what they were
+ * computed on. tokens may be the slot's own. */
+int router_slot_cut(struct router *r, struct router_slot *s, const token_t *tokens, size_t keep,
+		    token_t junk, int64_t now_us);
 /* The request ended without a usable result (error, cancel): the slot's
  * content is no longer known. */
 void router_slot_forget(struct router *r, struct router_slot *s);
@@ -177,6 +205,8 @@ struct router_saved *router_saved_add_tokens(struct router *r, struct router_bac
 					     size_t aligned, uint64_t bytes, unsigned hits,
 					     int64_t now_us);
 struct router_saved *router_saved_find(struct router *r, const char *name);
+/* The schedule a saved state's rows were computed on (copied). */
+int router_saved_set_bounds(struct router_saved *e, const size_t *bounds, size_t nb);
 /* The state was restored into the slot: the slot now holds its tokens. */
 int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
 			 int64_t now_us);

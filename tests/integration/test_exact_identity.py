@@ -1,6 +1,9 @@
-"""Exact mode is lossless: at temperature 0 its text is byte-identical to an
-uncached run (`cache_prompt: false` on a separate server), over many
-interleaved multi-turn conversations that evict each other's slots.
+"""Exact mode is lossless: at temperature 0 its answer (text and logprobs) is
+identical to an uncached run of the same request, over many interleaved
+multi-turn conversations that evict each other's slots. The uncached run is
+`cache_prompt: false` through a separate toki in exact mode (the prompt on
+its message schedule, from an empty slot); in grid mode it is llama-server's
+own uncached run on a separate server.
 
 On a random-weight model logits nearly tie, so any numeric difference shows
 in the text. Fast mode's identity rate on the same conversations is measured
@@ -34,30 +37,41 @@ def conversations(seed, count, turns):
     return convs
 
 
+def answer(resp):
+    """An answer's text and every token's logprobs (with the top 2)."""
+    c = resp["choices"][0]
+    probs = [(p["token"], p["logprob"], [(q["token"], q["logprob"]) for q in p["top_logprobs"]])
+             for p in (c.get("logprobs") or {}).get("content") or []]
+    return c["message"]["content"], probs
+
+
 def run_conversations(test, toki, baseline, convs, turns, max_tokens, check):
-    """Interleaves the conversations turn by turn. Returns (identical, total, evaluated)."""
+    """Interleaves the conversations turn by turn; baseline answers each request
+    uncached (a Toki: through it, else the server directly). Returns
+    (identical, total, evaluated)."""
     histories = [[{"role": "system", "content": s}] for s, _ in convs]
     identical = total = evaluated = 0
     for t in range(turns):
         for i, (system, users) in enumerate(convs):
             msgs = histories[i] + [{"role": "user", "content": users[t]}]
-            body = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens}
+            body = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens,
+                    "logprobs": True, "top_logprobs": 2}
             st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
             test.assertEqual(st, 200, got)
             st, want = th.request(baseline.port, "POST", "/v1/chat/completions",
                                   dict(body, cache_prompt=False))
             test.assertEqual(st, 200, want)
-            g = got["choices"][0]["message"]["content"]
-            w = want["choices"][0]["message"]["content"]
+            g, w = answer(got), answer(want)
+            test.assertTrue(g[1], "no logprobs in the answer")
             total += 1
-            evaluated += got["timings"]["prompt_n"]
+            evaluated += got["cache"]["evaluated"]
             if g == w:
                 identical += 1
             elif check:
                 test.fail(f"conversation {i} turn {t}: exact mode differs from uncached\n"
-                          f"cache={got['cache']}\n toki: {g!r}\n want: {w!r}")
+                          f"cache={got['cache']}\n toki: {g[0]!r}\n want: {w[0]!r}")
             # Continue with the uncached answer so both modes see the same history.
-            histories[i] = msgs + [{"role": "assistant", "content": w}]
+            histories[i] = msgs + [{"role": "assistant", "content": w[0]}]
     return identical, total, evaluated
 
 
@@ -77,12 +91,18 @@ class ExactIdentity(unittest.TestCase):
     def run_mode(self, mode, seed, check):
         llama = th.LlamaServer(model=self.model, slots=2, ctx=8192, ubatch=self.UBATCH)
         toki = th.Toki([llama], mode=mode, ubatch=self.UBATCH)
+        # The uncached reference: exact mode's own schedule through a toki of
+        # its own (grid mode's is llama-server's, so the server itself).
+        ref = (th.Toki([self.baseline], mode="exact", ubatch=self.UBATCH, name="reference")
+               if mode != "grid" else self.baseline)
         try:
             convs = conversations(seed, count=3, turns=4)
-            return run_conversations(self, toki, self.baseline, convs, 4, 24, check)
+            return run_conversations(self, toki, ref, convs, 4, 24, check)
         finally:
             toki.kill(signal.SIGTERM)
             llama.kill()
+            if ref is not self.baseline:
+                ref.kill(signal.SIGTERM)
 
     def test_exact_mode_is_byte_identical(self):
         results = {}
@@ -95,6 +115,11 @@ class ExactIdentity(unittest.TestCase):
             print(f"seed {seed}: exact identical {i}/{t} (evaluated {e}); "
                   f"fast identical {fi}/{ft} (evaluated {fev})")
 
+    def test_grid_mode_is_llama_servers_own_answer(self):
+        ident, total, evald = self.run_mode("grid", 3, check=True)
+        self.assertEqual(ident, total)
+        print(f"grid: identical {ident}/{total} (evaluated {evald})")
+
 
 class ExactIdentityStories(unittest.TestCase):
     def test_exact_mode_on_stories260k(self):
@@ -102,17 +127,19 @@ class ExactIdentityStories(unittest.TestCase):
         baseline = th.LlamaServer(model=model, slots=1, ubatch=32, name="baseline")
         llama = th.LlamaServer(model=model, slots=2, ubatch=32)
         toki = th.Toki([llama], mode="exact", ubatch=32)
+        ref = th.Toki([baseline], mode="exact", ubatch=32, name="reference")
         try:
             convs = conversations(7, count=3, turns=3)
             for c in range(len(convs)):
                 # stories260K's context is 2048: keep prompts short.
                 convs[c] = (convs[c][0][:600], [u[:200] for u in convs[c][1]])
-            ident, total, _ = run_conversations(self, toki, baseline, convs, 3, 16, check=True)
+            ident, total, _ = run_conversations(self, toki, ref, convs, 3, 16, check=True)
             self.assertEqual(ident, total)
             st = toki.stats()
             self.assertGreater(st["cached_tokens"], 0, "exact mode reused nothing at all")
         finally:
             toki.kill(signal.SIGTERM)
+            ref.kill(signal.SIGTERM)
             llama.kill()
             baseline.kill()
 

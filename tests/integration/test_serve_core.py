@@ -101,6 +101,46 @@ class ServeCore(unittest.TestCase):
         self.assertNotEqual(r2["cache"]["route"], "hit", "that slot holds something else now")
         self.assertEqual(r2["cache"]["evaluated"], r2["timings"]["prompt_n"])
 
+    def test_a_client_pinned_slot_is_busy_for_the_router(self):
+        """A request that names id_slot goes to that slot as it is; while it
+        runs, the router must count the slot as busy. It did not: a routed
+        request could be sent to wait behind a long pinned stream while the
+        other slot was free (seen in test_faults with the generated model)."""
+        # One slot holds a routed conversation; the other one, pinned below,
+        # then looks empty to the router (a pinned slot's content is unknown).
+        msgs = [{"role": "system", "content": SYSTEM_B},
+                {"role": "user", "content": "Pinned test, keep this."}]
+        held = self.chat(msgs, max_tokens=4)["cache"]["slot"]
+        pin = 1 - held
+        results = {}
+
+        def pinned():
+            results["pinned"] = th.stream(self.toki.port, "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Tell me a long story"}],
+                "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True,
+                "id_slot": pin}, timeout=120)
+        t = threading.Thread(target=pinned)
+        t.start()
+        try:
+            deadline = time.time() + 10
+            while time.time() < deadline:  # until the pinned stream runs
+                if any(s["is_processing"] for s in th.request(self.llama.port, "GET", "/slots",
+                                                               auth=False)[1] if s["id"] == pin):
+                    break
+                time.sleep(0.02)
+            t0 = time.time()
+            r = self.chat([{"role": "user", "content": "A one-off question while the pin runs"}],
+                          max_tokens=4)
+            waited = time.time() - t0
+            self.assertEqual(r["cache"]["slot"], held, r["cache"])
+            self.assertTrue(t.is_alive(), "the pinned stream ended before the routed request")
+            self.assertLess(waited, 5)
+        finally:
+            t.join(120)
+        self.assertEqual(results["pinned"][0], 200)
+        self.assertFalse(any(s["busy"] for b in self.toki.stats()["backends"]
+                             for s in b["slots"]), "the pinned slot was not released")
+
     def test_conversations_return_to_their_slot(self):
         a1 = [{"role": "system", "content": SYSTEM_A}, {"role": "user", "content": "Hello"}]
         b1 = [{"role": "system", "content": SYSTEM_B}, {"role": "user", "content": "Why?"}]

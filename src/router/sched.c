@@ -1,0 +1,99 @@
+#include "router/sched.h"
+
+#include <stdlib.h>
+
+/* The end of the micro-batch that starts at pos: n_ubatch rows, or fewer
+ * where a chunk (or the computed rows) ends first. *i walks the starts. */
+static size_t batch_end(const size_t *s, size_t ns, size_t *i, size_t end, size_t pos, int ub)
+{
+	while (*i < ns && s[*i] <= pos)
+		(*i)++;
+	size_t e = pos + (size_t)ub;
+	if (*i < ns && s[*i] < e)
+		e = s[*i];
+	return end < e ? end : e;
+}
+
+size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, size_t nb,
+		    size_t bend, size_t limit, int ub)
+{
+	if (ub <= 0)
+		return 0;
+	size_t ia = 0, ib = 0, pos = 0;
+	/* pos is a micro-batch end in both (0 to begin with), hence the start
+	 * of the next one in both. */
+	while (pos < aend && pos < bend) {
+		size_t ea = batch_end(a, na, &ia, aend, pos, ub);
+		size_t eb = batch_end(b, nb, &ib, bend, pos, ub);
+		if (ea != eb || ea > limit)
+			break;
+		pos = ea;
+	}
+	return pos;
+}
+
+size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub)
+{
+	if (ub <= 0)
+		return 0;
+	size_t i = 0, pos = 0;
+	while (pos < end) {
+		size_t e = batch_end(b, nb, &i, end, pos, ub);
+		if (e > x)
+			break;
+		pos = e;
+	}
+	return pos;
+}
+
+size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_t min_chunk)
+{
+	size_t kept = 0, prev = 0;
+	for (size_t i = 0; i < n_starts; i++) {
+		int pin = pinned && pinned[i];
+		if (starts[i] <= prev)
+			continue; /* not increasing: never a chunk of no rows */
+		if (!pin && starts[i] - prev < min_chunk)
+			continue;
+		if (pinned)
+			pinned[kept] = pinned[i];
+		starts[kept++] = starts[i];
+		prev = starts[i];
+	}
+	return kept;
+}
+
+int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
+	       int restore, int cut)
+{
+	size_t prefills = 0;
+	for (size_t i = 0; i < nb; i++)
+		prefills += b[i] > reuse && b[i] < n;
+	p->steps = calloc(prefills + 4, sizeof *p->steps);
+	if (!p->steps)
+		return -1;
+	p->n = p->next = 0;
+	p->reuse = reuse;
+	p->final_cache = reuse;
+	if (save_first)
+		p->steps[p->n++] = (struct plan_step){STEP_SAVE, 0};
+	if (restore)
+		p->steps[p->n++] = (struct plan_step){STEP_RESTORE, 0};
+	if (cut)
+		p->steps[p->n++] = (struct plan_step){STEP_CUT, reuse};
+	for (size_t i = 0; i < nb; i++) {
+		if (b[i] > reuse && b[i] < n) {
+			p->steps[p->n++] = (struct plan_step){STEP_PREFILL, b[i]};
+			p->final_cache = b[i];
+		}
+	}
+	p->steps[p->n++] = (struct plan_step){STEP_GENERATE, n};
+	return 0;
+}
+
+void plan_free(struct plan *p)
+{
+	free(p->steps);
+	p->steps = NULL;
+	p->n = p->next = 0;
+}

@@ -1,0 +1,84 @@
+/* Evaluation schedules: which micro-batches compute a prompt's KV rows.
+ *
+ * llama.cpp's result for a row depends on the micro-batch it was computed
+ * in (its start and length), not only on the tokens. A prompt evaluated in
+ * one request is split into micro-batches of n_ubatch rows from where the
+ * evaluation starts. A schedule here is a list of chunk starts: the prompt
+ * is evaluated chunk by chunk, each chunk its own request, so each chunk is
+ * split into micro-batches from its own start. No chunk starts (an empty
+ * list) is llama-server's own schedule: one chunk from position 0, the grid.
+ *
+ * Two evaluations of a prefix give the same bits when every micro-batch
+ * covering it has the same start and end in both schedules (and the same
+ * tokens). That is all exact mode needs: a cached row may stand in for a
+ * computed one exactly when the schedule that made it and the request's own
+ * schedule agree on the micro-batches up to it. The answer is then a
+ * function of the request alone (its tokens and its schedule), whatever was
+ * cached before.
+ *
+ * Everything here is arithmetic on positions; no I/O. */
+#ifndef TOKI_ROUTER_SCHED_H
+#define TOKI_ROUTER_SCHED_H
+
+#include <stddef.h>
+
+/* The longest prefix [0, c) whose micro-batches are the same in schedule A
+ * (chunk starts a[0..na), rows computed up to aend) and schedule B (b[0..nb),
+ * up to bend), with c at most limit. c is a micro-batch end in both, so an
+ * evaluation resumed at c continues either schedule exactly. */
+size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, size_t nb,
+		    size_t bend, size_t limit, int ub);
+
+/* The largest micro-batch end of schedule (b, nb) over rows [0, end) that is
+ * at most x: what of a computed prefix survives a cut at x. */
+size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
+
+/* Chunks shorter than this are merged into the next (sched_merge): a
+ * round trip and a small batch cost more than they save. */
+#define SCHED_MIN_CHUNK 64
+
+/* Merges small chunks, in place, left to right: a start is kept when at least
+ * min_chunk tokens follow the previous kept start (or 0), or when pinned[i]
+ * is set. A kept start so depends only on the starts before it, and a
+ * later, longer prompt with the same beginning keeps the same ones. The
+ * caller pins where assistant messages start and the generation prompt (the
+ * last start): a resent prompt then evaluates only the generation prompt,
+ * and the next turn reuses everything before the answer it continues (that
+ * answer's start was the generation prompt's). pinned may be NULL. Starts
+ * must be increasing; pinned is compacted alongside. Returns how many are
+ * kept. */
+size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_t min_chunk);
+
+/* Steps of a request's plan, in the order they run. */
+enum plan_step_kind {
+	STEP_SAVE,	/* save the slot's content to a file first */
+	STEP_RESTORE,	/* restore a saved state into the slot */
+	STEP_CUT,	/* leave exactly `upto` tokens of the prompt in the slot */
+	STEP_PREFILL,	/* evaluate the prompt up to `upto` (a chunk end), generate nothing */
+	STEP_GENERATE,	/* the client's request itself: the last chunk, then the answer */
+};
+
+struct plan_step {
+	enum plan_step_kind kind;
+	size_t upto;
+};
+
+/* What a request does on its backend, in order: the executor (api/proxy.c)
+ * runs one step at a time and the next when it ends. */
+struct plan {
+	struct plan_step *steps;
+	size_t n, next;
+	size_t reuse;	     /* prompt tokens taken from the cache */
+	size_t final_cache;  /* what the server reuses in GENERATE: the last chunk's start */
+};
+
+/* A request of n tokens with chunk starts b[0..nb) (empty: one chunk), to
+ * run after reusing `reuse` tokens: save and restore first when asked, a
+ * cut when the slot may hold more than reuse matching tokens, a prefill for
+ * each chunk start past reuse, then GENERATE. Returns 0, or -1 when out of
+ * memory. */
+int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
+	       int restore, int cut);
+void plan_free(struct plan *p);
+
+#endif
