@@ -32,7 +32,26 @@ struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t
 	}
 	b->rb->n_ubatch = d->cfg.n_ubatch;
 	b->rb->can_save = d->cfg.slot_dir != NULL;
+	if (d->cfg.backend_key && backend_set_key(b, d->cfg.backend_key) != 0) {
+		backend_free(b);
+		snprintf(err, errlen, "the backend key cannot be sent in a header");
+		return NULL;
+	}
 	return b;
+}
+
+int backend_set_key(struct backend *b, const char *key)
+{
+	/* One client carries every call to this backend (discovery, health,
+	 * probes, requests, slot saves), so one header covers them all. */
+	size_t n = strlen(key) + sizeof "Bearer ";
+	char *v = malloc(n);
+	if (!v)
+		return -1;
+	snprintf(v, n, "Bearer %s", key);
+	int rc = backend_http_set_header(b->http, "Authorization", v);
+	free(v);
+	return rc;
 }
 
 void backend_free(struct backend *b)
@@ -69,11 +88,42 @@ void backend_mark_down(struct backend *b, const char *why)
 	router_backend_set_up(b->d->router, b->rb, 0);
 }
 
-/* Discovery runs as a chain: /props, then /slots, then /v1/models. */
-static void discovery_failed(struct backend *b, const char *why)
+/* Discovery runs as a chain: /props, then /slots, then /v1/models. A
+ * failure is logged when its reason is new: a backend that fails the same
+ * way at every health check (200 ms apart until it is first up) says why
+ * once, instead of sitting silently at 503 or flooding the log. */
+static void discovery_failed_at(struct backend *b, enum log_level level, const char *why)
 {
 	b->discovering = 0;
+	if (strcmp(b->last_failure, why) != 0) {
+		snprintf(b->last_failure, sizeof b->last_failure, "%s", why);
+		log_write(level, "backend %s: discovery failed: %s", b->rb->url, why);
+	}
 	backend_mark_down(b, why);
+}
+
+static void discovery_failed(struct backend *b, const char *why)
+{
+	discovery_failed_at(b, LOG_WARN, why);
+}
+
+/* An answer discovery cannot use: its status and the start of its body, on
+ * one line, so that the log shows what the server said. */
+static void discovery_bad_answer(struct backend *b, const char *path, int status, const char *body,
+                                 size_t len)
+{
+	char shown[161];
+	size_t n = len < sizeof shown - 1 ? len : sizeof shown - 1;
+	for (size_t i = 0; i < n; i++)
+		shown[i] = (unsigned char)body[i] < 0x20 ? ' ' : body[i];
+	shown[n] = '\0';
+	char why[320];
+	snprintf(why, sizeof why, "GET %s answered %d%s: %s%s%s", path, status,
+	         status == 200 ? " with no usable JSON" : "", shown, len > n ? "..." : "",
+	         status == 401 ? " (llama-server runs with --api-key: give toki the key with "
+	                         "--backend-key or TOKI_BACKEND_KEY)"
+	                       : "");
+	discovery_failed(b, why);
 }
 
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -99,8 +149,9 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 	b->health_call = NULL;
 	json_error_t jerr;
 	json_t *props = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
-	if (!props) {
-		discovery_failed(b, "bad /props answer");
+	if (!json_is_object(props)) {
+		json_decref(props);
+		discovery_bad_answer(b, "/props", status, body, len);
 		return;
 	}
 	const char *build = json_string_value(json_object_get(props, "build_info"));
@@ -136,8 +187,7 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 	json_t *slots = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
 	if (!json_is_array(slots) || json_array_size(slots) == 0) {
 		json_decref(slots);
-		/* A server started with --no-slots hides /slots; routing needs it. */
-		discovery_failed(b, "no /slots endpoint (llama-server must not run with --no-slots)");
+		discovery_bad_answer(b, "/slots", status, body, len);
 		return;
 	}
 	int n = (int)json_array_size(slots);
@@ -177,6 +227,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	prompt_probe_start(b, b->props);
 	b->rb->discoveries++;
 	b->ever_up = 1;
+	b->last_failure[0] = '\0'; /* a later failure is news again */
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
 		 b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
 	daemon_slots_changed(b->d);

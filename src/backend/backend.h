@@ -35,10 +35,17 @@ struct backend {
 	struct prompt_audit *audits; /* in flight */
 	uint64_t prompt_local, prompt_server, prompt_audits, prompt_mismatches;
 	uint64_t prompt_local_us, prompt_server_us; /* time spent making prompts, each way */
+	/* Why the last discovery failed, so that a backend that keeps failing
+	 * the same way is logged once, not at every health check. */
+	char last_failure[320];
 };
 
 struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen);
 void backend_free(struct backend *b);
+/* The key llama-server was started with (--api-key): sent as
+ * Authorization: Bearer on every call to it from now on. 0, or -1 when out
+ * of memory. */
+int backend_set_key(struct backend *b, const char *key);
 /* Starts discovery now and health checks every interval. */
 void backend_start(struct backend *b);
 int backend_is_up(const struct backend *b);

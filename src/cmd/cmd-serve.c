@@ -37,6 +37,10 @@ static void usage(FILE *out)
 		"request to the llama-server slot holding its longest token prefix.\n"
 		"\n"
 		"  --backend URL      a llama-server base URL (repeatable)\n"
+		"  --backend-key KEY  the key the backends run with (llama-server --api-key),\n"
+		"                     sent as Authorization: Bearer on every call to them\n"
+		"                     (default $TOKI_BACKEND_KEY; a managed backend started\n"
+		"                     with --llama-arg --api-key uses that key)\n"
 		"  --host ADDR        address to bind (default 127.0.0.1)\n"
 		"  --port N           port to bind (default 8787; 0 picks a free one)\n"
 		"  --allow-remote     allow binding to a non-loopback address\n"
@@ -80,8 +84,8 @@ static void usage(FILE *out)
 		"Every route but /health needs the local token (Authorization: Bearer, or\n"
 		"x-api-key): $TOKI_TOKEN, else $TOKI_STATE_DIR/token, created on first start.\n"
 		"\n"
-		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_LOG,\n"
-		"TOKI_LLAMA_SERVER, TOKI_STATE_DIR, TOKI_TOKEN\n");
+		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_BACKEND_KEY,\n"
+		"TOKI_LOG, TOKI_LLAMA_SERVER, TOKI_STATE_DIR, TOKI_TOKEN\n");
 }
 
 static void on_llama_exit(void *arg)
@@ -189,6 +193,35 @@ static char *managed_kv_settings(const struct managed *m)
 		}
 	}
 	return s;
+}
+
+/* The key a managed llama-server is started with (--api-key K among its
+ * extra arguments), or NULL. llama-server takes several keys separated by
+ * commas; toki needs one of them, the first. out holds it. */
+static const char *managed_api_key(const struct managed *m, char *out, size_t n)
+{
+	for (int i = 0; i + 1 < m->n_args; i++) {
+		if (strcmp(m->args[i], "--api-key") != 0)
+			continue;
+		size_t len = strcspn(m->args[i + 1], ",");
+		if (len == 0 || len >= n)
+			return NULL;
+		memcpy(out, m->args[i + 1], len);
+		out[len] = '\0';
+		return out;
+	}
+	return NULL;
+}
+
+/* A key goes into a header line: it must not break it. */
+static int key_is_valid(const char *key)
+{
+	if (!*key)
+		return 0;
+	for (const char *p = key; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			return 0;
+	return 1;
 }
 
 static int prepare_managed(struct managed *m, struct daemon *d, char *url, size_t urllen,
@@ -324,6 +357,7 @@ int cmd_serve(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{"backend", required_argument, NULL, 'b'},
+		{"backend-key", required_argument, NULL, 'B'},
 		{"host", required_argument, NULL, 'H'},
 		{"port", required_argument, NULL, 'p'},
 		{"allow-remote", no_argument, NULL, 'R'},
@@ -369,6 +403,10 @@ int cmd_serve(int argc, char **argv)
 	const char *env_timeout = getenv("TOKI_BACKEND_TIMEOUT");
 	if (env_timeout && atoi(env_timeout) > 0)
 		d.cfg.backend_timeout_s = atoi(env_timeout);
+	/* The environment keeps the key out of `ps`; --backend-key overrides. */
+	const char *env_key = getenv("TOKI_BACKEND_KEY");
+	if (env_key && *env_key)
+		d.cfg.backend_key = env_key;
 
 	optind = 1;
 	int c;
@@ -381,6 +419,7 @@ int cmd_serve(int argc, char **argv)
 			}
 			urls[n_urls++] = optarg;
 			break;
+		case 'B': d.cfg.backend_key = optarg; break;
 		case 'H': d.cfg.host = optarg; break;
 		case 'p': d.cfg.port = atoi(optarg); break;
 		case 'R': d.cfg.allow_remote = 1; break;
@@ -442,7 +481,17 @@ int cmd_serve(int argc, char **argv)
 			d.cfg.host);
 		return 2;
 	}
-	char managed_url[64], slot_dir[4096];
+	if (d.cfg.backend_key && !key_is_valid(d.cfg.backend_key)) {
+		fprintf(stderr, "toki serve: the backend key is empty or holds control characters\n");
+		return 2;
+	}
+	char managed_url[64], slot_dir[4096], managed_key[512];
+	const char *managed_key_p = m.model ? managed_api_key(&m, managed_key, sizeof managed_key)
+					    : NULL;
+	if (managed_key_p && !key_is_valid(managed_key_p)) {
+		fprintf(stderr, "toki serve: --llama-arg --api-key holds control characters\n");
+		return 2;
+	}
 	char *kv_settings = NULL;
 	if (m.model) {
 		if (n_urls == 64) {
@@ -495,6 +544,12 @@ int cmd_serve(int argc, char **argv)
 			return 2;
 		}
 		d.n_backends++;
+	}
+	/* The managed backend (the last one) runs with the key its own arguments
+	 * give it, whatever key the other backends have. */
+	if (managed_key_p && backend_set_key(d.backends[d.n_backends - 1], managed_key_p) != 0) {
+		fprintf(stderr, "toki serve: out of memory\n");
+		return 1;
 	}
 	if (m.model && start_managed(&m, &d) != 0)
 		return 1;

@@ -241,7 +241,8 @@ class LlamaServer(Process):
 class Toki(Process):
     """A real `toki serve` in front of the given backends."""
 
-    def __init__(self, backends, mode="exact", ubatch=None, extra=(), env=None, name="toki"):
+    def __init__(self, backends, mode="exact", ubatch=None, extra=(), env=None, name="toki",
+                 wait=True):
         args = [TOKI_BIN, "serve", "--port", "0", "--reuse", mode]
         for b in backends:
             args += ["--backend", b.url if hasattr(b, "url") else b]
@@ -255,7 +256,20 @@ class Toki(Process):
         if "listening on" not in line:
             raise RuntimeError("toki did not start: " + line + self.log_text())
         self.port = int(line.strip().rsplit(":", 1)[1])
-        wait_http(self.port, timeout=60)
+        if wait:  # else the caller waits for what it expects (a log line, an exit)
+            wait_http(self.port, timeout=60)
+
+    def wait_log(self, text, timeout=30):
+        """The log once it holds text; fails the test after timeout seconds."""
+        deadline = time.time() + timeout
+        while True:
+            exited = self.proc.poll() is not None  # before reading: its last line is in
+            log = self.log_text()
+            if text in log:
+                return log
+            if exited or time.time() > deadline:
+                raise AssertionError(f"toki never logged {text!r}:\n{log}")
+            time.sleep(0.05)
 
     def chat(self, messages, **kw):
         body = {"messages": messages, "temperature": 0, "max_tokens": kw.pop("max_tokens", 16)}

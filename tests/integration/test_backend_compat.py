@@ -1,0 +1,139 @@
+"""llama-servers as their users start them, with toki in front (issue 13):
+one with --api-key (toki sends the key on every call, and says why
+discovery fails without it), one with --no-slots (refused with the reason,
+not a silent 503), one with --no-jinja (the start-up probes send only what
+it takes), browsers' CORS preflights answered as llama-server answers them,
+and managed runs whose llama-server arguments set a key or change the
+model's context."""
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import toki_harness as th
+
+KEY = "backend-secret-1"
+HELLO = [{"role": "user", "content": "Tell me a story about Lily."}]
+# Long enough for a slot file (toki saves slots of 256 tokens or more).
+LONG = [{"role": "system", "content": "Lily and her dog Max live near the woods. " * 30},
+        {"role": "user", "content": "Tell me a story about Lily."}]
+
+
+def wait_prompts(toki, timeout=30):
+    """The backend's prompts object once its start-up probes have ended."""
+    deadline = time.time() + timeout
+    while True:
+        b = toki.stats()["backends"][0]
+        p = b.get("prompts", {})
+        if b.get("up") and "probing" not in p.get("status", "probing"):
+            return p
+        if time.time() > deadline:
+            raise AssertionError(f"probes did not end: {b}")
+        time.sleep(0.05)
+
+
+def raw(port, method, path, headers, body=None):
+    """(status, headers as a dict of lower-case names, body) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, body=body, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+class ApiKey(unittest.TestCase):
+    """Item 2: a backend started with --api-key."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="toki-key-")
+        self.llama = th.LlamaServer(slots=1, extra=["--api-key", KEY, "--slot-save-path",
+                                                    self.dir])
+        self.toki = None
+
+    def tearDown(self):
+        for p in (self.toki, self.llama):
+            if p:
+                p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_without_the_key_the_log_says_why(self):
+        self.toki = th.Toki([self.llama], wait=False)
+        log = self.toki.wait_log("GET /props answered 401")
+        self.assertIn("Invalid API Key", log)
+        self.assertIn("--backend-key or TOKI_BACKEND_KEY", log)
+        st, _ = th.request(self.toki.port, "GET", "/health")
+        self.assertEqual(st, 503)
+        # Once, not at every attempt (200 ms apart while it is not up): the
+        # server has refused three, toki said so once.
+        deadline = time.time() + 30
+        while self.llama.log_text().count("unauthorized") < 3:
+            self.assertLess(time.time(), deadline, self.llama.log_text())
+            time.sleep(0.05)
+        self.assertEqual(self.toki.log_text().count("answered 401"), 1)
+
+    def test_key_from_the_environment_on_every_call(self):
+        self.toki = th.Toki([self.llama], env={"TOKI_BACKEND_KEY": KEY},
+                            extra=["--slot-dir", self.dir, "--slot-save-idle-ms", "100"])
+        # Discovery, then the probes (/tokenize, /apply-template) with the key.
+        prompts = wait_prompts(self.toki)
+        self.assertTrue(prompts["local_template"], prompts)
+        st, r1 = self.toki.chat(LONG, max_tokens=8)  # /completion
+        self.assertEqual(st, 200, r1)
+        self.toki.wait_log("saved slot")  # /slots/0?action=save
+        st, r2 = self.toki.chat(LONG, max_tokens=8)
+        self.assertEqual(st, 200, r2)
+        self.assertEqual(r2["choices"][0]["message"]["content"],
+                         r1["choices"][0]["message"]["content"])
+        st, models = th.request(self.toki.port, "GET", "/v1/models")  # passed through
+        self.assertEqual(st, 200, models)
+        self.assertNotIn("unauthorized", self.llama.log_text())
+
+    def test_key_option(self):
+        self.toki = th.Toki([self.llama], extra=["--backend-key", KEY])
+        st, r = self.toki.chat(HELLO, max_tokens=4)
+        self.assertEqual(st, 200, r)
+
+
+class Managed(unittest.TestCase):
+    """Items 2 and 12 in managed runs: `toki model use` and `toki up`."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="toki-compat-")
+        self.env = dict(os.environ, TOKI_STATE_DIR=os.path.join(self.tmp, "state"),
+                        TOKI_MODEL_REGISTRY=os.path.join(self.tmp, "models.yaml"),
+                        TOKI_LLAMA_SERVER=th.llama_server_path())
+        self.env.pop("TOKI_TOKEN", None)
+        self.model = th.test_model()  # stories260K: trained on 2048 tokens
+
+    def tearDown(self):
+        self.toki("down")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def toki(self, *args):
+        return subprocess.run([th.TOKI_BIN, *args], capture_output=True, text=True,
+                              env=self.env, timeout=120)
+
+    def token(self):
+        return open(os.path.join(self.env["TOKI_STATE_DIR"], "token")).read().strip()
+
+    def test_api_key_in_up_args(self):
+        port = th.free_port()
+        r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",
+                      str(port), "--wait", "30", "--", "--api-key", KEY)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        auth = {"Authorization": "Bearer " + self.token()}
+        st, resp = th.request(port, "POST", "/v1/chat/completions",
+                              {"messages": HELLO, "max_tokens": 2}, headers=auth, auth=False)
+        self.assertEqual(st, 200, resp)
+
+
+if __name__ == "__main__":
+    th.run_tests()
