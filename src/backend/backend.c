@@ -126,6 +126,26 @@ static void discovery_bad_answer(struct backend *b, const char *path, int status
 	discovery_failed(b, why);
 }
 
+/* llama-server started with --no-slots hides /slots. Toki cannot route
+ * without it: it is the only way to learn how many slots the server has and
+ * what each holds. As the only backend it would leave toki at 503 forever,
+ * so toki stops, saying why; beside other backends it is left out. */
+static void discovery_no_slots(struct backend *b)
+{
+	static const char why[] =
+	    "llama-server runs with --no-slots: toki routes each request to the slot "
+	    "that holds its prefix, which only GET /slots tells, so it cannot use this "
+	    "server; restart llama-server without --no-slots";
+	if (b->d->n_backends == 1) {
+		log_error("backend %s: %s; it is toki's only backend: stopping", b->rb->url, why);
+		b->discovering = 0;
+		b->d->exit_code = 1;
+		event_base_loopexit(b->d->base, NULL);
+		return;
+	}
+	discovery_failed_at(b, LOG_ERROR, why);
+}
+
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
 			   void *arg);
 static void on_slots_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -152,6 +172,11 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 	if (!json_is_object(props)) {
 		json_decref(props);
 		discovery_bad_answer(b, "/props", status, body, len);
+		return;
+	}
+	if (json_is_false(json_object_get(props, "endpoint_slots"))) {
+		json_decref(props);
+		discovery_no_slots(b);
 		return;
 	}
 	const char *build = json_string_value(json_object_get(props, "build_info"));
@@ -187,7 +212,12 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 	json_t *slots = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
 	if (!json_is_array(slots) || json_array_size(slots) == 0) {
 		json_decref(slots);
-		discovery_bad_answer(b, "/slots", status, body, len);
+		/* 501 is how llama-server refuses /slots under --no-slots (/props
+		 * says so first on builds that report endpoint_slots). */
+		if (status == 501)
+			discovery_no_slots(b);
+		else
+			discovery_bad_answer(b, "/slots", status, body, len);
 		return;
 	}
 	int n = (int)json_array_size(slots);

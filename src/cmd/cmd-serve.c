@@ -600,5 +600,5 @@ int cmd_serve(int argc, char **argv)
 	event_free(d.sigint);
 	event_free(d.sigterm);
 	event_base_free(d.base);
-	return 0;
+	return d.exit_code;
 }

@@ -102,6 +102,38 @@ class ApiKey(unittest.TestCase):
         self.assertEqual(st, 200, r)
 
 
+class NoSlots(unittest.TestCase):
+    """Item 3: a backend started with --no-slots."""
+
+    def setUp(self):
+        self.llama = th.LlamaServer(slots=1, extra=["--no-slots"], name="noslots")
+        self.others = []
+
+    def tearDown(self):
+        for p in [self.llama] + self.others:
+            p.kill()
+
+    def test_only_backend_is_refused_with_the_reason(self):
+        toki = th.Toki([self.llama], wait=False)
+        self.others.append(toki)
+        rc = toki.proc.wait(timeout=30)
+        self.assertEqual(rc, 1)
+        log = toki.log_text()
+        self.assertIn("llama-server runs with --no-slots", log)
+        self.assertIn("GET /slots", log)
+        self.assertIn("only backend: stopping", log)
+
+    def test_beside_another_backend_it_is_left_out_and_said_so(self):
+        good = th.LlamaServer(slots=1)
+        self.others.append(good)
+        toki = th.Toki([good, self.llama])
+        self.others.append(toki)
+        toki.wait_log("llama-server runs with --no-slots")
+        st, r = toki.chat(HELLO, max_tokens=4)
+        self.assertEqual(st, 200, r)
+        self.assertIsNone(toki.proc.poll())
+
+
 class Managed(unittest.TestCase):
     """Items 2 and 12 in managed runs: `toki model use` and `toki up`."""
 
