@@ -122,6 +122,22 @@ static long agent_timeout_ms(const struct agent_target *t, char *err, size_t err
 	                     errlen);
 }
 
+/* The output budget an agent is given: the run's max_output, but at most
+ * half the context; without one, a quarter of the context up to 32000 (what
+ * agents ask for by themselves, at most). 0 when the context is unknown too.
+ * An agent that counts its prompt against the whole context (Copilot's
+ * MAX_PROMPT_TOKENS, Droid's maxContextLimit) gets the context minus this,
+ * so that a full prompt still leaves room for the answer. */
+static long output_budget(const struct agent_target *t)
+{
+	long ctx = t->context_length;
+	if (t->max_output > 0)
+		return ctx > 0 && t->max_output > ctx / 2 ? ctx / 2 : t->max_output;
+	if (ctx <= 0)
+		return 0;
+	return ctx / 4 < 32000 ? ctx / 4 : 32000;
+}
+
 /* --- file writing ------------------------------------------------------- */
 
 int agents_write_private(const char *path, const char *data, size_t len, char *err, size_t errlen)
@@ -667,8 +683,15 @@ static int build_droid(const struct agent_def *a, const struct agent_target *t,
 	                          "baseUrl", u.v1, "apiKey", "${" TOKEN_ENV "}", "provider",
 	                          "generic-chat-completion-api", "supportsImages", 0);
 	urls_free(&u);
-	if (model && t->max_output > 0)
-		json_object_set_new(model, "maxOutputTokens", json_integer(t->max_output));
+	/* Droid sends maxOutputTokens as max_tokens as it is (32000 without
+	 * it), and without maxContextLimit it does not know when its prompt has
+	 * left too little of the context for an answer. */
+	long budget = output_budget(t);
+	if (model && budget > 0)
+		json_object_set_new(model, "maxOutputTokens", json_integer(budget));
+	if (model && t->context_length > 0)
+		json_object_set_new(model, "maxContextLimit",
+		                    json_integer(t->context_length - budget));
 	json_t *doc = model ? json_pack("{s:[o], s:{s:s}, s:b}", "customModels", model,
 	                                "sessionDefaultSettings", "model", "custom:toki-0",
 	                                "cloudSessionSync", 0)
@@ -1057,10 +1080,14 @@ static int build_copilot(const struct agent_def *a, const struct agent_target *t
 	         env_set(p, "COPILOT_MODEL", t->model_id) == 0 &&
 	         env_set(p, "COPILOT_OFFLINE", "true") == 0;
 	urls_free(&u);
+	/* The prompt cap is what the context holds once the output budget is
+	 * set aside: the whole context left a full prompt no room to answer. */
+	long budget = output_budget(t);
 	if (ok && t->context_length > 0)
-		ok = env_setl(p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS", t->context_length) == 0;
-	if (ok && t->max_output > 0)
-		ok = env_setl(p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS", t->max_output) == 0;
+		ok = env_setl(p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS",
+		              t->context_length - budget) == 0;
+	if (ok && budget > 0)
+		ok = env_setl(p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS", budget) == 0;
 	return ok ? 0 : oom(err, errlen);
 }
 

@@ -608,13 +608,29 @@ static void test_droid(void **ctx)
 	assert_string_equal(jstr(j, "customModels.0.apiKey"), "${TOKI_API_KEY}");
 	assert_string_equal(jstr(j, "customModels.0.provider"), "generic-chat-completion-api");
 	assert_string_equal(jstr(j, "sessionDefaultSettings.model"), jstr(j, "customModels.0.id"));
-	assert_int_equal(
-	    json_integer_value(json_object_get(
-	        json_array_get(json_object_get(j, "customModels"), 0), "maxOutputTokens")),
-	    4096);
+	json_t *m0 = json_array_get(json_object_get(j, "customModels"), 0);
+	assert_int_equal(json_integer_value(json_object_get(m0, "maxOutputTokens")), 4096);
+	/* Droid knows the context, less the output budget. */
+	assert_int_equal(json_integer_value(json_object_get(m0, "maxContextLimit")), 32768 - 4096);
 	json_decref(j);
 	assert_string_equal(env_of(&p, "TOKI_API_KEY"), TOKEN);
 	agent_plan_free(&p);
+	/* A run without max_output: a quarter of the context (Droid's own
+	 * 32000 would not fit it); one that is most of the context: half. */
+	long outs[][2] = {{0, 8192}, {30000, 16384}};
+	for (size_t k = 0; k < 2; k++) {
+		t = target();
+		t.max_output = outs[k][0];
+		build("droid", &t, NULL, 0, &p);
+		j = load_json(file_of(&p, "/settings.json"));
+		m0 = json_array_get(json_object_get(j, "customModels"), 0);
+		assert_int_equal(json_integer_value(json_object_get(m0, "maxOutputTokens")),
+		                 outs[k][1]);
+		assert_int_equal(json_integer_value(json_object_get(m0, "maxContextLimit")),
+		                 32768 - outs[k][1]);
+		json_decref(j);
+		agent_plan_free(&p);
+	}
 }
 
 static void test_cline(void **ctx)
@@ -775,8 +791,16 @@ static void test_env_only_agents(void **ctx)
 	assert_string_equal(env_of(&p, "COPILOT_PROVIDER_API_KEY"), TOKEN);
 	assert_string_equal(env_of(&p, "COPILOT_MODEL"), MODEL);
 	assert_string_equal(env_of(&p, "COPILOT_OFFLINE"), "true");
-	assert_string_equal(env_of(&p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS"), "32768");
+	/* The prompt cap leaves the output budget free: 32768 - 4096. */
+	assert_string_equal(env_of(&p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS"), "28672");
 	assert_string_equal(env_of(&p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS"), "4096");
+	agent_plan_free(&p);
+	/* No max_output on the run: a quarter of the context. */
+	struct agent_target t2 = target();
+	t2.max_output = 0;
+	build("copilot", &t2, NULL, 0, &p);
+	assert_string_equal(env_of(&p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS"), "24576");
+	assert_string_equal(env_of(&p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS"), "8192");
 	agent_plan_free(&p);
 	build("kimi", &t, NULL, 0, &p);
 	assert_string_equal(env_of(&p, "KIMI_MODEL_NAME"), MODEL);
