@@ -557,6 +557,11 @@ int cmd_serve(int argc, char **argv)
 	http_server_default_limits(&limits);
 	limits.max_body_bytes = d.cfg.max_body_bytes;
 	d.http = http_server_new(d.base, &limits, proxy_handle, &d, api_error_body);
+	/* Browser clients that worked against llama-server preflight: answer
+	 * them as it does. Every route still needs the token, which a page
+	 * from another origin does not have. */
+	if (d.http)
+		http_server_set_cors(d.http, 1);
 	if (!d.http || http_server_listen(d.http, d.cfg.host, d.cfg.port, err, sizeof err) != 0) {
 		fprintf(stderr, "toki serve: %s\n", d.http ? err : "out of memory");
 		return 1;

@@ -71,6 +71,7 @@ struct http_server {
 	int n_conns;
 	struct http_conn *conns;
 	SSL_CTX *ssl_ctx; /* NULL: plain HTTP */
+	int cors;         /* answer browsers' preflights, as llama-server does */
 };
 
 static void conn_read_cb(struct bufferevent *bev, void *arg);
@@ -200,6 +201,21 @@ static void deadline_clear(struct http_conn *c)
 		evtimer_del(c->deadline);
 }
 
+/* The request's Origin when CORS is on and it is one that can go back in a
+ * header as it is (visible ASCII only), else NULL. */
+static const char *cors_origin(const struct http_request *req)
+{
+	if (!req || !req->conn->server->cors)
+		return NULL;
+	const char *o = http_request_header(req, "Origin");
+	if (!o || !*o)
+		return NULL;
+	for (const char *p = o; *p; p++)
+		if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f)
+			return NULL;
+	return o;
+}
+
 /* Sends a complete response on a connection without a request object (errors
  * found while parsing), then closes it. */
 static void conn_fail(struct http_conn *c, int status, const char *message)
@@ -209,10 +225,13 @@ static void conn_fail(struct http_conn *c, int status, const char *message)
 								   c->req ? c->req->head.path : "")
 					   : NULL;
 	const char *b = body ? body : message;
+	const char *origin = cors_origin(c->req);
 	evbuffer_add_printf(out,
-			    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-			    "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-			    status, http_status_text(status), strlen(b), b);
+	                    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+	                    "Content-Length: %zu\r\n%s%s%sConnection: close\r\n\r\n%s",
+	                    status, http_status_text(status), strlen(b),
+	                    origin ? "Access-Control-Allow-Origin: " : "", origin ? origin : "",
+	                    origin ? "\r\n" : "", b);
 	free(body);
 	if (c->req) {
 		c->req->answered = 1;
@@ -223,11 +242,32 @@ static void conn_fail(struct http_conn *c, int status, const char *message)
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 }
 
+/* A browser asks before a cross-origin request that carries a token or a
+ * JSON body: OPTIONS with Origin and Access-Control-Request-Method, and
+ * never a token of its own. It is answered here, before any route and its
+ * token check, the way llama-server answers it; the request that follows
+ * still needs the token. 1 when answered. */
+static int answer_preflight(struct http_request *req)
+{
+	const char *origin = cors_origin(req);
+	if (!origin || strcmp(req->head.method, "OPTIONS") != 0 ||
+	    !http_request_header(req, "Access-Control-Request-Method"))
+		return 0;
+	/* write_head adds Access-Control-Allow-Origin. */
+	http_response_header(req, "Access-Control-Allow-Credentials", "true");
+	http_response_header(req, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+	http_response_header(req, "Access-Control-Allow-Headers", "*");
+	http_respond(req, 200, "text/html", "", 0);
+	return 1;
+}
+
 static void start_request(struct http_conn *c)
 {
 	c->state = CONN_HANDLING;
 	deadline_clear(c);
 	set_timeouts(c);
+	if (answer_preflight(c->req))
+		return;
 	/* Keep reading so that a client's disconnect is seen mid-stream; bytes
 	 * of a pipelined next request wait in the input buffer. */
 	c->server->handler(c->req, c->server->ctx);
@@ -584,6 +624,11 @@ int http_server_set_tls(struct http_server *s, const char *cert_path, const char
 	return 0;
 }
 
+void http_server_set_cors(struct http_server *s, int on)
+{
+	s->cors = on != 0;
+}
+
 int http_server_is_tls(const struct http_server *s)
 {
 	return s->ssl_ctx != NULL;
@@ -678,6 +723,11 @@ static void write_head(struct http_request *req, int status, const char *content
 		evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
 	if (req->resp_headers)
 		evbuffer_add_buffer(out, req->resp_headers);
+	/* As llama-server does: a browser page may read any answer, errors
+	 * included; what it may do is still decided by the token. */
+	const char *origin = cors_origin(req);
+	if (origin)
+		evbuffer_add_printf(out, "Access-Control-Allow-Origin: %s\r\n", origin);
 	evbuffer_add_printf(out, "Connection: %s\r\n\r\n", req->keep_alive ? "keep-alive" : "close");
 }
 

@@ -41,6 +41,12 @@ int http_server_listen(struct http_server *server, const char *host, int port, c
 int http_server_set_tls(struct http_server *server, const char *cert_path, const char *key_path,
 			char *err, size_t errlen);
 int http_server_is_tls(const struct http_server *server);
+/* CORS as llama-server does it: a preflight (OPTIONS with Origin and
+ * Access-Control-Request-Method) is answered 200 before the handler runs,
+ * allowing GET, POST, DELETE and OPTIONS with any header; every other answer
+ * to a request with an Origin carries Access-Control-Allow-Origin: that
+ * origin. The handler still sees, and may refuse, every other request. */
+void http_server_set_cors(struct http_server *server, int on);
 int http_server_port(const struct http_server *server);
 int http_server_connection_count(const struct http_server *server);
 /* Stops accepting; open streams keep going. */

@@ -134,6 +134,57 @@ class NoSlots(unittest.TestCase):
         self.assertIsNone(toki.proc.poll())
 
 
+class Cors(unittest.TestCase):
+    """Item 5: browsers' preflights, answered as llama-server answers them."""
+
+    ORIGIN = "http://localhost:5173"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.llama = th.LlamaServer(slots=1)
+        cls.toki = th.Toki([cls.llama])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.toki.kill()
+        cls.llama.kill()
+
+    def test_preflight_like_llama_server(self):
+        pre = {"Origin": self.ORIGIN, "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type"}
+        names = ("access-control-allow-origin", "access-control-allow-credentials",
+                 "access-control-allow-methods", "access-control-allow-headers")
+        for path in ("/v1/chat/completions", "/anthropic/v1/messages", "/toki/stats"):
+            with self.subTest(path=path):
+                st_l, h_l, _ = raw(self.llama.port, "OPTIONS", path, pre)
+                st_t, h_t, body = raw(self.toki.port, "OPTIONS", path, pre)  # no token
+                self.assertEqual(st_l, 200)
+                self.assertEqual(st_t, 200, body)
+                self.assertEqual(h_t["access-control-allow-origin"], self.ORIGIN)
+                self.assertEqual({n: h_t.get(n) for n in names},
+                                 {n: h_l.get(n) for n in names})
+
+    def test_answers_carry_the_origin_and_still_need_the_token(self):
+        token = {"Authorization": "Bearer " + th.TEST_TOKEN}
+        body = json.dumps({"messages": HELLO, "max_tokens": 2})
+        hdr = dict(token, Origin=self.ORIGIN, **{"Content-Type": "application/json"})
+        st, h, data = raw(self.toki.port, "POST", "/v1/chat/completions", hdr, body)
+        self.assertEqual(st, 200, data)
+        self.assertEqual(h["access-control-allow-origin"], self.ORIGIN)
+        # Without the token: refused, readable by the page that asked.
+        st, h, _ = raw(self.toki.port, "POST", "/v1/chat/completions",
+                       {"Origin": self.ORIGIN, "Content-Type": "application/json"}, body)
+        self.assertEqual(st, 401)
+        self.assertEqual(h["access-control-allow-origin"], self.ORIGIN)
+        # An OPTIONS that is not a preflight is a request like any other.
+        st, _, _ = raw(self.toki.port, "OPTIONS", "/v1/chat/completions", {"Origin": self.ORIGIN})
+        self.assertEqual(st, 401)
+        # No Origin, no CORS header (same-origin and non-browser clients).
+        st, h, _ = raw(self.toki.port, "GET", "/v1/models", token)
+        self.assertEqual(st, 200)
+        self.assertNotIn("access-control-allow-origin", h)
+
+
 class Managed(unittest.TestCase):
     """Items 2 and 12 in managed runs: `toki model use` and `toki up`."""
 
