@@ -220,6 +220,8 @@ static const char *cors_origin(const struct http_request *req)
  * found while parsing), then closes it. */
 static void conn_fail(struct http_conn *c, int status, const char *message)
 {
+	/* Refused before a handler saw it (too large, malformed): logged too. */
+	log_warn("%d from %s: %s", status, c->peer, message);
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 	char *body = c->server->error_body ? c->server->error_body(status, message,
 								   c->req ? c->req->head.path : "")
@@ -781,9 +783,60 @@ void http_respond(struct http_request *req, int status, const char *content_type
 	finish_request(req);
 }
 
+/* s with control characters as '?', at most n - 1 bytes: for the log. */
+static void log_safe(char *out, size_t n, const char *s)
+{
+	size_t k = 0;
+	for (; s && s[k] && k + 1 < n; k++)
+		out[k] = (unsigned char)s[k] < 0x20 || s[k] == 0x7f ? '?' : s[k];
+	out[k] = '\0';
+}
+
+/* What credentials a refused request carried, by kind and length only: the
+ * value itself (a wrong token may be a real one, for another service) never
+ * goes to the log. */
+static void describe_credentials(const struct http_request *req, char *out, size_t n)
+{
+	const char *authz = http_request_header(req, "Authorization");
+	const char *key = http_request_header(req, "x-api-key");
+	size_t len = 0;
+	if (authz && !strncasecmp(authz, "Bearer ", 7)) {
+		const char *t = authz + 7;
+		while (*t == ' ')
+			t++;
+		len = snprintf(out, n, "a Bearer token of %zu characters", strlen(t));
+	} else if (authz) {
+		char scheme[24];
+		log_safe(scheme, sizeof scheme, authz);
+		scheme[strcspn(scheme, " ")] = '\0';
+		len = snprintf(out, n, "Authorization of scheme '%s' (not Bearer)", scheme);
+	}
+	if (key && len < n)
+		snprintf(out + len, n - len, "%san x-api-key of %zu characters", len ? " and " : "",
+		         strlen(key));
+	else if (!authz)
+		snprintf(out, n, "no token");
+}
+
 void http_respond_error(struct http_request *req, int status, const char *message)
 {
 	struct http_server *s = req->conn->server;
+	/* Every error answer is logged with its reason, the route and who asked
+	 * (address, user agent): before, a client refused with 401, 404 or 400
+	 * left no trace in the log. The query string stays out (some clients
+	 * put keys there). */
+	if (!req->answered && !req->streaming) {
+		char ua[96], msg[400], creds[160] = "";
+		log_safe(ua, sizeof ua, http_request_header(req, "User-Agent"));
+		log_safe(msg, sizeof msg, message);
+		if (status == 401) {
+			char what[140];
+			describe_credentials(req, what, sizeof what);
+			snprintf(creds, sizeof creds, " (sent %s)", what);
+		}
+		log_warn("%d %s %.200s from %s%s%s: %s%s", status, req->head.method, req->head.path,
+		         req->conn->peer, *ua ? ", " : "", ua, msg, creds);
+	}
 	char *body = s->error_body ? s->error_body(status, message, req->head.path) : NULL;
 	if (body) {
 		http_respond(req, status, "application/json", body, strlen(body));
