@@ -31,22 +31,32 @@ static const char *const probe_texts[] = {
 };
 #define N_TEXTS (sizeof probe_texts / sizeof probe_texts[0])
 
+/* A conversation with a tool call, sent twice: without `tools` (every
+ * server takes it), then with them, only where the server takes them. */
+#define TOOL_CHAT_MESSAGES                                                                         \
+	"{\"messages\":[{\"role\":\"system\",\"content\":\"Use tools.\"},{\"role\":\"user\","      \
+	"\"content\":\"Weather in "                                                                \
+	"Paris?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"                       \
+	"[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","        \
+	"\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":" \
+	"\"call_1\",\"content\":\"18C\"},{\"role\":\"user\",\"content\":\"Thanks\"}]"
+
 static const char *const probe_chats[] = {
     "{\"messages\":[{\"role\":\"system\",\"content\":\"You are a test. Answer briefly.\"},"
     "{\"role\":\"user\",\"content\":\"Hello there\"}]}",
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
     "\"content\":\"Hello! How can I help?\"},{\"role\":\"user\",\"content\":\"Tell me a joke.\"}]}",
-    "{\"messages\":[{\"role\":\"system\",\"content\":\"Use tools.\"},{\"role\":\"user\","
-    "\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
-    "[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
-    "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
-    "\"call_1\",\"content\":\"18C\"},{\"role\":\"user\",\"content\":\"Thanks\"}],\"tools\":"
+    TOOL_CHAT_MESSAGES "}",
+    TOOL_CHAT_MESSAGES
+    ",\"tools\":"
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"
     "\"Weather for a city.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
     "{\"type\":\"string\"}},\"required\":[\"city\"]}}}]}",
     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"add_generation_prompt\":false}",
 };
 #define N_CHATS (sizeof probe_chats / sizeof probe_chats[0])
+#define CHAT_TOOL_CALLS 2 /* the tool conversation without tools */
+#define CHAT_TOOLS 3      /* the same with tools */
 
 struct prompt_probe {
 	struct backend *b;
@@ -55,6 +65,12 @@ struct prompt_probe {
 	size_t step;   /* texts, then chats, then the last chat's tokens */
 	json_t *texts; /* strings to tokenize */
 	int tokens_ok, thinking_ok[2], chats_seen;
+	/* Whether the tools probe may be sent: the template takes tools
+	 * (/props chat_template_caps), and the server renders with it. A
+	 * --no-jinja server answers `tools` with a 500 (and logs it), and /props
+	 * does not tell it from a jinja one: it shows in the tool-call probe,
+	 * whose call a --no-jinja server leaves out of the prompt. */
+	int template_takes_tools, server_takes_tools;
 	char *last_prompt; /* the server's prompt of the last chat probe */
 	char why[160];
 };
@@ -227,6 +243,9 @@ static void on_chat_prompt(struct backend_call *call, int status, const char *bo
 		json_decref(req);
 		free(p->last_prompt);
 		p->last_prompt = strdup(server);
+		if (k == CHAT_TOOL_CALLS)
+			p->server_takes_tools =
+			    p->template_takes_tools && strstr(server, "get_weather") != NULL;
 	}
 	json_decref(o);
 	p->step++;
@@ -268,6 +287,11 @@ static void probe_next(struct prompt_probe *p)
 		snprintf(p->why, sizeof p->why,
 		         "the template is one llama-server renders its own way");
 		probe_finish(p);
+		return;
+	}
+	if (k == CHAT_TOOLS && !p->server_takes_tools) {
+		p->step++; /* a probe the server would refuse tells nothing */
+		probe_next(p);
 		return;
 	}
 	if (k < N_CHATS) {
@@ -340,6 +364,8 @@ void prompt_probe_start(struct backend *b, json_t *props)
 	p->texts = texts;
 	p->tokens_ok = 1;
 	p->thinking_ok[0] = p->thinking_ok[1] = 1;
+	p->template_takes_tools = json_is_true(json_object_get(cfg.caps, "supports_tools")) &&
+	                          json_is_true(json_object_get(cfg.caps, "supports_tool_calls"));
 	b->probe = p;
 	snprintf(b->prompt_status, sizeof b->prompt_status, "server (probing the local tokenizer)");
 	probe_next(p);

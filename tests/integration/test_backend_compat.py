@@ -185,6 +185,23 @@ class Cors(unittest.TestCase):
         self.assertNotIn("access-control-allow-origin", h)
 
 
+class NoJinja(unittest.TestCase):
+    """Item 9: the start-up probes send a --no-jinja server only what it takes."""
+
+    def test_probes_leave_no_error_in_the_server_log(self):
+        llama = th.LlamaServer(slots=1, extra=["--no-jinja"], name="nojinja")
+        toki = th.Toki([llama])
+        try:
+            prompts = wait_prompts(toki)
+            self.assertTrue(prompts["local_template"], prompts)
+            log = llama.log_text()
+            self.assertNotIn("tools param requires --jinja", log)
+            self.assertNotIn("got exception", log)
+        finally:
+            toki.kill()
+            llama.kill()
+
+
 class Managed(unittest.TestCase):
     """Items 2 and 12 in managed runs: `toki model use` and `toki up`."""
 
