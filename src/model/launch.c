@@ -91,6 +91,15 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		return -1;
 	}
 	gguf_close(g);
+	/* The user's own server arguments may give the model a longer context
+	 * than its file states (--override-kv, RoPE/YaRN scaling): llama-server
+	 * runs it with that one, so it is the one the context is checked and
+	 * sized against. */
+	char ctx_args[200];
+	long ctx_train = memsize_ctx_train_from_args((long)mi.context_length, o->llama_args,
+	                                             o->n_llama_args, ctx_args, sizeof ctx_args);
+	if (ctx_train > 0)
+		mi.context_length = (uint64_t)ctx_train;
 
 	struct mem_budget budget;
 	if (memsize_read_machine(&budget) != 0) {
@@ -115,10 +124,13 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		return -1;
 	}
 	if (o->ctx > 0 && rep.ctx_train > 0 && o->ctx > rep.ctx_train) {
-		snprintf(err, errlen,
-			 "refused: asked for a context of %ld tokens, but %s was trained on %ld; ask "
-			 "for at most %ld",
-			 o->ctx, o->name, rep.ctx_train, fit);
+		snprintf(
+		    err, errlen,
+		    "refused: asked for a context of %ld tokens, but %s was trained on %ld%s%s%s; "
+		    "ask for at most %ld, or give llama-server arguments that extend its context "
+		    "(--override-kv ARCH.context_length=int:N, --rope-scale N)",
+		    o->ctx, o->name, rep.ctx_train, *ctx_args ? " (with " : "", ctx_args,
+		    *ctx_args ? ")" : "", fit);
 		return -1;
 	}
 	if (fit == 0 || (o->ctx > 0 && o->ctx > fit)) {
@@ -134,6 +146,9 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	memsize_explain(&rep, o->ctx, why, sizeof why);
 	fprintf(stderr, "toki: %s: context %ld tokens per slot, %d slots (%s)\n", o->name, ctx,
 		slots, why);
+	if (*ctx_args)
+		fprintf(stderr, "toki: %s: a training context of %ld tokens, from %s\n", o->name,
+		        ctx_train, ctx_args);
 
 	char env_gfx[64];
 	char *envs[1];

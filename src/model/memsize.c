@@ -317,6 +317,93 @@ long memsize_fit_context(const struct gguf_model_info *mi, const struct mem_budg
 	return ctx;
 }
 
+/* N from "KEY=int:N" when KEY ends in ".context_length"; -1 otherwise. One
+ * --override-kv argument may hold several such items, comma-separated. */
+static long override_context_length(const char *arg)
+{
+	static const char suffix[] = ".context_length=int:";
+	long found = -1;
+	const char *p = arg;
+	while (p && *p) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		const char *at = memmem(p, len, suffix, sizeof suffix - 1);
+		if (at) {
+			const char *num = at + sizeof suffix - 1;
+			char *stop;
+			long v = strtol(num, &stop, 10);
+			if (stop > num && stop == p + len && v > 0)
+				found = v;
+		}
+		p = end ? end + 1 : NULL;
+	}
+	return found;
+}
+
+long memsize_ctx_train_from_args(long ctx_train, char *const *args, int n, char *why, size_t whylen)
+{
+	long ctx = ctx_train > 0 ? ctx_train : 0, yarn_orig = 0;
+	double scale = 0;
+	const char *override_arg = NULL, *scale_flag = NULL, *scale_arg = NULL, *yarn_arg = NULL;
+	for (int i = 0; i + 1 < n; i++) {
+		const char *flag = args[i], *val = args[i + 1];
+		char *stop;
+		if (!strcmp(flag, "--override-kv")) {
+			long v = override_context_length(val);
+			if (v > 0) {
+				ctx = v;
+				override_arg = val;
+			}
+		} else if (!strcmp(flag, "--rope-scale")) {
+			double v = strtod(val, &stop);
+			if (stop > val && !*stop && v > 0) {
+				scale = v;
+				scale_flag = flag;
+				scale_arg = val;
+			}
+		} else if (!strcmp(flag, "--rope-freq-scale")) {
+			double v = strtod(val, &stop);
+			if (stop > val && !*stop && v > 0) {
+				scale = 1.0 / v;
+				scale_flag = flag;
+				scale_arg = val;
+			}
+		} else if (!strcmp(flag, "--yarn-orig-ctx")) {
+			long v = strtol(val, &stop, 10);
+			if (stop > val && !*stop && v > 0) {
+				yarn_orig = v;
+				yarn_arg = val;
+			}
+		} else {
+			continue;
+		}
+		i++; /* the value was this flag's */
+	}
+	if (why && whylen)
+		why[0] = '\0';
+	long base = yarn_orig > 0 ? yarn_orig : ctx;
+	int stretched = scale > 1.0 && base > 0;
+	if (stretched) {
+		double v = (double)base * scale;
+		long s = v >= (double)MEMSIZE_MAX_CTX ? MEMSIZE_MAX_CTX : (long)v;
+		if (s > ctx)
+			ctx = s;
+		else
+			stretched = 0; /* a stretch of a shorter original context adds nothing */
+	}
+	if (ctx > MEMSIZE_MAX_CTX)
+		ctx = MEMSIZE_MAX_CTX;
+	if (why && whylen && (override_arg || stretched)) {
+		snprintf(why, whylen, "%s%s%s%s%s%s%s%s%s", override_arg ? "--override-kv " : "",
+		         override_arg ? override_arg : "", override_arg && stretched ? " " : "",
+		         stretched ? scale_flag : "", stretched ? " " : "",
+		         stretched ? scale_arg : "",
+		         stretched && yarn_arg ? " --yarn-orig-ctx " : "",
+		         stretched && yarn_arg ? yarn_arg : "", "");
+	}
+	return ctx;
+}
+
 void memsize_human(uint64_t bytes, char *buf, size_t n)
 {
 	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

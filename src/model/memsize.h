@@ -99,6 +99,22 @@ int memsize_kv_type(const char *name);
 long memsize_fit_context(const struct gguf_model_info *mi, const struct mem_budget *b,
                          const char *kv_type, int n_slots, struct memsize_report *out);
 
+/* The training context the model has under llama-server's own arguments
+ * (args, as passed to it), from the one its file states (ctx_train; 0 when
+ * it states none):
+ *   --override-kv KEY=int:N, KEY ending in .context_length (several
+ *     overrides may share one argument, comma-separated): the model's
+ *     context is N;
+ *   --rope-scale S, or --rope-freq-scale F (S = 1/F), with S > 1: RoPE
+ *     stretched S times covers S times the original context, which is
+ *     --yarn-orig-ctx N when given (YaRN's original context), else the
+ *     model's; --rope-scaling alone does not stretch.
+ * The last occurrence of a flag wins, as in llama-server. why (may be NULL)
+ * gets the arguments that changed it ("" when none did). Returns the
+ * context (0 when neither the file nor the arguments give one). */
+long memsize_ctx_train_from_args(long ctx_train, char *const *args, int n, char *why,
+                                 size_t whylen);
+
 /* One sentence explaining a report against an asked-for context (asked <= 0:
  * none asked), e.g. "asked for 65536 tokens, but only 23040 fit: weights
  * 2.3 GiB + KV 144 KiB/token in 7.0 GiB available with 1.5 GiB kept free".

@@ -224,6 +224,29 @@ class Managed(unittest.TestCase):
     def token(self):
         return open(os.path.join(self.env["TOKI_STATE_DIR"], "token")).read().strip()
 
+    def test_context_override_in_registry_args(self):
+        with open(self.env["TOKI_MODEL_REGISTRY"], "w") as f:
+            f.write("models:\n  tiny:\n    path: %s\n    ctx: 8192\n"
+                    "    args: [\"--override-kv\", \"llama.context_length=int:65536\"]\n"
+                    % self.model)
+        port = th.free_port()
+        r = self.toki("model", "use", "tiny", "--port", str(port), "--slots", "1",
+                      "--wait", "60")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("context 8192 tokens per slot", r.stderr)
+        self.assertIn("from --override-kv llama.context_length=int:65536", r.stderr)
+        auth = {"Authorization": "Bearer " + self.token()}
+        st, models = th.request(port, "GET", "/v1/models", headers=auth, auth=False)
+        self.assertEqual(models["data"][0]["context_length"], 8192)
+
+    def test_rope_scale_in_up_args(self):
+        # 2048 stretched twice is 4096: more than that is still refused,
+        # naming the argument it counted.
+        r = self.toki("up", "--model", self.model, "--ctx", "8192", "--port",
+                      str(th.free_port()), "--", "--rope-scale", "2")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("trained on 4096 (with --rope-scale 2)", r.stderr)
+
     def test_api_key_in_up_args(self):
         port = th.free_port()
         r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",

@@ -629,6 +629,62 @@ static void test_ctx_file(void **state)
 	assert_int_equal(memsize_read_ctx("x"), -1);
 }
 
+/* llama-server arguments that give a model another context than its file
+ * states (issue 13, item 12): a registry entry with ctx 8192 and
+ * --override-kv llama.context_length=int:65536 on a model trained on 2048
+ * was refused. */
+static void test_ctx_train_from_args(void **state)
+{
+	(void)state;
+	char why[200];
+	char *none[] = {"-ngl", "99", "-fa", "on"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, none, 4, why, sizeof why), 2048);
+	assert_string_equal(why, "");
+	assert_int_equal(memsize_ctx_train_from_args(2048, NULL, 0, NULL, 0), 2048);
+
+	char *ov[] = {"--override-kv", "llama.context_length=int:65536"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, ov, 2, why, sizeof why), 65536);
+	assert_string_equal(why, "--override-kv llama.context_length=int:65536");
+	/* Any architecture; several overrides in one argument; a shorter one. */
+	char *ov2[] = {"--override-kv", "qwen3.expert_count=int:8,qwen3.context_length=int:1024"};
+	assert_int_equal(memsize_ctx_train_from_args(40960, ov2, 2, why, sizeof why), 1024);
+	/* Other keys, other types, no number: not the context. */
+	char *ov3[] = {"--override-kv", "llama.context_length=float:9.0",
+	               "--override-kv", "llama.block_count=int:99",
+	               "--override-kv", "llama.context_length=int:"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, ov3, 6, why, sizeof why), 2048);
+	assert_string_equal(why, "");
+
+	/* RoPE scaling: linear scale, frequency scale, YaRN's original context. */
+	char *rs[] = {"--rope-scaling", "linear", "--rope-scale", "4"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, rs, 4, why, sizeof why), 8192);
+	assert_string_equal(why, "--rope-scale 4");
+	char *fs[] = {"--rope-freq-scale", "0.25"};
+	assert_int_equal(memsize_ctx_train_from_args(4096, fs, 2, why, sizeof why), 16384);
+	char *yarn[] = {"--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "32768"};
+	assert_int_equal(memsize_ctx_train_from_args(32768, yarn, 6, why, sizeof why), 131072);
+	assert_string_equal(why, "--rope-scale 4 --yarn-orig-ctx 32768");
+	/* --rope-scaling without a scale, or a scale of 1 or less, stretches
+	 * nothing; a stretch of a shorter original context adds nothing. */
+	char *noscale[] = {"--rope-scaling", "yarn", "--yarn-orig-ctx", "32768"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, noscale, 4, why, sizeof why), 2048);
+	char *shrink[] = {"--rope-scale", "0.5"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, shrink, 2, why, sizeof why), 2048);
+	char *short_orig[] = {"--rope-scale", "2", "--yarn-orig-ctx", "512"};
+	assert_int_equal(memsize_ctx_train_from_args(4096, short_orig, 4, why, sizeof why), 4096);
+	assert_string_equal(why, "");
+	/* Both: the override is the original context the scale stretches. */
+	char *both[] = {"--override-kv", "llama.context_length=int:4096", "--rope-scale", "2"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, both, 4, why, sizeof why), 8192);
+	assert_string_equal(why, "--override-kv llama.context_length=int:4096 --rope-scale 2");
+	/* A file that states no context: only the arguments give one. */
+	assert_int_equal(memsize_ctx_train_from_args(0, rs, 4, why, sizeof why), 0);
+	assert_int_equal(memsize_ctx_train_from_args(0, ov, 2, why, sizeof why), 65536);
+	/* A flag without its value, a value that is not a number. */
+	char *dangling[] = {"--rope-scale", "x", "--override-kv"};
+	assert_int_equal(memsize_ctx_train_from_args(2048, dangling, 3, why, sizeof why), 2048);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -646,6 +702,7 @@ int main(void)
 	    cmocka_unit_test(test_nvidia_smi_parse),
 	    cmocka_unit_test_setup_teardown(test_nvidia_smi_run, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_ctx_file, setup, teardown),
+	    cmocka_unit_test(test_ctx_train_from_args),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
