@@ -32,6 +32,11 @@ static json_t *status_of(const struct run_info *ri)
 	char ep[128];
 	snprintf(ep, sizeof ep, "http://%s:%d/v1", ri->host, ri->port);
 	json_object_set_new(o, "endpoint", json_string(ep));
+	char log[4400];
+	if (run_file_path(ri->name, "serve.log", log, sizeof log) == 0)
+		json_object_set_new(o, "log", json_string(log));
+	if (run_file_path(ri->name, "llama-server.log", log, sizeof log) == 0)
+		json_object_set_new(o, "llama_log", json_string(log));
 	json_object_set_new(o, "toki_rss_kib", json_integer(rss_kib(ri->pid)));
 	json_object_set_new(o, "llama_rss_kib", json_integer(rss_kib(ri->llama_pid)));
 	long st = 0;
@@ -95,6 +100,10 @@ int cmd_status(int argc, char **argv)
 		printf("  memory       toki %.1f MiB, llama-server %.1f MiB\n",
 		       json_integer_value(json_object_get(o, "toki_rss_kib")) / 1024.0,
 		       json_integer_value(json_object_get(o, "llama_rss_kib")) / 1024.0);
+		const char *log = json_string_value(json_object_get(o, "log"));
+		if (log)
+			printf("  log          %s (toki logs %s [-f]; llama-server's: --llama)\n",
+			       log, json_string_value(json_object_get(o, "name")));
 		if (stats) {
 			long long routed = json_integer_value(json_object_get(stats, "routed"));
 			long long hits = json_integer_value(json_object_get(stats, "hits")) +

@@ -15,6 +15,7 @@ int cmd_model(int argc, char **argv);
 int cmd_up(int argc, char **argv);
 int cmd_down(int argc, char **argv);
 int cmd_status(int argc, char **argv);
+int cmd_logs(int argc, char **argv);
 int cmd_tui(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_web(int argc, char **argv);

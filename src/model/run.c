@@ -63,6 +63,15 @@ static int read_info(const char *dir, struct run_info *ri)
 	return pid_alive(ri->pid) ? 0 : -1;
 }
 
+int run_file_path(const char *name, const char *file, char *out, size_t n)
+{
+	char dir[4096];
+	if (run_dir(name, dir, sizeof dir) != 0)
+		return -1;
+	int len = snprintf(out, n, "%s/%s", dir, file);
+	return len < 0 || (size_t)len >= n ? -1 : 0;
+}
+
 int run_get(const char *name, struct run_info *info)
 {
 	char dir[4096];

@@ -48,6 +48,10 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 	      size_t errlen);
 /* Stops a run (SIGTERM, then SIGKILL after timeout_s). */
 int run_stop(const char *name, int timeout_s, char *err, size_t errlen);
+/* The path of a file in a run's directory ($TOKI_STATE_DIR/run/NAME/FILE),
+ * whether the run is alive or not: 0, or -1 for a name that cannot be a
+ * run's or a path too long. */
+int run_file_path(const char *name, const char *file, char *out, size_t n);
 /* The live runs; *out is owned by the caller. */
 int run_list(struct run_info **out, int *n);
 /* One run's info if it is alive: 0, else -1. */

@@ -4,11 +4,13 @@
 Contexts that do not fit are refused with the numbers."""
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -51,6 +53,14 @@ class Lifecycle(unittest.TestCase):
         auth = {"Authorization": "Bearer " + self.token()}
         st, models = th.request(port, "GET", "/v1/models", headers=auth, auth=False)
         self.assertEqual(models["data"][0]["context_length"], 1024)
+        body = {"messages": [{"role": "user", "content": "Once upon a time"}],
+                "max_tokens": 32000}
+        for turn in range(2):
+            st, resp = th.request(port, "POST", "/v1/chat/completions", body, headers=auth,
+                                  auth=False)
+            self.assertEqual(st, 200, resp)
+            self.assertEqual(resp["cache"]["max_tokens"], 16)  # max_output from the registry
+        self.assertEqual(resp["cache"]["route"], "hit")
         # The model id is the run's name (llama-server's --alias), not the
         # GGUF's absolute path; a client that still sends the path is served.
         self.assertEqual(models["data"][0]["id"], "tiny")
@@ -68,14 +78,6 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(conf["model"], "toki/tiny")
         for name in os.listdir(agent_dir):
             self.assertNotIn(self.model, open(os.path.join(agent_dir, name)).read(), name)
-        body = {"messages": [{"role": "user", "content": "Once upon a time"}],
-                "max_tokens": 32000}
-        for turn in range(2):
-            st, resp = th.request(port, "POST", "/v1/chat/completions", body, headers=auth,
-                                  auth=False)
-            self.assertEqual(st, 200, resp)
-            self.assertEqual(resp["cache"]["max_tokens"], 16)  # max_output from the registry
-        self.assertEqual(resp["cache"]["route"], "hit")
         # A prompt that cannot fit is refused, not cut.
         st, err = th.request(port, "POST", "/v1/chat/completions",
                              {"messages": [{"role": "user", "content": "the cat " * 700}]},
@@ -92,6 +94,33 @@ class Lifecycle(unittest.TestCase):
         self.assertGreater(status[0]["llama_rss_kib"], 0)
         r = self.toki("status")
         self.assertIn("1024 tokens per slot", r.stdout)
+        # Where the log is, and toki logs shows it (the active run by default).
+        log = os.path.join(self.env["TOKI_STATE_DIR"], "run", "tiny", "serve.log")
+        self.assertIn("log          " + log, r.stdout)
+        self.assertEqual(status[0]["log"], log)
+        r = self.toki("logs")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("/v1/chat/completions slot=", r.stdout)
+        self.assertEqual(r.stdout, open(log).read())
+        r = self.toki("logs", "tiny", "--llama")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, open(status[0]["llama_log"]).read())
+        self.assertEqual(self.toki("logs", "nosuchrun").returncode, 1)
+        # -f follows: a refused request made after it started shows up in it.
+        follow = subprocess.Popen([th.TOKI_BIN, "logs", "-f"], stdout=subprocess.PIPE,
+                                  env=self.env)
+        try:
+            th.request(port, "GET", "/v1/models?follow-marker", auth=False)
+            deadline = time.time() + 20
+            seen = ""
+            while "401 GET /v1/models" not in seen and time.time() < deadline:
+                ready, _, _ = select.select([follow.stdout], [], [], deadline - time.time())
+                if ready:
+                    seen += os.read(follow.stdout.fileno(), 65536).decode(errors="replace")
+            self.assertIn("401 GET /v1/models", seen)
+        finally:
+            follow.kill()
+            follow.wait()
 
         r = self.toki("model", "list")
         self.assertIn("* tiny", r.stdout)
@@ -106,6 +135,10 @@ class Lifecycle(unittest.TestCase):
         r = self.toki("down", "tiny")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRaises(OSError, th.request, port, "GET", "/health", None, None, 2)
+        # A run that stopped keeps its log, and toki logs still finds it.
+        r = self.toki("logs")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("/v1/chat/completions slot=", r.stdout)
         r = self.toki("model", "remove", "tiny")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertTrue(os.path.exists(self.model), "remove without --purge kept the weights")
