@@ -607,8 +607,11 @@ static int build_kilo(const struct agent_def *a, const struct agent_target *t,
 	json_decref(doc);
 	if (r != 0)
 		return -1;
+	/* Telemetry: Kilo 7.7.7 sends PostHog events unless KILO_TELEMETRY_LEVEL,
+	 * read once at start, is something other than "all". */
 	return env_set(p, "KILO_CONFIG", p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, "KILO_DISABLE_AUTOUPDATE", "1") == 0
+	               env_set(p, "KILO_DISABLE_AUTOUPDATE", "1") == 0 &&
+	               env_set(p, "KILO_TELEMETRY_LEVEL", "off") == 0
 	           ? 0
 	           : oom(err, errlen);
 }
@@ -700,8 +703,13 @@ static int build_droid(const struct agent_def *a, const struct agent_target *t,
 	json_decref(doc);
 	if (r != 0)
 		return -1;
+	/* Telemetry: Droid 0.215.0 starts its Sentry reporting unless in airgap
+	 * mode (FACTORY_AIRGAP_ENABLED, which also keeps it off Factory's cloud:
+	 * nothing a run on the local model needs); no auto-update either. */
 	return arg(p, "--settings") == 0 && arg(p, p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, TOKEN_ENV, t->token) == 0
+	               env_set(p, TOKEN_ENV, t->token) == 0 &&
+	               env_set(p, "FACTORY_AIRGAP_ENABLED", "1") == 0 &&
+	               env_set(p, "FACTORY_DROID_AUTO_UPDATE_ENABLED", "false") == 0
 	           ? 0
 	           : oom(err, errlen);
 }
@@ -744,12 +752,16 @@ static int build_cline(const struct agent_def *a, const struct agent_target *t,
 	urls_free(&u);
 	char *data = private_dir(p, "data", err, errlen);
 	char *settings = data ? private_dir(p, "data/settings", err, errlen) : NULL;
+	/* Its global settings in the same directory: telemetry and auto-update
+	 * off (telemetryOptOut, autoUpdateEnabled in Cline 3.0.65's schema). */
+	json_t *global = json_pack("{s:b, s:b}", "telemetryOptOut", 1, "autoUpdateEnabled", 0);
 	int r = -1;
-	if (!doc)
+	if (!doc || !global)
 		r = oom(err, errlen);
-	else if (settings)
-		r = write_json(p, settings, "providers.json", doc, err, errlen);
+	else if (settings && write_json(p, settings, "providers.json", doc, err, errlen) == 0)
+		r = write_json(p, settings, "global-settings.json", global, err, errlen);
 	json_decref(doc);
+	json_decref(global);
 	free(settings);
 	if (r == 0 && (arg(p, "--data-dir") != 0 || arg(p, data) != 0))
 		r = oom(err, errlen);

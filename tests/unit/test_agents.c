@@ -566,6 +566,10 @@ static void test_opencode_family(void **ctx)
 	assert_string_equal(env_of(&p, "TOKI_API_KEY"), TOKEN);
 	assert_null(strstr(slurp(file_of(&p, "/opencode.json")), TOKEN));
 	agent_plan_free(&p);
+	/* Kilo's PostHog telemetry is off unless KILO_TELEMETRY_LEVEL is "all". */
+	build("kilo", &t, NULL, 0, &p);
+	assert_string_equal(env_of(&p, "KILO_TELEMETRY_LEVEL"), "off");
+	agent_plan_free(&p);
 }
 
 static void test_qwen(void **ctx)
@@ -614,6 +618,8 @@ static void test_droid(void **ctx)
 	assert_int_equal(json_integer_value(json_object_get(m0, "maxContextLimit")), 32768 - 4096);
 	json_decref(j);
 	assert_string_equal(env_of(&p, "TOKI_API_KEY"), TOKEN);
+	assert_string_equal(env_of(&p, "FACTORY_AIRGAP_ENABLED"), "1"); /* no Sentry */
+	assert_string_equal(env_of(&p, "FACTORY_DROID_AUTO_UPDATE_ENABLED"), "false");
 	agent_plan_free(&p);
 	/* A run without max_output: a quarter of the context (Droid's own
 	 * 32000 would not fit it); one that is most of the context: half. */
@@ -654,6 +660,11 @@ static void test_cline(void **ctx)
 	assert_string_equal(jstr(j, "providers.openai-compatible.settings.baseUrl"), EP "/v1");
 	assert_string_equal(jstr(j, "providers.openai-compatible.settings.model"), MODEL);
 	assert_string_equal(jstr(j, "providers.openai-compatible.settings.apiKey"), TOKEN);
+	/* Telemetry off, in its global settings next to the providers. */
+	json_t *g = load_json(file_of(&p, "/data/settings/global-settings.json"));
+	assert_true(json_is_true(json_object_get(g, "telemetryOptOut")));
+	assert_true(json_is_false(json_object_get(g, "autoUpdateEnabled")));
+	json_decref(g);
 	/* What `cline auth` writes next to the settings, and Cline requires: an
 	 * ISO datetime in UTC ("2026-12-01T13:31:41.130Z"). */
 	const char *at = jstr(j, "providers.openai-compatible.updatedAt");
