@@ -1170,9 +1170,9 @@ static const struct agent_def agents[] = {
      "install.sh | bash",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
      "private HERMES_HOME, config.yaml model.provider custom", build_hermes},
-    {"openclaw", "OpenClaw", openclaw_aliases, "openclaw", "npm install -g openclaw@latest",
-     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
-     "OPENCLAW_CONFIG_PATH file, models.providers.toki", build_openclaw},
+    {"openclaw", "OpenClaw", openclaw_aliases, "openclaw",
+     "npm install -g openclaw@latest (needs Node >=24.16 <25 or >=26.1)", AGENT_API_OPENAI_CHAT,
+     AGENT_DOC_DOCUMENTED, "OPENCLAW_CONFIG_PATH file, models.providers.toki", build_openclaw},
     {"droid", "Factory Droid", droid_aliases, "droid", "npm install -g droid",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "--settings file, customModels (BYOK)",
      build_droid},
@@ -1185,7 +1185,9 @@ static const struct agent_def agents[] = {
     {"grok", "Grok Build", grok_aliases, "grok", "curl -fsSL https://x.ai/cli/install.sh | bash",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL,
      "GROK_MODELS_BASE_URL, GROK_DEFAULT_MODEL, XAI_API_KEY", build_grok},
-    {"kilo", "Kilo Code", kilo_aliases, "kilo", "npm install -g @kilocode/cli",
+    /* 7.7.7: 7.8.1, the latest when this was written, fails to install its
+     * platform package. */
+    {"kilo", "Kilo Code", kilo_aliases, "kilo", "npm install -g @kilocode/cli@7.7.7",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "KILO_CONFIG file, OpenCode-format provider",
      build_kilo},
     {"pi", "Pi", pi_aliases, "pi", "npm install -g @mariozechner/pi-coding-agent",

@@ -256,6 +256,10 @@ static void test_names_and_aliases(void **ctx)
 	const struct agent_def *all = agents_all(&n);
 	for (size_t i = 0; i < n; i++)
 		assert_ptr_equal(agents_find(all[i].name), &all[i]);
+	/* Install hints that work: OpenClaw's Node requirement, Kilo pinned to
+	 * the release that installs. */
+	assert_non_null(strstr(agents_find("openclaw")->install, "Node >=24.16 <25 or >=26.1"));
+	assert_string_equal(agents_find("kilo")->install, "npm install -g @kilocode/cli@7.7.7");
 }
 
 static void test_claude(void **ctx)
