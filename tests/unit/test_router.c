@@ -1107,6 +1107,64 @@ static void test_many_backends(void **state)
 	router_free(r);
 }
 
+
+/* Exact mode on a message schedule: a conversation's next turn reuses the
+ * slot's rows up to its last answer's start, a slot made on another schedule
+ * lends only the micro-batches the two share, and a cut after the answer
+ * (prompt kept to the generation prompt's start, then a throw-away token)
+ * keeps that reuse without a cut on the next request's path. */
+static void test_message_schedule(void **state)
+{
+	struct router_backend *b;
+	struct router *r = mkrouter(REUSE_EXACT, 1, 1, UB, &b);
+	struct router_slot *s = slot_of(b, 0);
+	const token_t *t2 = conv(1, 1185);
+	size_t turn1[] = {900, 1000}, turn2[] = {900, 1000, 1100, 1180};
+	struct route_choice c;
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t2, 1005, turn1, 2, SEC(1), ~0ULL, &c),
+			 ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 0);
+	router_slot_begin(r, s, SEC(1), 0);
+	assert_int_equal(router_slot_commit_sched(r, s, t2, 1005, turn1, 2, 1005, SEC(2)), 0);
+	assert_int_equal(s->aligned, 1005);
+	assert_int_equal(s->n_bounds, 2);
+	/* The answer's tail is cut: the slot keeps 1000 tokens and junk. */
+	assert_int_equal(router_slot_cut(r, s, t2, 1000, -7, SEC(2)), 0);
+	router_slot_end(r, s, SEC(2));
+	assert_int_equal(s->n_tokens, 1001);
+	assert_int_equal(s->aligned, 1000);
+	assert_int_equal(s->tokens[1000], -7);
+
+	/* Resend of turn 1: reuses 1000, no cut needed (the junk differs). */
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t2, 1005, turn1, 2, SEC(3), ~0ULL, &c),
+			 ROUTE_CHOSEN);
+	assert_int_equal(c.matched, 1000);
+	assert_int_equal(c.reuse, 1000);
+	assert_int_equal(c.must_trim, 0);
+	/* Turn 2 (same first 1000 tokens): the same. */
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t2, 1185, turn2, 4, SEC(3), ~0ULL, &c),
+			 ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 1000);
+	assert_int_equal(c.must_trim, 0);
+	/* The same tokens on llama-server's own schedule (the grid): only the
+	 * first full micro-batch is on both. */
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t2, 1185, NULL, 0, SEC(3), ~0ULL, &c),
+			 ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 512);
+	assert_int_equal(c.must_trim, 1);
+	/* A grid commit over the message-schedule rows trusts none of them. */
+	router_slot_begin(r, s, SEC(4), 0);
+	assert_int_equal(router_slot_commit(r, s, t2, 1185, 700, SEC(5)), 0);
+	router_slot_end(r, s, SEC(5));
+	assert_int_equal(s->n_bounds, 0);
+	assert_int_equal(s->aligned, 0);
+	router_free(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1137,6 +1195,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_same_content_two_slots, teardown_seqs),
 		cmocka_unit_test_teardown(test_two_backends_balance, teardown_seqs),
 		cmocka_unit_test_teardown(test_many_backends, teardown_seqs),
+		cmocka_unit_test_teardown(test_message_schedule, teardown_seqs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

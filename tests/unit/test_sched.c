@@ -1,0 +1,155 @@
+/* Unit tests for evaluation schedules (src/router/sched.c): which cached
+ * rows exact mode may reuse, how small chunks merge, and the plans. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "router/sched.h"
+
+#define N(a) (sizeof(a) / sizeof *(a))
+
+/* The grid (no chunk starts) is llama-server's own schedule: full
+ * micro-batches from 0 are shared; the last partial one is not. */
+static void test_grid(void **state)
+{
+	/* A 1,117-token prompt cached; a longer one reuses 1,024 at -ub 512. */
+	assert_int_equal(sched_common(NULL, 0, 1117, NULL, 0, 1500, 1117, 512), 1024);
+	/* The same prompt again: at least one token is evaluated (limit n-1). */
+	assert_int_equal(sched_common(NULL, 0, 1117, NULL, 0, 1117, 1116, 512), 1024);
+	/* Under one micro-batch: nothing. */
+	assert_int_equal(sched_common(NULL, 0, 300, NULL, 0, 400, 300, 512), 0);
+	/* A match shorter than the rows computed bounds the reuse. */
+	assert_int_equal(sched_common(NULL, 0, 2048, NULL, 0, 3000, 1600, 512), 1536);
+}
+
+/* Chunks that end where messages start: a resend evaluates only the last
+ * chunk; the next turn reuses every chunk up to the previous answer. */
+static void test_message_chunks(void **state)
+{
+	size_t turn1[] = {900, 1000}; /* system | user | generation prompt (1000..1005) */
+	/* Resend: the generation prompt's start is shared, its own micro-batch
+	 * [1000,1005) cannot be (limit 1004). */
+	assert_int_equal(sched_common(turn1, N(turn1), 1005, turn1, N(turn1), 1005, 1004, 512),
+			 1000);
+	/* Next turn: the answer (from 1000) now runs to 1100, then a user
+	 * message, then the generation prompt. The rows up to 1000 are shared;
+	 * the old [1000,1005) micro-batch is not (the new chunk is longer). */
+	size_t turn2[] = {900, 1000, 1100, 1180};
+	assert_int_equal(sched_common(turn1, N(turn1), 1005, turn2, N(turn2), 1185, 1184, 512),
+			 1000);
+	/* A schedule with a chunk start the other lacks stops there. */
+	size_t other[] = {950, 1000};
+	assert_int_equal(sched_common(turn1, N(turn1), 1005, other, N(other), 1005, 1004, 512), 512);
+	/* Long chunks are split into micro-batches from their own start. */
+	size_t a[] = {100};
+	size_t b[] = {100, 2000};
+	assert_int_equal(sched_common(a, 1, 1500, b, 2, 2100, 2099, 512), 1124);
+	/* ...and the grid's micro-batches are not those. */
+	assert_int_equal(sched_common(NULL, 0, 1500, b, 2, 2100, 2099, 512), 0);
+}
+
+/* The result never depends on which side is the request. */
+static void test_symmetric(void **state)
+{
+	size_t a[] = {64, 200, 333, 900}, b[] = {64, 200, 400, 900};
+	for (size_t lim = 0; lim < 1200; lim += 37)
+		assert_int_equal(sched_common(a, 4, 1000, b, 4, 1100, lim, 128),
+				 sched_common(b, 4, 1100, a, 4, 1000, lim, 128));
+}
+
+static void test_floor(void **state)
+{
+	size_t b[] = {900, 1000};
+	/* The micro-batch holding token 1004 starts at 1000. */
+	assert_int_equal(sched_floor(b, 2, 1005, 1004, 512), 1000);
+	assert_int_equal(sched_floor(b, 2, 1005, 1005, 512), 1005);
+	assert_int_equal(sched_floor(b, 2, 1005, 950, 512), 900);
+	assert_int_equal(sched_floor(b, 2, 1005, 600, 512), 512);
+	assert_int_equal(sched_floor(NULL, 0, 1117, 1100, 512), 1024);
+	assert_int_equal(sched_floor(NULL, 0, 1117, 10, 512), 0);
+}
+
+/* Merging is left to right and content-defined: a longer prompt with the
+ * same beginning keeps the same starts there. */
+static void test_merge(void **state)
+{
+	size_t s[] = {30, 50, 120, 130, 200, 205};
+	unsigned char pin[] = {0, 0, 0, 1, 0, 1};
+	size_t n = sched_merge(s, pin, N(s), 64);
+	size_t want[] = {120, 130, 200, 205};
+	assert_int_equal(n, N(want));
+	assert_memory_equal(s, want, sizeof want);
+	assert_int_equal(pin[0], 0);
+	assert_int_equal(pin[1], 1);
+	assert_int_equal(pin[3], 1);
+
+	/* The same starts, extended: the kept ones up to 205 are the same. */
+	size_t t[] = {30, 50, 120, 130, 200, 205, 230, 400, 410};
+	unsigned char tp[] = {0, 0, 0, 1, 0, 1, 0, 0, 1};
+	size_t m = sched_merge(t, tp, N(t), 64);
+	assert_true(m >= 4);
+	assert_memory_equal(t, want, sizeof want);
+
+	/* Without pins, only distance keeps a start. */
+	size_t u[] = {10, 70, 100, 140};
+	assert_int_equal(sched_merge(u, NULL, N(u), 64), 2);
+	assert_int_equal(u[0], 70);
+	assert_int_equal(u[1], 140);
+
+	/* Starts that do not increase are dropped. */
+	size_t v[] = {100, 100, 90, 300};
+	unsigned char vp[] = {1, 1, 1, 1};
+	assert_int_equal(sched_merge(v, vp, N(v), 64), 2);
+	assert_int_equal(v[1], 300);
+}
+
+static void test_plan(void **state)
+{
+	size_t b[] = {900, 1000, 1100, 1180};
+	struct plan p;
+	/* Reuse 1000 after a cut: prefill to 1100 and 1180, then generate. */
+	assert_int_equal(plan_build(&p, b, N(b), 1185, 1000, 0, 0, 1), 0);
+	assert_int_equal(p.n, 4);
+	assert_int_equal(p.steps[0].kind, STEP_CUT);
+	assert_int_equal(p.steps[0].upto, 1000);
+	assert_int_equal(p.steps[1].kind, STEP_PREFILL);
+	assert_int_equal(p.steps[1].upto, 1100);
+	assert_int_equal(p.steps[2].kind, STEP_PREFILL);
+	assert_int_equal(p.steps[2].upto, 1180);
+	assert_int_equal(p.steps[3].kind, STEP_GENERATE);
+	assert_int_equal(p.final_cache, 1180);
+	assert_int_equal(p.reuse, 1000);
+	plan_free(&p);
+
+	/* Save, restore, everything reused but the last chunk. */
+	assert_int_equal(plan_build(&p, b, N(b), 1185, 1180, 1, 1, 0), 0);
+	assert_int_equal(p.n, 3);
+	assert_int_equal(p.steps[0].kind, STEP_SAVE);
+	assert_int_equal(p.steps[1].kind, STEP_RESTORE);
+	assert_int_equal(p.steps[2].kind, STEP_GENERATE);
+	assert_int_equal(p.final_cache, 1180);
+	plan_free(&p);
+
+	/* Fast mode (no starts): one step. */
+	assert_int_equal(plan_build(&p, NULL, 0, 500, 0, 0, 0, 0), 0);
+	assert_int_equal(p.n, 1);
+	assert_int_equal(p.steps[0].kind, STEP_GENERATE);
+	assert_int_equal(p.final_cache, 0);
+	plan_free(&p);
+	plan_free(&p); /* twice is harmless */
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_grid),	  cmocka_unit_test(test_message_chunks),
+		cmocka_unit_test(test_symmetric), cmocka_unit_test(test_floor),
+		cmocka_unit_test(test_merge),	  cmocka_unit_test(test_plan),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
