@@ -9,6 +9,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -206,7 +207,11 @@ class BackendKilled(Served, unittest.TestCase):
               threading.Thread(target=go, args=("plain", long_chat(stream=False, id_slot=1)))]
         for t in ts:
             t.start()
-        time.sleep(1.0)
+        # Both requests are on their slots (sent to the stopped server).
+        deadline = time.time() + 30
+        while sum(s["busy"] for b in self.toki.stats()["backends"] for s in b["slots"]) < 2:
+            self.assertLess(time.time(), deadline, "the requests never reached their slots")
+            time.sleep(0.05)
         self.llama.kill(signal.SIGKILL)
         for t in ts:
             t.join(30)
@@ -438,16 +443,29 @@ class ClientDisconnects(Served, unittest.TestCase):
                                 f"{path}: the backend kept generating for a client that left")
         self.assertServes(self.toki)
 
+    def wait_busy_slots(self, ok, within=30):
+        deadline = time.time() + within
+        while True:
+            st = self.toki.stats()
+            n = sum(s["busy"] for b in st["backends"] for s in b["slots"])
+            if ok(n):
+                return
+            self.assertLess(time.time(), deadline, f"busy slots stayed at {n}: {st}")
+            time.sleep(0.05)
+
     def test_disconnect_before_first_byte(self):
         os.killpg(self.llama.proc.pid, signal.SIGSTOP)
         try:
             socks = [self.raw_post("/v1/chat/completions", long_chat(max_tokens=3000,
                                                                      id_slot=i))
                      for i in range(2)]
-            time.sleep(0.5)
+            # Both are on their slots, sent to the stopped server; then the
+            # clients leave, and toki frees the slots (cancelling the calls)
+            # before the server runs again.
+            self.wait_busy_slots(lambda n: n == 2)
             for s in socks:
                 s.close()
-            time.sleep(0.5)
+            self.wait_busy_slots(lambda n: n == 0)
         finally:
             os.killpg(self.llama.proc.pid, signal.SIGCONT)
         self.assertTrue(slots_idle(self.llama.port, 10),
@@ -521,6 +539,20 @@ class SlotDirFaults(Served, unittest.TestCase):
             time.sleep(0.1)
         self.fail(f"fewer than {n} saves: {self.toki.stats()}\n{self.toki.log_text()[-2000:]}")
 
+    SAVE_FAILED = re.compile(r"saving slot \d+ failed|slot file \S+ could not be finished|"
+                             r"cannot write the index file")
+
+    def save_failures(self):
+        return len(self.SAVE_FAILED.findall(self.toki.log_text()))
+
+    def wait_save_failures(self, n, within=30):
+        """Waits until n saves have failed (the log says so for each)."""
+        deadline = time.time() + within
+        while self.save_failures() < n:
+            self.assertLess(time.time(), deadline,
+                            f"no failed save was logged:\n{self.toki.log_text()[-2000:]}")
+            time.sleep(0.05)
+
     def snapshot(self):
         return {f: sha(os.path.join(self.dir, f)) for f in os.listdir(self.dir)
                 if f.startswith("toki-") and (f.endswith(".bin") or f.endswith(".json"))}
@@ -570,8 +602,9 @@ class SlotDirFaults(Served, unittest.TestCase):
                 pass
         # Now a second conversation's save fails (no space) — again and again.
         saves = self.toki.stats()["saves"]
+        failed = self.save_failures()
         self.conversation(2)
-        time.sleep(4)
+        self.wait_save_failures(failed + 1)
         self.assertServes(self.toki)
         self.settle()
         self.assertEqual(self.toki.stats()["saves"], saves, "a save into a full disk 'succeeded'")
@@ -602,8 +635,9 @@ class SlotDirFaults(Served, unittest.TestCase):
         self.mounts.append(self.dir)
         subprocess.run(["mount", "-o", "remount,ro,bind", self.dir], check=True)
         saves = self.toki.stats()["saves"]
+        failed = self.save_failures()
         self.conversation(2)
-        time.sleep(3)
+        self.wait_save_failures(failed + 1)
         self.assertServes(self.toki)
         self.settle()
         self.assertEqual(self.toki.stats()["saves"], saves)

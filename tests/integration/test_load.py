@@ -249,7 +249,15 @@ class Load(unittest.TestCase):
             t0 = time.time()
             got = asyncio.run(run_load(self.toki.port, CLIENTS, SECONDS, auth, "toki"))
             wall = time.time() - t0
-        time.sleep(2)
+        # The memory left once the load is over: no request in flight.
+        deadline = time.time() + 30
+        while True:
+            st = self.toki.stats()
+            if not st["waiting"] and not any(s["busy"] for b in st["backends"]
+                                             for s in b["slots"]):
+                break
+            self.assertLess(time.time(), deadline, f"requests still in flight: {st}")
+            time.sleep(0.1)
         rss_end = RSS(self.toki.proc.pid).now()
         b, g = summarize(base), summarize(got)
         stats = self.toki.stats()
@@ -345,6 +353,7 @@ class Limits(unittest.TestCase):
         self.send(trickle, b"POST /v1/chat/completions HTTP/1.1\r\n")
         t0 = time.time()
         out = {}
+        trickling = threading.Event()
 
         def trickler():
             line = b"X-Slow: 1\r\n"
@@ -355,6 +364,8 @@ class Limits(unittest.TestCase):
                 except OSError:
                     return
                 i += 1
+                if i == 2:
+                    trickling.set()  # two bytes apart: it is trickling
                 time.sleep(3)
 
         def reader(name, s):
@@ -366,7 +377,7 @@ class Limits(unittest.TestCase):
               threading.Thread(target=reader, args=("trickle", trickle))]
         for t in ts:
             t.start()
-        time.sleep(2)
+        self.assertTrue(trickling.wait(30), "the trickler never sent its second byte")
         self.assertStillServes()
         for t in ts:
             t.join(IDLE_TIMEOUT_S + 40)
@@ -445,7 +456,11 @@ class ConnectionLimit(unittest.TestCase):
         try:
             for _ in range(self.LIMIT):
                 socks.append(socket.create_connection(("127.0.0.1", toki.port), timeout=10))
-            time.sleep(1.0)  # all accepted
+            # All accepted: connections are accepted in order, so once the
+            # last one is answered, every one before it holds its place.
+            socks[-1].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            st, raw = read_status(socks[-1], 10)
+            self.assertEqual(st, 200, raw[:300])
             extra = socket.create_connection(("127.0.0.1", toki.port), timeout=10)
             extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             st, raw = read_status(extra, 10)

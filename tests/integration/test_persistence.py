@@ -7,6 +7,7 @@ context are refused; damaged files are discarded and the answer is still
 right."""
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -76,6 +77,20 @@ class Persistence(unittest.TestCase):
             time.sleep(0.1)
         self.fail(f"no idle save happened: {self.toki.stats()}")
 
+    def wait_saved_after(self, earlier):
+        """Waits for a save of more tokens than the slot of the `earlier` turn
+        could hold (its prompt and its answer): a save of a later turn. A
+        count of saves cannot tell: the idle save after the earlier turn
+        already moved it."""
+        most = earlier["usage"]["prompt_tokens"] + earlier["usage"]["completion_tokens"]
+        deadline = time.time() + 30
+        saved = re.compile(r"saved slot \d+ as \S+ \((\d+) tokens")
+        while time.time() < deadline:
+            if any(int(n) > most for n in saved.findall(self.toki.log_text())):
+                return
+            time.sleep(0.05)
+        self.fail(f"no save of more than {most} tokens: {self.toki.log_text()}")
+
     def files(self):
         return sorted(f for f in os.listdir(self.dir) if f.endswith(self.EXT))
 
@@ -100,7 +115,8 @@ class Persistence(unittest.TestCase):
         hist, users = self.conversation()
         hist, r1 = self.turn(hist, users[0])
         hist, r2 = self.turn(hist, users[1])
-        self.wait_saved(1)
+        # The restart must come after turn 2 is on disk, not just turn 1.
+        self.wait_saved_after(r1)
         seen = self.toki.stats()["backends"][0]["discoveries"]
         self.llama.kill()
         self.llama.restart()

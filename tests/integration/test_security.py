@@ -218,8 +218,13 @@ class Bind(unittest.TestCase):
             p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                                   script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
-            time.sleep(2)
-            exposed = listening_on(addrs[0], port)
+            # Until it exits (refusing, as it should) or is seen listening.
+            deadline = time.time() + 30
+            exposed = False
+            while p.poll() is None and not exposed and time.time() < deadline:
+                exposed = listening_on(addrs[0], port)
+                time.sleep(0.05)
+            exposed = exposed or listening_on(addrs[0], port)
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
             out, err = p.communicate(timeout=30)

@@ -224,9 +224,14 @@ class Tui(unittest.TestCase):
         t.keys("Up")
         t.wait(lambda s: t.cursor() == (y - 2, len("› first line")))
         t.keys("Up")  # nothing older: it stays
-        time.sleep(0.3)
-        self.assertEqual(input_lines(t.screen())[:3], ["› first line", "  second line",
-                                                       "  third line"])
+        # Keys are handled in order: once a character typed after it shows,
+        # the Up has been handled, and it changed nothing.
+        t.type("x")
+        t.wait(lambda s: input_lines(s)[:3] == ["› first linex", "  second line",
+                                                "  third line"], timeout=30)
+        t.keys("BSpace")
+        t.wait(lambda s: input_lines(s)[:3] == ["› first line", "  second line",
+                                                "  third line"], timeout=30)
         t.keys("Down", "Down")
         t.wait(lambda s: t.cursor()[0] == y)
         t.keys("Down")

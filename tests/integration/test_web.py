@@ -6,7 +6,9 @@ never reaching the browser.
 
 Needs /usr/bin/chromium, node >= 20 and tests/web's packages:
 scripts/install-test-browser.sh installs them (it runs from here).
-TOKI_WEB_SCREENSHOT: where the chat screenshot goes (default docs/web-screenshot.png).
+TOKI_WEB_SCREENSHOT: where the chat screenshot goes (default web-screenshot.png in the
+test work directory; the README's docs/web-screenshot.png is updated only on purpose,
+with TOKI_WEB_SCREENSHOT=docs/web-screenshot.png).
 """
 import http.client
 import json
@@ -257,8 +259,10 @@ class WebUI(unittest.TestCase):
         return m
 
     def test_browser_chat_in_every_mode(self):
+        # Never into the source tree by default: a test run must not rewrite
+        # the README's picture.
         shot = os.environ.get("TOKI_WEB_SCREENSHOT") or os.path.join(
-            th.SOURCE_DIR, "docs", "web-screenshot.png")
+            th.WORK_DIR, "web-screenshot.png")
         os.makedirs(os.path.dirname(shot), exist_ok=True)
         seen = browse({"scenario": "chat", "url": self.web.url, "system": SYSTEM,
                        "prompts": PROMPTS, "screenshot": shot,
