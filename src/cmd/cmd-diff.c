@@ -1,5 +1,7 @@
 /* toki diff "<prompt>": a one-off A/B of the cache. The prompt runs raw
- * (cache_prompt: false, so llama-server evaluates all of it), then cached
+ * (cache_prompt: false: toki evaluates all of it, from an empty slot, on the
+ * same schedule as any run of this request, so that exact mode's cached
+ * answer must equal it), then cached
  * (through the router, which reuses what the raw run left in the slot), at
  * temperature 0 with the same max_tokens; the table compares prompt tokens,
  * evaluated tokens, time to the first token and total time, and says whether
@@ -33,10 +35,11 @@ static void usage(FILE *out)
 	    "usage: toki diff [--url URL] [--model FILE|NAME] [--system TEXT] [--max-tokens N] "
 	    "[--json] PROMPT\n"
 	    "\n"
-	    "Runs PROMPT twice against the daemon at temperature 0: raw (cache_prompt off, so\n"
-	    "llama-server evaluates the whole prompt), then cached (through toki's router,\n"
-	    "which reuses what the raw run computed), and compares prompt tokens, evaluated\n"
-	    "tokens, time to first token (TTFT), total time, and the two answers.\n"
+	    "Runs PROMPT twice against the daemon at temperature 0: raw (cache_prompt off:\n"
+	    "the whole prompt is evaluated from an empty slot, on exact mode's schedule),\n"
+	    "then cached (through toki's router, which reuses what the raw run computed),\n"
+	    "and compares prompt tokens, evaluated tokens, time to first token (TTFT), total\n"
+	    "time, and the two answers (in exact mode they must be byte-identical).\n"
 	    "\n"
 	    "  --url URL         the daemon (default: the running model, else %s)\n"
 	    "  --model FILE|NAME a GGUF file or a registered model: when no daemon runs, one is\n"

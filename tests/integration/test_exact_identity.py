@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -119,6 +120,71 @@ class ExactIdentity(unittest.TestCase):
         ident, total, evald = self.run_mode("grid", 3, check=True)
         self.assertEqual(ident, total)
         print(f"grid: identical {ident}/{total} (evaluated {evald})")
+
+
+def prompt_tokens_total(llama):
+    st, text = th.request(llama.port, "GET", "/metrics", raw=True, auth=False)
+    for line in text.splitlines():
+        if line.startswith("llamacpp:prompt_tokens_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no llamacpp:prompt_tokens_total in /metrics")
+
+
+class Accounting(unittest.TestCase):
+    """One request may be several backend steps (chunks, cuts): its cache
+    block counts every token the server evaluated for it, and the daemon's
+    total (those, and the cuts of slots' tails after answers) is exactly what
+    llama-server's own counter says it evaluated."""
+
+    def test_evaluated_tokens_are_the_servers(self):
+        model = th.generated_model("identity", params="4M", ctx=8192)
+        llama = th.LlamaServer(model=model, slots=2, ctx=8192, ubatch=64, extra=["--metrics"])
+        toki = th.Toki([llama], mode="exact", ubatch=64)
+        try:
+            before = prompt_tokens_total(llama)
+            evaluated = 0
+            convs = conversations(11, count=2, turns=3)
+            histories = [[{"role": "system", "content": sys_}] for sys_, _ in convs]
+            for t in range(3):
+                for i, (_, users) in enumerate(convs):
+                    msgs = histories[i] + [{"role": "user", "content": users[t]}]
+                    st, r = toki.chat(msgs, max_tokens=8)
+                    self.assertEqual(st, 200, r)
+                    c = r["cache"]
+                    evaluated += c["evaluated"]
+                    # The answer's own numbers are the whole request's too.
+                    self.assertEqual(r["timings"]["prompt_n"], c["evaluated"], c)
+                    self.assertEqual(r["timings"]["cache_n"], c["cached"], c)
+                    self.assertEqual(c["schedule"], "messages", c)
+                    # Sent again: only the generation prompt is evaluated.
+                    st, again = toki.chat(msgs, max_tokens=8)
+                    self.assertEqual(st, 200, again)
+                    evaluated += again["cache"]["evaluated"]
+                    self.assertLessEqual(again["cache"]["evaluated"], 8, again["cache"])
+                    self.assertEqual(again["choices"][0]["message"], r["choices"][0]["message"])
+                    histories[i] = msgs + [{"role": "assistant",
+                                            "content": r["choices"][0]["message"]["content"]}]
+            # An uncached run is evaluated whole, in its chunks.
+            st, raw = toki.chat(histories[0], max_tokens=8, cache_prompt=False)
+            self.assertEqual(st, 200, raw)
+            self.assertEqual(raw["cache"]["evaluated"], raw["cache"]["prompt_tokens"])
+            evaluated += raw["cache"]["evaluated"]
+            # The slots' tails are cut after the answers; a slot is busy until
+            # its cut is done.
+            deadline = time.time() + 30
+            while any(s["busy"] for b in toki.stats()["backends"] for s in b["slots"]):
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.02)
+            st = toki.stats()
+            grown = prompt_tokens_total(llama) - before
+            self.assertGreater(st["tail_cut_tokens"], 0)
+            self.assertEqual(grown, evaluated + st["tail_cut_tokens"],
+                             f"server {grown}, cache blocks {evaluated}, tail cuts "
+                             f"{st['tail_cut_tokens']}")
+            self.assertEqual(st["evaluated_tokens"], grown)
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
 
 
 class ExactIdentityStories(unittest.TestCase):
