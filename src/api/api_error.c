@@ -46,7 +46,8 @@ static const char *anthropic_error_type(int status)
 
 int api_path_is_anthropic(const char *path)
 {
-	return path && !strncmp(path, "/anthropic/", 11);
+	return path && (!strncmp(path, "/anthropic/", 11) || !strcmp(path, "/v1/messages") ||
+			!strcmp(path, "/v1/messages/count_tokens"));
 }
 
 char *api_error_body(int status, const char *message, const char *path)

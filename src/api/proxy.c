@@ -2553,7 +2553,7 @@ static int is_passthrough(const char *method, const char *path)
 	static const char *const routes[] = {
 		"/tokenize", "/detokenize", "/props",	   "/slots",	 "/metrics",
 		"/apply-template", "/embedding", "/embeddings", "/v1/embeddings", "/infill",
-		"/rerank",	   "/reranking", "/v1/rerank",	"/lora-adapters", "/v1/messages/count_tokens",
+		"/rerank",	   "/reranking", "/v1/rerank",	"/lora-adapters",
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
 		if (!strcmp(path, routes[i]))
@@ -2597,12 +2597,15 @@ void proxy_handle(struct http_request *req, void *ctx)
 		else
 			start_routed(d, req, KIND_COMPLETION,
 				     !strcmp(path, "/completion") ? "/completion" : "/v1/completions");
-	} else if (!strcmp(path, "/anthropic/v1/messages")) {
+	} else if (!strcmp(path, "/anthropic/v1/messages") || !strcmp(path, "/v1/messages")) {
+		/* llama-server (and Ollama) serve the Messages API at the root: a
+		 * client pointed at toki instead of the server sends it there. */
 		if (!post)
 			http_respond_error(req, 405, "use POST");
 		else
 			start_routed(d, req, KIND_ANTHROPIC, "/v1/chat/completions");
-	} else if (!strcmp(path, "/anthropic/v1/messages/count_tokens")) {
+	} else if (!strcmp(path, "/anthropic/v1/messages/count_tokens") ||
+		   !strcmp(path, "/v1/messages/count_tokens")) {
 		if (!post)
 			http_respond_error(req, 405, "use POST");
 		else

@@ -95,6 +95,30 @@ class AnthropicAndResponses(unittest.TestCase):
                        if n == "content_block_delta")
         self.assertEqual(text, whole["content"][0]["text"])
 
+    def test_messages_at_the_root_as_llama_server_serves_them(self):
+        """A client whose ANTHROPIC_BASE_URL was llama-server's address posts to
+        /v1/messages; through toki that is the same routed Messages API (main
+        answered 404, and passed count_tokens to the server unrouted)."""
+        st, r = th.request(self.toki.port, "POST", "/v1/messages", self.msg("A cat at the root"))
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["type"], "message")
+        self.assertIn("cache", r)
+        st, c = th.request(self.toki.port, "POST", "/v1/messages/count_tokens",
+                           {"model": "claude-test", "system": SYSTEM,
+                            "messages": [{"role": "user", "content": "A cat at the root"}]})
+        self.assertEqual((st, c), (200, {"input_tokens": r["cache"]["prompt_tokens"]}))
+        st, events = th.stream(self.toki.port, "/v1/messages",
+                               self.msg("A cat at the root", stream=True))
+        self.assertEqual(st, 200)
+        names = [n for n, _ in sse_events(events) if n != "ping"]
+        self.assertEqual((names[0], names[-1]), ("message_start", "message_stop"))
+        st, err = th.request(self.toki.port, "POST", "/v1/messages", self.msg("x"), auth=False,
+                             headers={"x-api-key": "sk-ant-wrong"})
+        self.assertEqual(st, 401)
+        self.assertEqual(err["error"]["type"], "authentication_error")
+        st, err = th.request(self.toki.port, "GET", "/v1/messages")
+        self.assertEqual((st, err["type"]), (405, "error"))
+
     def test_messages_errors_in_anthropic_shape(self):
         for body, status in (({"model": "x", "max_tokens": 5}, 400),
                              ({"model": "x", "max_tokens": 5, "messages": "hi"}, 400),
