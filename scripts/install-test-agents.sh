@@ -58,7 +58,7 @@ for (const [name, v] of Object.entries(want)) {
 process.exit(bad);') || exit 1
 
 bin="$dest/node_modules/.bin"
-for cli in claude codex opencode qwen; do
+for cli in claude codex opencode qwen cline droid copilot; do
   if ! out=$(cd "$dest" && HOME="$dest/.home" timeout 120 "$bin/$cli" --version 2>&1); then
     echo "install-test-agents: $cli --version failed:" >&2
     echo "$out" >&2
