@@ -190,8 +190,9 @@ static void print_table(const char *url, const char *model, long max_tokens,
 		printf("route: %s, reused %ld of %ld prompt tokens\n", cached->route,
 		       b.cached >= 0 ? b.cached : 0, cached->prompt_tokens);
 	if (b.evaluated >= 0 && a.evaluated >= 0 && b.evaluated >= a.evaluated)
-		printf("note: nothing was reused; in exact mode only whole micro-batches (-ub) are "
-		       "reused, so give a longer prompt or --system\n");
+		printf("note: nothing was reused; on llama-server's own schedule (--reuse grid, or a "
+		       "prompt toki could not make itself) only whole micro-batches (-ub) are reused, "
+		       "so give a longer prompt or --system\n");
 	if (!identical)
 		printf("\nraw:    %s\ncached: %s\n", raw->text, cached->text);
 }

@@ -463,7 +463,9 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				best.must_trim = reuse_mode_is_exact(r->mode) && reuse > 0 &&
 						 (m > reuse || m == s->n_tokens);
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
-				best.kind = m == 0 ? "miss" : (m >= s->n_tokens ? "hit" : "partial");
+				best.kind = m == 0				     ? "miss"
+					    : m + (size_t)(s->junk_tail != 0) >= s->n_tokens ? "hit"
+											       : "partial";
 			}
 			/* ...or with a saved state restored into it. */
 			for (size_t k = 0; k < mc.n_saved; k++) {
@@ -533,6 +535,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	free(s->bounds);
 	s->bounds = NULL;
 	s->n_bounds = 0;
+	s->junk_tail = 0;
 	s->hits = 0;
 	s->saved = NULL;
 }
@@ -570,6 +573,7 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 	radix_remove(r->tree, s->tokens, s->n_tokens, s);
 	s->n_tokens = n;
 	s->saved = NULL;
+	s->junk_tail = 0;
 	/* Only whole micro-batches of what was computed stay reusable. */
 	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, n, s->backend->n_ubatch);
 	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
@@ -632,6 +636,7 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 	s->n_tokens = n;
 	s->aligned = aligned;
 	/* Grid arithmetic above: the rows are on the grid's schedule. */
+	s->junk_tail = 0;
 	free(s->bounds);
 	s->bounds = NULL;
 	s->n_bounds = 0;
@@ -667,6 +672,7 @@ static int slot_set(struct router *r, struct router_slot *s, const token_t *toke
 	}
 	if (have_junk)
 		s->tokens[n] = junk;
+	s->junk_tail = have_junk;
 	s->n_tokens = total;
 	if (total && radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0) {
 		router_slot_forget(r, s);
@@ -852,6 +858,7 @@ int router_slot_restored(struct router *r, struct router_slot *s, struct router_
 		return -1;
 	}
 	s->n_tokens = e->n_tokens;
+	s->junk_tail = 0;
 	s->hits = e->hits;
 	s->saved = e;
 	s->last_used_us = now_us;

@@ -54,6 +54,9 @@ struct router_slot {
 	 * end of it. What exact mode may reuse (router/sched.h). */
 	size_t aligned;
 	size_t *bounds, n_bounds;
+	/* The last token is a cut's throw-away one (router_slot_cut): a
+	 * request that matches all before it reuses all the slot can lend. */
+	int junk_tail;
 	int busy;
 	int64_t last_used_us;
 	unsigned hits;	/* requests that reused this content */
