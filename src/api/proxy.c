@@ -502,7 +502,9 @@ static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t
 		u = json_object_get(json_object_get(o, "response"), "usage");
 	set_cached_tokens(u, "prompt_tokens_details", cached);
 	set_cached_tokens(u, "input_tokens_details", cached);
-	char *js = json_dumps(o, JSON_COMPACT);
+	/* 15 digits: the timings read as the server wrote them (12.87, not
+	 * 12.869999999999999). */
+	char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
 	json_decref(o);
 	if (!js)
 		return NULL;
@@ -526,10 +528,33 @@ static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t
 static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len,
 			       size_t *out_len);
 
+/* A client that filters the answer (llama-server's response_fields) gets
+ * the cache block only if it asked for it. */
+static int cache_wanted(const struct proxy_req *pr)
+{
+	json_t *f = json_object_get(pr->body, "response_fields");
+	if (!json_is_array(f))
+		return 1;
+	size_t i;
+	json_t *v;
+	json_array_foreach(f, i, v)
+	{
+		const char *name = json_string_value(v);
+		if (name && (!strcmp(name, "cache") || !strncmp(name, "cache/", 6)))
+			return 1;
+	}
+	return 0;
+}
+
 static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, size_t *out_len)
 {
 	size_t wl = 0;
 	char *whole = whole_request_counts(pr, text, len, &wl);
+	if (!cache_wanted(pr)) {
+		if (whole)
+			*out_len = wl;
+		return whole;
+	}
 	char *out = whole ? inject_cache_text(pr, whole, wl, out_len)
 			  : inject_cache_text(pr, text, len, out_len);
 	free(whole);
@@ -1853,12 +1878,24 @@ static int clamp_output(struct proxy_req *pr, int n_ctx_slot)
 	if (n_ctx_slot <= 0)
 		return 0;
 	if (pr->n_tokens >= (size_t)n_ctx_slot) {
-		char msg[300];
-		snprintf(msg, sizeof msg,
-			 "the prompt has %zu tokens, but the model's context holds %d (with room for "
-			 "at least one output token); shorten the conversation",
+		/* In the shape each API's clients key on (Claude Code compacts the
+		 * conversation on the Messages API's wording). */
+		char *body = api_context_error_body(pr->client_path, (long long)pr->n_tokens,
+						    n_ctx_slot);
+		log_info("%s: 400: the prompt has %zu tokens, the context holds %d", pr->client_path,
 			 pr->n_tokens, n_ctx_slot);
-		fail(pr, 400, msg);
+		if (!body) {
+			fail(pr, 400, "the prompt does not fit the context");
+			return -1;
+		}
+		pr->d->stats.errors++;
+		if (pr->client) {
+			http_request_on_close(pr->client, NULL, NULL);
+			http_respond(pr->client, 400, "application/json", body, strlen(body));
+			pr->client = NULL;
+		}
+		free(body);
+		pr_finish(pr);
 		return -1;
 	}
 	long space = n_ctx_slot - (long)pr->n_tokens;
@@ -1994,7 +2031,7 @@ static void on_tokenize_done(struct backend_call *call, int status, const char *
 	json_t *toks = json_object_get(obj, "tokens");
 	if (!json_is_array(toks)) {
 		json_decref(obj);
-		fail(pr, status >= 400 && status < 500 ? 400 : 502, "tokenization failed");
+		fail(pr, status >= 400 ? status : 502, "tokenization failed");
 		return;
 	}
 	size_t n = json_array_size(toks);
@@ -2067,7 +2104,10 @@ static void on_template_done(struct backend_call *call, int status, const char *
 		char msg[512];
 		snprintf(msg, sizeof msg, "%s", m ? m : "the chat template could not be applied");
 		json_decref(obj);
-		fail(pr, status >= 400 && status < 500 ? status : 502, msg);
+		/* The backend's own status where it answered one (an image sent
+		 * to a text-only model is its 500), 502 only for an answer that
+		 * is none. */
+		fail(pr, status >= 400 ? status : 502, msg);
 		return;
 	}
 	if (!local_text(pr, pr->backend, prompt, json_string_length(json_object_get(obj, "prompt"))))

@@ -267,10 +267,51 @@ class ServeCore(unittest.TestCase):
         self.chat([{"role": "user", "content": "ok"}], max_tokens=2)
 
     def test_prompt_longer_than_context_is_400(self):
+        """In each API's own shape: llama-server's on the OpenAI-compatible
+        routes, the Messages API's words (which Claude Code parses) on
+        /v1/messages, OpenAI's context_length_exceeded on /v1/responses."""
         long = "the cat and the dog " * 1200
         st, err = self.toki.chat([{"role": "user", "content": long}])
         self.assertEqual(st, 400, err)
-        self.assertIn("context", err["error"]["message"])
+        e = err["error"]
+        self.assertEqual(e["type"], "exceed_context_size_error", e)
+        n, ctx = e["n_prompt_tokens"], e["n_ctx"]
+        self.assertGreater(n, ctx)
+        self.assertEqual(e["message"], f"request ({n} tokens) exceeds the available context "
+                         f"size ({ctx} tokens), try increasing it")
+        msg = {"role": "user", "content": long}
+        for path in ("/v1/messages", "/anthropic/v1/messages"):
+            st, err = th.request(self.toki.port, "POST", path,
+                                 {"model": "m", "max_tokens": 8, "messages": [msg]})
+            self.assertEqual(st, 400, err)
+            self.assertEqual(err["type"], "error")
+            self.assertEqual(err["error"]["type"], "invalid_request_error")
+            self.assertRegex(err["error"]["message"], r"^prompt is too long: \d+ tokens > \d+ maximum$")
+        st, err = th.request(self.toki.port, "POST", "/v1/responses", {"input": long,
+                                                                       "max_output_tokens": 8})
+        self.assertEqual(st, 400, err)
+        self.assertEqual(err["error"]["code"], "context_length_exceeded", err)
+
+    def test_backend_statuses_and_response_fields(self):
+        """Where the backend answered, its status and message reach the client
+        (an image sent to a text-only model is llama-server's 500, not a 502);
+        a client that filters the answer with response_fields gets the cache
+        block only if it asks for it."""
+        image = {"role": "user", "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
+        st, direct = th.request(self.llama.port, "POST", "/v1/chat/completions",
+                                {"messages": [image], "max_tokens": 2}, auth=False)
+        st2, err = self.toki.chat([image], max_tokens=2)
+        self.assertEqual(st2, st, err)
+        self.assertEqual(err["error"]["message"], direct["error"]["message"])
+        st, r = self.toki.chat([{"role": "user", "content": "Filtered"}], max_tokens=2,
+                               response_fields=["content"])
+        self.assertEqual(st, 200, r)
+        self.assertNotIn("cache", r)
+        st, r = self.toki.chat([{"role": "user", "content": "Filtered"}], max_tokens=2,
+                               response_fields=["content", "cache"])
+        self.assertIn("cache", r)
 
     def test_client_disconnect_cancels_backend(self):
         body = json.dumps({"messages": [{"role": "user", "content": "Tell a story"}],
