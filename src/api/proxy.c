@@ -1263,8 +1263,11 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		json_t *chat = status == 200 ? json_loadb(body, len, BACKEND_JSON, &jerr) : NULL;
 		if (chat)
 			end_turn_at_model_cap(pr, chat);
+		/* Anthropic's usage splits the prompt: read from the cache, and
+		 * the rest (a cut's throw-away token is no part of the input). */
 		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, req_cached(pr),
-							 req_evaluated(pr))
+							 pr->routable ? (long long)pr->n_tokens - req_cached(pr)
+								      : req_evaluated(pr))
 				   : NULL;
 		json_decref(chat);
 		http_request_on_close(pr->client, NULL, NULL);

@@ -91,7 +91,11 @@ def answer_of(path, body, port):
     if path.endswith("/count_tokens"):
         return r["input_tokens"], None
     if path.endswith("/v1/messages"):
-        return ([c.get("text") for c in r["content"]], r["usage"]["input_tokens"]), r.get("cache")
+        # The whole prompt: how much of it was read from the cache depends
+        # on the schedule, which is llama-server's own for prompts it made.
+        u = r["usage"]
+        return ([c.get("text") for c in r["content"]],
+                u["input_tokens"] + u.get("cache_read_input_tokens", 0)), r.get("cache")
     if path == "/v1/completions":
         return (r["choices"][0]["text"], r["usage"]["prompt_tokens"]), r["cache"]
     return (r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"]), r["cache"]
