@@ -83,7 +83,7 @@ class Lifecycle(unittest.TestCase):
                              {"messages": [{"role": "user", "content": "the cat " * 700}]},
                              headers=auth, auth=False)
         self.assertEqual(st, 400, err)
-        self.assertIn("context holds 1024", err["error"]["message"])
+        self.assertIn("exceeds the available context size (1024 tokens)", err["error"]["message"])
 
         r = self.toki("status", "--json")
         status = json.loads(r.stdout)
