@@ -1006,6 +1006,28 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		if (!replanned && json_is_object(pp) &&
 		    json_integer_value(json_object_get(pp, "processed")) >= total)
 			pr->gen_started = 1; /* the whole prompt is in the slot */
+		if (!replanned && !pr->added_progress && pr->steps && json_is_object(pp) &&
+		    !pr->astream) {
+			/* The client asked for progress: after earlier steps, the last
+			 * one's events describe the whole request (what it reused
+			 * before it, the time its chunks took). */
+			json_object_set_new(pp, "cache", json_integer(req_cached(pr)));
+			json_object_set_new(pp, "time_ms",
+					    json_real(json_number_value(json_object_get(pp, "time_ms")) +
+						      pr->steps_prompt_ms));
+			char *js = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(15));
+			if (js) {
+				if (!pr->t_first_data_us)
+					pr->t_first_data_us = clock_now_us();
+				client_write(pr, "data: ", 6);
+				client_write(pr, js, strlen(js));
+				client_write(pr, "\n\n", 2);
+				free(js);
+				json_decref(obj);
+				free(data);
+				return;
+			}
+		}
 		json_decref(obj);
 		if (replanned || pr->added_progress) {
 			free(data);

@@ -164,6 +164,24 @@ class Accounting(unittest.TestCase):
                     self.assertEqual(again["choices"][0]["message"], r["choices"][0]["message"])
                     histories[i] = msgs + [{"role": "assistant",
                                             "content": r["choices"][0]["message"]["content"]}]
+            # A client that asks for progress sees one coherent stream for
+            # the whole request, whatever steps it took.
+            st, events = th.stream(toki.port, "/v1/chat/completions",
+                                   {"messages": histories[1] + [{"role": "user",
+                                                                 "content": "And then?"}],
+                                    "max_tokens": 4, "stream": True, "return_progress": True,
+                                    "temperature": 0, "cache_prompt": False})
+            self.assertEqual(st, 200)
+            js = [th.event_json(e) for e in events]
+            progress = [j["prompt_progress"] for j in js if j and "prompt_progress" in j]
+            cache = [j["cache"] for j in js if j and "cache" in j][0]
+            evaluated += cache["evaluated"]
+            self.assertGreater(cache["steps"], 1, cache)  # chunks before the last
+            self.assertEqual(cache["cached"], 0, cache)
+            self.assertTrue(progress)
+            for p in progress:
+                self.assertEqual((p["total"], p["cache"]), (cache["prompt_tokens"], cache["cached"]))
+            self.assertEqual(progress[-1]["processed"], cache["prompt_tokens"])
             # An uncached run is evaluated whole, in its chunks.
             st, raw = toki.chat(histories[0], max_tokens=8, cache_prompt=False)
             self.assertEqual(st, 200, raw)
