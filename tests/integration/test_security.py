@@ -110,8 +110,8 @@ class Auth(unittest.TestCase):
                 st, err = th.request(p, method, path, body, headers=headers, auth=False,
                                      timeout=30)
                 self.assertEqual(st, 401, (method, path, headers, err))
-                if path.startswith("/anthropic/"):
-                    # Anthropic's own shape.
+                if path.startswith(("/anthropic/", "/v1/messages")):
+                    # Anthropic's own shape (also at the root, as llama-server serves it).
                     self.assertEqual(err["type"], "error", err)
                     self.assertEqual(err["error"]["type"], "authentication_error", err)
                 else:
