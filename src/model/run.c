@@ -279,7 +279,10 @@ static void last_serve_error(const char *log, char *out, size_t n)
 		return;
 	char line[1024];
 	while (fgets(line, sizeof line, f)) {
-		if (strncmp(line, "toki serve: ", 12) != 0)
+		/* Its errors; not the line that says it listens (stdout goes to
+		 * the same log). */
+		if (strncmp(line, "toki serve: ", 12) != 0 ||
+		    !strncmp(line + 12, "listening on ", 13))
 			continue;
 		line[strcspn(line, "\r\n")] = '\0';
 		snprintf(out, n, "%.500s", line + 12);
@@ -413,6 +416,10 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 			else if (*why)
 				snprintf(err, errlen, "toki serve could not start: %s (see %s)",
 				         why, log);
+			else if (WIFSIGNALED(status))
+				snprintf(err, errlen,
+				         "toki serve was killed at start (signal %d); see %s",
+				         WTERMSIG(status), log);
 			else
 				snprintf(err, errlen,
 				         "toki serve exited at start (status %d); see %s",

@@ -191,7 +191,7 @@ class Lifecycle(unittest.TestCase):
         # listed a run that never became ready, holding the memory).
         fake = os.path.join(self.tmp, "never-ready-llama-server")
         with open(fake, "w") as f:
-            f.write("#!/bin/sh\nexec sleep 300\n")
+            f.write("#!/bin/sh\nsleep 300\n")  # sh stays, with the marker
         os.chmod(fake, 0o755)
         env = dict(self.env, TOKI_LLAMA_SERVER=fake)
         r = self.toki("up", "--model", self.model, "--name", "slow", "--port",
@@ -201,6 +201,21 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(self.processes_with(fake), [])
         self.assertEqual(self.processes_with(self.model), [])
         self.assertIn("nothing is running", self.toki("status").stdout)
+
+    def test_serve_that_dies_at_start_leaves_no_llama_server(self):
+        # toki serve dies after starting llama-server (here the stand-in
+        # kills it): the llama-server, left to init, is found by its session
+        # and stopped (before, it stayed, and toki down could not see it).
+        fake = os.path.join(self.tmp, "orphaned-llama-server")
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\nkill -9 $PPID\nsleep 300\n")  # sh stays, with the marker
+        os.chmod(fake, 0o755)
+        env = dict(self.env, TOKI_LLAMA_SERVER=fake)
+        r = self.toki("up", "--model", self.model, "--name", "dies", "--port",
+                      str(th.free_port()), "--wait", "60", env=env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("toki serve was killed at start (signal 9)", r.stderr)
+        self.assertEqual(self.processes_with(fake), [])
 
     def test_context_that_does_not_fit_is_refused(self):
         big = th.generated_model("fit", params="24M", ctx=32768)
