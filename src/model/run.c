@@ -269,14 +269,19 @@ static void stop_failed_start(pid_t pid)
 	session_signal(pid, SIGKILL);
 }
 
-/* The last line toki serve wrote to its log that says why it stopped
- * ("toki serve: ..."), or "" when there is none. */
-static void last_serve_error(const char *log, char *out, size_t n)
+/* The last line toki serve wrote to its log after offset (where this start
+ * began: the log keeps earlier runs) that says why it stopped ("toki serve:
+ * ..."), or "" when there is none. */
+static void last_serve_error(const char *log, long offset, char *out, size_t n)
 {
 	out[0] = '\0';
 	FILE *f = fopen(log, "r");
 	if (!f)
 		return;
+	if (fseek(f, offset, SEEK_SET) != 0) {
+		fclose(f);
+		return;
+	}
 	char line[1024];
 	while (fgets(line, sizeof line, f)) {
 		/* Its errors; not the line that says it listens (stdout goes to
@@ -371,6 +376,8 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 	}
 	argv[a] = NULL;
 
+	struct stat log_st;
+	long log_start = stat(log, &log_st) == 0 ? (long)log_st.st_size : 0;
 	pid_t pid = fork();
 	if (pid < 0) {
 		snprintf(err, errlen, "fork: %s", strerror(errno));
@@ -409,7 +416,7 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 			stop_failed_start(pid);
 			unlink(pidpath);
 			char why[600];
-			last_serve_error(log, why, sizeof why);
+			last_serve_error(log, log_start, why, sizeof why);
 			if (strstr(why, "Address already in use"))
 				snprintf(err, errlen, "port %d is in use; pass --port (see %s)",
 				         spec->port, log);

@@ -211,6 +211,11 @@ class Lifecycle(unittest.TestCase):
             f.write("#!/bin/sh\nkill -9 $PPID\nsleep 300\n")  # sh stays, with the marker
         os.chmod(fake, 0o755)
         env = dict(self.env, TOKI_LLAMA_SERVER=fake)
+        # An earlier start's error in the same log is not this one's.
+        os.makedirs(os.path.join(self.env["TOKI_STATE_DIR"], "run", "dies"))
+        with open(os.path.join(self.env["TOKI_STATE_DIR"], "run", "dies", "serve.log"),
+                  "w") as f:
+            f.write("toki serve: cannot listen on 127.0.0.1:1: Address already in use\n")
         r = self.toki("up", "--model", self.model, "--name", "dies", "--port",
                       str(th.free_port()), "--wait", "60", env=env)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
