@@ -78,6 +78,7 @@ struct proxy_req {
 	token_t cut_junk;  /* the token a cut leaves after the kept prefix */
 	size_t cut_keep;   /* ... and how much of the prompt it keeps */
 	int counted;	   /* its evaluated tokens are in the stats */
+	int stream_begun;  /* the client's SSE response has begun (200 sent) */
 	char client_path[64];
 	char save_name[96];
 	char restored_name[96];
@@ -120,6 +121,7 @@ struct proxy_req {
 
 static void pr_finish(struct proxy_req *pr);
 static void pr_try_route(struct proxy_req *pr);
+static void begin_client_stream(struct proxy_req *pr);
 static void save_slot(struct proxy_req *pr);
 static void pr_begin(struct proxy_req *pr, struct backend *b);
 static void tokens_ready(struct proxy_req *pr);
@@ -248,7 +250,7 @@ static void client_write_strbuf(struct proxy_req *pr, struct strbuf *b)
 static void fail(struct proxy_req *pr, int status, const char *message)
 {
 	pr->d->stats.errors++;
-	if (pr->client && pr->astream && pr->t_forward_us) {
+	if (pr->client && pr->astream && pr->stream_begun) {
 		struct strbuf b;
 		strbuf_init(&b);
 		anthropic_stream_error(pr->astream, status == 504 ? "timeout_error" : "api_error",
@@ -259,7 +261,7 @@ static void fail(struct proxy_req *pr, int status, const char *message)
 		pr->client = NULL;
 	}
 	if (pr->client) {
-		if (pr->stream && pr->state >= PS_FORWARD && pr->t_forward_us) {
+		if (pr->stream && pr->stream_begun) {
 			char *body = api_error_body(status, message, http_request_path(pr->client));
 			if (body) {
 				client_write(pr, "data: ", 6);
@@ -1392,7 +1394,6 @@ static const struct backend_call_handlers forward_handlers = {
 
 static void forward(struct proxy_req *pr)
 {
-	struct daemon *d = pr->d;
 	pr->state = PS_FORWARD;
 	if (pr->slot) {
 		json_object_set_new(pr->body, "id_slot", json_integer(pr->slot->id));
@@ -1426,7 +1427,32 @@ static void forward(struct proxy_req *pr)
 		sse_parser_free(&pr->sse);
 		sse_parser_init(&pr->sse, 64 * 1024 * 1024);
 	}
-	if (pr->stream && pr->client && !pr->keepalive) {
+	begin_client_stream(pr);
+	/* Every request gets one line when it ends (log_done); this one, as it
+	 * starts, only when its prefill will be long enough to wait for. */
+	if (pr->routable)
+		log_write(pr->choice.est_prefill_s >= 1.0 ? LOG_INFO : LOG_DEBUG,
+		       "%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
+		       pr->client_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
+		       pr->n_tokens, pr->choice.matched, pr->choice.reuse,
+		       pr->choice.est_prefill_s * 1000.0);
+	pr->call = backend_call_start(pr->backend->http, "POST", pr->backend_path, body,
+				      strlen(body), pr->stream ? &forward_stream_handlers : &forward_handlers,
+				      pr);
+	free(body);
+	if (!pr->call)
+		fail(pr, 500, "out of memory");
+}
+
+/* A streamed request's response begins as soon as its plan runs: exact
+ * mode's chunks, a restore or a save come before the answer, and the client
+ * must see the route, then keep-alives (Anthropic pings), rather than
+ * silence. */
+static void begin_client_stream(struct proxy_req *pr)
+{
+	struct daemon *d = pr->d;
+	if (pr->stream && pr->client && !pr->stream_begun) {
+		pr->stream_begun = 1;
 		http_response_header(pr->client, "Cache-Control", "no-cache");
 		http_stream_begin(pr->client, 200, "text/event-stream");
 		/* The first event says how long the prefill should take, so that
@@ -1456,20 +1482,6 @@ static void forward(struct proxy_req *pr)
 		if (pr->keepalive)
 			event_add(pr->keepalive, &tv);
 	}
-	/* Every request gets one line when it ends (log_done); this one, as it
-	 * starts, only when its prefill will be long enough to wait for. */
-	if (pr->routable)
-		log_write(pr->choice.est_prefill_s >= 1.0 ? LOG_INFO : LOG_DEBUG,
-		       "%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
-		       pr->backend_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
-		       pr->n_tokens, pr->choice.matched, pr->choice.reuse,
-		       pr->choice.est_prefill_s * 1000.0);
-	pr->call = backend_call_start(pr->backend->http, "POST", pr->backend_path, body,
-				      strlen(body), pr->stream ? &forward_stream_handlers : &forward_handlers,
-				      pr);
-	free(body);
-	if (!pr->call)
-		fail(pr, 500, "out of memory");
 }
 
 /* ---- the executor: a request's plan, one backend step at a time ----
@@ -1803,6 +1815,7 @@ static void run_step(struct proxy_req *pr)
 		return;
 	}
 	struct plan_step *st = &pr->plan.steps[pr->plan.next++];
+	begin_client_stream(pr);
 	switch (st->kind) {
 	case STEP_SAVE:
 		save_slot(pr);
