@@ -44,8 +44,12 @@ static void usage(FILE *out)
 		"  --host ADDR        address to bind (default 127.0.0.1)\n"
 		"  --port N           port to bind (default 8787; 0 picks a free one)\n"
 		"  --allow-remote     allow binding to a non-loopback address\n"
-		"  --reuse MODE       exact (default: output byte-identical to an uncached run)\n"
-		"                     or fast (reuse every matching token)\n"
+		"  --reuse MODE       exact (default): the answer is a function of the request\n"
+		"                     alone, byte-identical to the same request uncached\n"
+		"                     through toki (prompts evaluated in chunks that end\n"
+		"                     where messages start); fast: reuse every matching\n"
+		"                     token; grid: exact on llama-server's own schedule,\n"
+		"                     identical to llama-server's uncached answer\n"
 		"  --ubatch N         the backends' micro-batch size, -ub (default 512)\n"
 		"  --tokenize WHERE   local (default): toki applies the chat template and\n"
 		"                     tokenizes itself, for backends whose model file it can\n"
@@ -425,7 +429,7 @@ int cmd_serve(int argc, char **argv)
 		case 'R': d.cfg.allow_remote = 1; break;
 		case 'r':
 			if (reuse_mode_parse(optarg, &d.cfg.mode) != 0) {
-				fprintf(stderr, "toki serve: --reuse takes exact or fast\n");
+				fprintf(stderr, "toki serve: --reuse takes exact, fast or grid\n");
 				return 2;
 			}
 			break;
