@@ -15,7 +15,7 @@ MODEL = ("bench", "4M", 32768)
 # its tools between turns). Not counted in the wall time. See docs/benchmarks.md:
 # with none, toki reuses a backend connection llama-server has just closed.
 THINK_S = 0.25
-TARGETS = ("direct", "fast", "exact")
+TARGETS = ("direct", "fast", "exact", "grid")
 
 
 def model_path():
@@ -62,15 +62,25 @@ def run_config(quick, requests, tokens, np, cram, target, ubatch):
             if res["status"] != 200 or not res["timings"]:
                 raise RuntimeError(f"{tag}: request {r['i']} failed: {res}")
             t = res["timings"]
+            if mode == "exact":  # toki's own uncached answer (exact mode's schedule)
+                ref_text, ref_lp = r["toki_reply"], r["toki_reply_logprobs"]
+            else:  # llama-server's uncached answer (grid is its schedule)
+                ref_text, ref_lp = r["reply"], r.get("reply_logprobs")
             recs.append({"i": r["i"], "kind": r["kind"], "session": r["session"],
                          "prompt_tokens": len(toks), "prompt_n": t["prompt_n"],
                          "cache_n": t["cache_n"], "ttft": res["ttft"], "total": res["total"],
-                         "identical": res["text"] == r["reply"],
-                         "lp_identical": res["text"] == r["reply"] and
-                                         res["logprobs"] == r.get("reply_logprobs"),
+                         "predicted_n": t.get("predicted_n"),
+                         "identical": res["text"] == ref_text,
+                         "lp_identical": res["text"] == ref_text and res["logprobs"] == ref_lp,
                          "cache": res["cache"],
                          "route": res["route"], "failures": res["failures"],
                          "text": res["text"][:120]})
+            if mode == "exact" and not recs[-1]["lp_identical"]:
+                log(f"  {tag}: request {r['i']} ({r['kind']} s{r['session']} t{r['turn']}) "
+                    f"differs from toki's uncached answer: cache {res['cache']}, timings "
+                    f"cache_n {t['cache_n']} prompt_n {t['prompt_n']}; reference cache "
+                    f"{r.get('toki_ref_cache')}; text {res['text'][:60]!r} vs "
+                    f"{ref_text[:60]!r}")
         c.close()
         if toki and toki.proc.poll() is not None:
             raise RuntimeError(f"{tag}: toki exited with status {toki.proc.returncode}")
@@ -91,6 +101,12 @@ def run_config(quick, requests, tokens, np, cram, target, ubatch):
            "lp_identical": sum(r["lp_identical"] for r in recs),
            "failed_attempts": sum(len(r["failures"]) for r in recs),
            "count_mismatch": sum(r["prompt_n"] + r["cache_n"] != r["prompt_tokens"] for r in recs),
+           "cache_block_mismatch": sum(bool(r["cache"]) and
+                                       r["cache"].get("evaluated") != r["prompt_n"]
+                                       for r in recs),
+           "tail_cut_tokens": (stats or {}).get("tail_cut_tokens"),
+           "prefill_steps": (stats or {}).get("prefill_steps"),
+           "reference": "toki uncached" if mode == "exact" else "llama-server uncached",
            "requests": recs, "toki_stats": stats, "toki_log": lines, "toki_log_path": log_path,
            "server_log_path": ls.log_path}
     log(f"  {tag}: evaluated {ev}, wall {wall:.1f} s, identical {res['identical']}/{res['n']}, "
@@ -132,11 +148,32 @@ def workload_summary(requests, tokens, limit, ref_secs):
             "uncached_run_s": ref_secs}
 
 
-def bench_b(quick):
+def label(target):
+    mode, _, slots = target.partition("+")
+    return ({"direct": "llama-server alone"}.get(mode, "toki " + mode) +
+            (" + slot files" if slots else ""))
+
+
+def references(quick, ubatch=512, requests=None):
+    """The request list with both references: llama-server's uncached answer
+    (workload.reference) and toki's own (workload.toki_reference)."""
     model = model_path()
-    requests, tokens, ref_secs = workload.reference(quick, model, 512)
+    reqs, tokens, secs = workload.reference(quick, model, ubatch, requests=requests)
+    workload.toki_reference(quick, model, reqs, ubatch)
+    return reqs, tokens, secs
+
+
+def ident(r):
+    return f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}"
+
+
+def bench_b(quick):
+    requests, tokens, ref_secs = references(quick)
     limit, per = prefix_limit(tokens)
+    glimit = grid_limit(tokens, 512)
     wl = workload_summary(requests, tokens, limit, ref_secs)
+    toki_vs_ls = sum(r["toki_reply"] == r["reply"] and
+                     r["toki_reply_logprobs"] == r["reply_logprobs"] for r in requests)
     log(f"benchmark b: {wl['requests']} requests, {wl['prompt_tokens_total']} prompt tokens, "
         f"limit {limit}")
     runs = []
@@ -146,38 +183,50 @@ def bench_b(quick):
                 runs.append(cached_run(quick, requests, tokens, np, cram, target, 512))
     rows = []
     for r in runs:
-        rows.append([r["np"], r["cram"], {"direct": "llama-server alone"}.get(
-            r["target"], "toki " + r["target"]), r["evaluated"], limit,
-            r["evaluated"] / limit, r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
-            f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}", r["failed_attempts"]])
-    t1 = table(["-np", "--cache-ram", "path", "evaluated", "limit", "eval/limit",
-                "TTFT p50 ms", "TTFT p95 ms", "wall s", "text = uncached",
-                "text and logprobs = uncached",
-                "failed attempts (retried)"], rows)
+        rows.append([r["np"], r["cram"], label(r["target"]), r["evaluated"],
+                     r["evaluated"] / limit, r.get("tail_cut_tokens", "") or "",
+                     r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
+                     r.get("reference", ""), *ident(r), r["failed_attempts"]])
+    t1 = table(["-np", "--cache-ram", "path", "evaluated", "eval/limit", "tail cut tokens",
+                "TTFT p50 ms", "TTFT p95 ms", "wall s", "reference", "text = reference",
+                "text and logprobs = reference", "failed attempts (retried)"], rows)
     pivot = []
     for np in (1, 2, 4):
         for cram in (0, 8192):
             row = [np, cram]
+            by = {x["target"]: x for x in runs if x["np"] == np and x["cram"] == cram}
             for target in TARGETS:
-                r = next(x for x in runs if x["np"] == np and x["cram"] == cram and
-                         x["target"] == target)
-                row.append(r["evaluated"] / limit)
+                row.append(by[target]["evaluated"] / limit)
+            row.append(by["exact"]["evaluated"] / by["fast"]["evaluated"])
             pivot.append(row)
-    t2 = table(["-np", "--cache-ram", "llama-server alone", "toki fast", "toki exact"], pivot)
+    t2 = table(["-np", "--cache-ram", "llama-server alone", "toki fast", "toki exact",
+                "toki grid", "exact / fast"], pivot)
     md = (f"### b. Interleaved agent workload\n\n{wl['requests']} requests "
           f"({', '.join(f'{v} {k}' for k, v in wl['kinds'].items())}), "
           f"{wl['prompt_tokens_total']} prompt tokens in all, longest prompt "
-          f"{wl['prompt_tokens_max']}, limit {limit} tokens. Model "
+          f"{wl['prompt_tokens_max']}, limit {limit} tokens (grid limit {glimit}). Model "
           f"{MODEL[1]} generated, -ub 512, per-slot context {workload.params(quick)['per_slot_ctx']}, "
-          f"{int(THINK_S * 1000)} ms between requests.\n\nevaluated / limit:\n\n{t2}\n\n{t1}\n")
-    return {"workload": wl, "limit_per_request": per, "runs": runs, "markdown": md,
+          f"{int(THINK_S * 1000)} ms between requests. Evaluated: the sum of each answer's "
+          f"timings.prompt_n (through toki: all of a request's steps; equal to its cache "
+          f"block's `evaluated`); tail cuts (toki's 1-token requests after an exact-mode "
+          f"answer, off the path) are counted apart. Identity: toki exact against toki's own "
+          f"uncached answers (the same list through a fresh toki exact, `cache_prompt: "
+          f"false`), the others against llama-server's uncached answers; the two references "
+          f"agree on {toki_vs_ls}/{len(requests)} requests (text + logprobs).\n\n"
+          f"evaluated / limit:\n\n{t2}\n\n{t1}\n")
+    return {"workload": wl, "limit_per_request": per, "grid_limit": glimit, "runs": runs,
+            "markdown": md, "references_agree": toki_vs_ls,
             "reference_replies": [{"i": r["i"], "session": r["session"], "kind": r["kind"],
-                                   "turn": r["turn"], "reply": r["reply"]} for r in requests]}
+                                   "turn": r["turn"], "reply": r["reply"],
+                                   "toki_reply": r["toki_reply"],
+                                   "reply_tokens": r.get("reply_tokens"),
+                                   "header_tokens": r.get("header_tokens"),
+                                   "toki_ref_cache": r.get("toki_ref_cache")}
+                                  for r in requests]}
 
 
 def bench_c(quick):
-    model = model_path()
-    requests, tokens, _ = workload.reference(quick, model, 512)
+    requests, tokens, _ = references(quick)
     limit, _ = prefix_limit(tokens)
     np, cram = 4, 0
     out = {"np": np, "cram": cram, "limit": limit, "by_ubatch": {}}
@@ -187,14 +236,13 @@ def bench_c(quick):
             ref_reqs = requests
             ref_secs = None
         else:
-            ref_reqs, _, ref_secs = workload.reference(quick, model, ub, requests=requests)
+            ref_reqs, _, ref_secs = references(quick, ub, requests=requests)
         uncached = sum(len(t) for t in tokens)
         rows.append([ub, "no cache (cache_prompt false)", uncached, uncached / limit, "", "", "",
-                     f"{len(tokens)}/{len(tokens)}", f"{len(tokens)}/{len(tokens)}", ""])
+                     "", "", "", ""])
         res = {}
         for target in TARGETS:
-            r = cached_run(quick, ref_reqs, tokens, np, cram, target, ub)
-            res[target] = r
+            res[target] = cached_run(quick, ref_reqs, tokens, np, cram, target, ub)
         fast_ev = res["fast"]["evaluated"]
         for target in TARGETS:
             r = res[target]
@@ -203,24 +251,23 @@ def bench_c(quick):
                        zip(r["requests"], res["fast"]["requests"])]
             loss = [q["cache"]["matched"] - q["cache"]["reuse"] for q in r["requests"]
                     if q.get("cache")]
-            rows.append([ub, {"direct": "llama-server alone"}.get(target, "toki " + target),
-                         r["evaluated"], r["evaluated"] / limit,
+            rows.append([ub, label(target), r["evaluated"], r["evaluated"] / limit,
                          f"{sum(loss) / len(loss):.1f} / {max(loss)}" if loss else "",
                          f"{extra:+.1f}", f"{max(per_req):+d}" if target != "fast" and per_req else "",
-                         f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
-                         r["failed_attempts"]])
+                         r.get("reference", ""), *ident(r), r["failed_attempts"]])
         out["by_ubatch"][ub] = {"runs": {k: v for k, v in res.items()},
                                 "uncached_evaluated": uncached, "reference_s": ref_secs}
     t = table(["-ub", "path", "evaluated", "eval/limit",
-               "grid loss per request: matched - reused, mean / max",
+               "declined per request: matched - reused, mean / max",
                "extra vs fast per request (mean)",
-               "extra vs fast (max one request)", "text = uncached",
-               "text and logprobs = uncached", "failed attempts (retried)"], rows)
+               "extra vs fast (max one request)", "reference", "text = reference",
+               "text and logprobs = reference", "failed attempts (retried)"], rows)
     out["markdown"] = (f"### c. Exact vs fast\n\nSame workload, -np {np}, --cache-ram {cram}, "
-                       f"limit {limit}. Identity: the streamed text compared byte for byte "
-                       f"with an uncached run (`cache_prompt: false`, 1 slot, same -ub) of the "
-                       f"same request; \"text and logprobs\": also every generated token's "
-                       f"log-probability, float for float.\n\n{t}\n")
+                       f"limit {limit}. Identity: each answer's text byte for byte and every "
+                       f"generated token's log-probability, float for float, against its "
+                       f"reference at the same -ub: toki exact against toki's own uncached "
+                       f"answer, the others against llama-server's (`cache_prompt: false`, "
+                       f"1 slot).\n\n{t}\n")
     return out
 
 
@@ -238,43 +285,74 @@ def grid_limit(tokens, ub):
     return total
 
 
+def bound_extra(requests):
+    """What exact mode may evaluate beyond fast on the workload (issue 12's
+    bound): for every request, its header (the generation prompt), and for
+    a request that continues a conversation, the previous turn's generated
+    tokens (which exact mode recomputes in a batch). Returns (generated sum,
+    header sum)."""
+    gen = hdr = 0
+    last = {}
+    for r in requests:
+        hdr += r.get("header_tokens") or 0
+        key = (r["session"], r["kind"])
+        if r["kind"] != "title" and key in last:
+            gen += last[key].get("reply_tokens") or 0
+        last[key] = r
+    return gen, hdr
+
+
 def bench_e(quick):
     """b's workload with toki's slot files: before evicting a slot toki saves
     its content to a file (llama-server's slot save) and restores it when that
     beats recomputing, which no per-slot cache can do on its own when sessions
     share a system prompt. Every configuration of b: -np 1/2/4, --cache-ram 0
-    and 8192, fast and exact."""
-    model = model_path()
-    requests, tokens, _ = workload.reference(quick, model, 512)
+    and 8192, fast, exact and grid; llama-server alone beside them."""
+    requests, tokens, _ = references(quick)
     limit, _ = prefix_limit(tokens)
     glimit = grid_limit(tokens, 512)
+    gen, hdr = bound_extra(requests)
     rows = []
     runs = []
+    pivot = []
     for np in (1, 2, 4):
         for cram in (0, 8192):
-            for target in ("direct", "fast", "exact", "fast+slots", "exact+slots"):
-                if "slots" not in target and (quick, np, cram, target, 512) not in _runs:
-                    continue  # b's rows, when b ran in this process
+            by = {}
+            for target in ("direct", "fast+slots", "exact+slots", "grid+slots"):
                 r = cached_run(quick, requests, tokens, np, cram, target, 512)
+                by[target] = r
                 runs.append(r)
                 st = r.get("toki_stats") or {}
-                exact = target.startswith("exact")
-                rows.append([np, cram, {"direct": "llama-server alone"}.get(target, "toki " + target),
-                             r["evaluated"], r["evaluated"] / limit,
-                             r["evaluated"] / glimit if exact else "",
-                             st.get("saves", "") if "slots" in target else "",
-                             st.get("restores", "") if "slots" in target else "",
+                slots = "slots" in target
+                rows.append([np, cram, label(target), r["evaluated"], r["evaluated"] / limit,
+                             r["evaluated"] / glimit if target.startswith("grid") else "",
+                             st.get("saves", "") if slots else "",
+                             st.get("restores", "") if slots else "",
+                             r.get("tail_cut_tokens", "") or "",
                              r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
-                             f"{r['identical']}/{r['n']}", f"{r['lp_identical']}/{r['n']}",
-                             r["failed_attempts"]])
+                             r.get("reference", ""), *ident(r), r["failed_attempts"]])
+            f, e = by["fast+slots"]["evaluated"], by["exact+slots"]["evaluated"]
+            declined = sum(q["cache"]["matched"] - q["cache"]["reuse"]
+                           for q in by["exact+slots"]["requests"] if q.get("cache"))
+            pivot.append([np, cram, by["direct"]["evaluated"], f, e, by["grid+slots"]["evaluated"],
+                          e / f, f + gen + hdr, e - f, declined,
+                          "yes" if e <= f + gen + hdr else "no",
+                          "yes" if e / f <= 1.15 else "no"])
     t = table(["-np", "--cache-ram", "path", "evaluated", "eval/limit", "eval/grid limit",
-               "slot saves", "slot restores", "TTFT p50 ms", "TTFT p95 ms", "wall s",
-               "text = uncached", "text and logprobs = uncached", "failed attempts (retried)"],
-              rows)
+               "slot saves", "slot restores", "tail cut tokens", "TTFT p50 ms", "TTFT p95 ms",
+               "wall s", "reference", "text = reference", "text and logprobs = reference",
+               "failed attempts (retried)"], rows)
+    t2 = table(["-np", "--cache-ram", "llama-server alone", "fast + slot files",
+                "exact + slot files", "grid + slot files", "exact / fast",
+                "bound: fast + generated + headers", "exact - fast",
+                "exact declined (matched - reused)", "exact <= bound",
+                "exact / fast <= 1.15"], pivot)
     md = (f"### e. The same workload with toki's slot files\n\nb's workload (limit {limit}; "
-          f"grid limit for exact mode, -ub 512: {glimit}), -ub 512; toki with --slot-dir "
+          f"grid limit, -ub 512: {glimit}), -ub 512; toki with --slot-dir "
           f"(llama-server --slot-save-path, the same folder) and --slot-save-idle-ms 0 (save "
-          f"only on eviction). Rows without slot files are b's runs (when b ran in the same "
-          f"invocation).\n\n{t}\n")
-    return {"limit": limit, "grid_limit": glimit,
+          f"only on eviction); llama-server alone (no slot files) beside them. The bound "
+          f"(issue 12): fast's evaluated + the previous turns' generated tokens that the "
+          f"next turns carry ({gen}) + every request's header ({hdr}).\n\n{t2}\n\n{t}\n")
+    return {"limit": limit, "grid_limit": glimit, "bound_generated": gen, "bound_headers": hdr,
+            "pivot": pivot,
             "runs": [r for r in runs if "slots" in r["target"]], "markdown": md}

@@ -436,3 +436,113 @@ async def async_stream_chat(conn, port, body, timeout):
     if out["ttft"] is None:
         out["ttft"] = out["total"]
     return out
+
+
+# ---- cancelled streams, headers, settling ----
+
+def stream_chat_cancel(port, body, after_tokens=None, after_s=None, timeout=600):
+    """POSTs a streamed chat and closes the connection as a client that gives
+    up does: after `after_tokens` content deltas (a cancel during generation)
+    or `after_s` seconds if no content came by then (a cancel during prefill).
+    Returns a dict: status, tokens (content deltas seen), text, closed_at
+    (seconds from the request), route (toki's leading comment, if it came)."""
+    import select
+    import socket
+    body = dict(body, stream=True)
+    data = json.dumps(body).encode()
+    token = getattr(harness(), "TEST_TOKEN", None)
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n" +
+            (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n")
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    t0 = time.perf_counter()
+    s.sendall(head.encode() + data)
+    out = {"status": None, "tokens": 0, "text": "", "route": None, "closed_at": None}
+    buf = b""
+    deadline = None if after_s is None else t0 + after_s
+    try:
+        while True:
+            wait = timeout if deadline is None else max(0.0, deadline - time.perf_counter())
+            if deadline is not None and wait <= 0:
+                break
+            r, _, _ = select.select([s], [], [], wait)
+            if not r:
+                if deadline is not None:
+                    break
+                continue
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            if out["status"] is None and b"\r\n" in buf:
+                out["status"] = int(buf.split(b"\r\n", 1)[0].split()[1])
+            for line in buf.decode("utf-8", "replace").split("\n"):
+                if line.startswith(": toki"):
+                    out["route"] = line[2:].strip()
+            n = 0
+            text = []
+            for line in buf.decode("utf-8", "replace").split("\n"):
+                line = line.strip()
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                try:
+                    j = json.loads(line[5:].strip())
+                except ValueError:
+                    continue
+                for ch in j.get("choices", []):
+                    c = (ch.get("delta") or {}).get("content")
+                    if c:
+                        n += 1
+                        text.append(c)
+            out["tokens"], out["text"] = n, "".join(text)
+            if after_tokens is not None and n >= after_tokens:
+                break
+            if after_s is not None and n:  # content came before the prefill deadline
+                break
+    finally:
+        out["closed_at"] = time.perf_counter() - t0
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+    return out
+
+
+def header_tokens(client, messages):
+    """Tokens of the generation prompt (the assistant header) for a chat: the
+    prompt with it minus the prompt without it, by the server's template."""
+    with_h = tokenize_chat(client, messages)
+    st, t = client.json("POST", "/apply-template", {"messages": messages,
+                                                    "add_generation_prompt": False})
+    st, tok = client.json("POST", "/tokenize", {"content": t["prompt"], "add_special": True,
+                                                "parse_special": True})
+    return len(with_h) - len(tok["tokens"])
+
+
+def wait_idle(port, timeout=60):
+    """Waits until llama-server's /slots says no slot is processing (a
+    cancelled request has been let go), or the timeout; returns seconds."""
+    t0 = time.perf_counter()
+    c = Client(port, timeout=10)
+    try:
+        while time.perf_counter() - t0 < timeout:
+            try:
+                st, j = c.json("GET", "/slots")
+            except Exception:
+                st, j = 0, None
+            if st == 200 and isinstance(j, list) and not any(s.get("is_processing") for s in j):
+                break
+            time.sleep(0.05)
+    finally:
+        c.close()
+    return time.perf_counter() - t0
+
+
+def answer_of(res):
+    """(text, logprobs) of a streamed or a plain chat answer, for identity."""
+    if "choices" in res:
+        ch = res["choices"][0]
+        return (ch["message"]["content"],
+                [t.get("logprob") for t in ((ch.get("logprobs") or {}).get("content") or [])])
+    return res["text"], res.get("logprobs")

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Toki Recur benchmarks: a real llama-server and a real `toki serve`.
 
-  python3 bench/run.py [a|b|c|d|all] [--quick] [--out bench/results/DATE.json]
+  python3 bench/run.py [a|b|c|d|e|g|h|i|all] [--quick] [--out bench/results/DATE.json]
 
   a    one slot, cold vs hot: evaluated tokens and time to first token
   b    interleaved agent workload: evaluated tokens over the prefix limit,
        llama-server alone vs toki fast vs toki exact, -np 1/2/4 x --cache-ram 0/8192
   c    exact vs fast: evaluated tokens and identity with an uncached run, -ub 512 and 64
   d    overhead: added latency, tokenization round trips, 64-client throughput, RSS
-  e    b's workload with toki's slot files (--slot-dir), -np 1/2/4, --cache-ram 0
+  e    b's workload with toki's slot files (--slot-dir), -np 1/2/4, --cache-ram 0/8192
+  g    cold cost of chunking: a cold ~8k-token, ~40-message agent prompt, TTFT
+  h    concurrency: 4 agent sessions at once on one -np 4 backend
+  i    interrupt + resend: a turn cancelled during generation / prefill, sent again
 
 Prints markdown tables on stdout (progress on stderr) and writes everything it
 measured, per request, to the JSON file (and the tables next to it, .md).
@@ -31,8 +34,12 @@ def build_head():
     import tempfile
     d = tempfile.mkdtemp(prefix="toki-head-")
     common.log(f"building HEAD in {d} ...")
-    subprocess.run(f"git -C {common.SOURCE_DIR} archive HEAD | tar -x -C {d}", shell=True,
+    commit = subprocess.run(["git", "-C", common.SOURCE_DIR, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run(f"git -C {common.SOURCE_DIR} archive {commit} | tar -x -C {d}", shell=True,
                    check=True)
+    with open(os.path.join(d, "COMMIT"), "w") as f:  # so a later --toki run can say it
+        f.write(commit + "\n")
     subprocess.run(["cmake", "-S", d, "-B", os.path.join(d, "build")], check=True,
                    stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", os.path.join(d, "build"), "-j2", "--target", "toki"],
@@ -43,7 +50,7 @@ def build_head():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("which", nargs="*", default=["all"],
-                    choices=["a", "b", "c", "d", "e", "all"],
+                    choices=["a", "b", "c", "d", "e", "g", "h", "i", "all"],
                     help="benchmarks to run (default all)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
     ap.add_argument("--out", help="JSON results (default bench/results/DATE.json)")
@@ -58,7 +65,8 @@ def main():
     args = ap.parse_args()
     if args.build_head:
         args.toki = build_head()
-    which = ["a", "b", "c", "d", "e"] if "all" in args.which else sorted(set(args.which))
+        common.log(f"toki binary: {args.toki}")
+    which = ["a", "b", "c", "d", "e", "g", "h", "i"] if "all" in args.which else list(dict.fromkeys(args.which))
     if not os.access(args.toki, os.X_OK):
         sys.exit(f"no toki binary at {args.toki}: build it first "
                  "(cmake -S . -B build && cmake --build build -j2)")
@@ -68,6 +76,13 @@ def main():
 
     common.use_toki_binary(args.toki)
     info = common.machine_info(args.toki)
+    head_commit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.toki))),
+                               "COMMIT")
+    if not args.build_head and os.path.exists(head_commit):
+        # A binary an earlier --build-head run built: say its commit, not HEAD's.
+        with open(head_commit) as f:
+            info["commit"] = f.read().strip()
+        args.build_head = True
     if args.build_head:
         info["dirty"] = False
         info["dirty_files"] = []
@@ -78,12 +93,14 @@ def main():
     t_start = time.perf_counter()
 
     import bench_a
+    import bench_agent
     import bench_bc
     import bench_d
     bench_bc.THINK_S = args.think_ms / 1000.0
     info["think_ms"] = args.think_ms
     fns = {"a": bench_a.bench_a, "b": bench_bc.bench_b, "c": bench_bc.bench_c,
-           "d": bench_d.bench_d, "e": bench_bc.bench_e}
+           "d": bench_d.bench_d, "e": bench_bc.bench_e,
+           "g": bench_agent.bench_g, "h": bench_agent.bench_h, "i": bench_agent.bench_i}
 
     header = (f"## Toki Recur benchmarks{' (quick)' if args.quick else ''}\n\n"
               f"- date: {info['date']}\n- machine: {info.get('cpu')}, {info['cores']} cores, "

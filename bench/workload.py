@@ -15,7 +15,7 @@ prompts, the limit is the same for all of them, and the reference replies are
 the uncached text that the identity rate compares against."""
 import random
 
-from common import Client, harness, log, tokenize_chat, stop
+from common import Client, answer_of, harness, header_tokens, log, tokenize_chat, stop
 
 WORDS = ("the cat dog sun moon tree bird river house small big red blue green old new happy "
          "sad runs jumps sings walks looks finds makes takes gives tells asks likes file "
@@ -146,6 +146,7 @@ def reference(quick, model, ubatch=512, requests=None):
         c = Client(ls.port)
 
         lps = []
+        ntok = []
 
         def send(msgs, max_tokens):
             st, r = c.json("POST", "/v1/chat/completions",
@@ -154,6 +155,7 @@ def reference(quick, model, ubatch=512, requests=None):
             if st != 200:
                 raise RuntimeError(f"reference request failed: {st} {r}")
             ch = r["choices"][0]
+            ntok.append((r.get("usage") or {}).get("completion_tokens"))
             lps.append([t.get("logprob") for t in
                         ((ch.get("logprobs") or {}).get("content") or [])])
             return ch["message"]["content"]
@@ -163,9 +165,12 @@ def reference(quick, model, ubatch=512, requests=None):
             reqs = build(quick, send)
         else:
             reqs = [dict(r, reply=send(r["messages"], r["max_tokens"])) for r in requests]
-        reqs = [dict(r, reply_logprobs=lp) for r, lp in zip(reqs, lps)]
+        reqs = [dict(r, reply_logprobs=lp, reply_tokens=nt)
+                for r, lp, nt in zip(reqs, lps, ntok)]
         secs = time.perf_counter() - t0
         tokens = [tokenize_chat(c, r["messages"]) for r in reqs]
+        for r in reqs:
+            r["header_tokens"] = header_tokens(c, r["messages"])
         c.close()
     finally:
         stop(ls)
@@ -173,3 +178,41 @@ def reference(quick, model, ubatch=512, requests=None):
         f"{sum(len(t) for t in tokens)} prompt tokens, {secs:.1f} s")
     _cache[key] = (reqs, tokens, secs)
     return _cache[key]
+
+
+def toki_reference(quick, model, requests, ubatch=512):
+    """toki's own uncached answers, exact mode's reference: the same request
+    list through a fresh toki in exact mode (a 1-slot llama-server, the same
+    -ub) with `cache_prompt: false`, so each prompt is evaluated from an empty
+    slot on toki's schedule. The list is fixed, so the answers do not depend
+    on history. Sets toki_reply, toki_reply_logprobs and toki_ref_cache on
+    each request (in place); returns seconds."""
+    import time
+    if requests and requests[0].get("toki_ref_ub") == ubatch:
+        return 0.0
+    th = harness()
+    p = params(quick)
+    ls = th.LlamaServer(model=model, slots=1, ctx=p["per_slot_ctx"], ubatch=ubatch, cache_ram=0,
+                        name=f"bench-tokiref-ub{ubatch}")
+    toki = None
+    try:
+        toki = th.Toki([ls], mode="exact", ubatch=ubatch, name=f"toki-bench-tokiref-ub{ubatch}")
+        c = Client(toki.port)
+        t0 = time.perf_counter()
+        for r in requests:
+            st, j = c.json("POST", "/v1/chat/completions",
+                           dict(body_of(r), cache_prompt=False))
+            if st != 200:
+                raise RuntimeError(f"toki reference request failed: {st} {j}")
+            r["toki_reply"], r["toki_reply_logprobs"] = answer_of(j)
+            r["toki_ref_cache"] = j.get("cache")
+            r["toki_ref_ub"] = ubatch
+        secs = time.perf_counter() - t0
+        c.close()
+    finally:
+        stop(toki, ls)
+    same = sum(r["toki_reply"] == r["reply"] and r["toki_reply_logprobs"] == r["reply_logprobs"]
+               for r in requests)
+    log(f"toki reference run (ub {ubatch}): {len(requests)} requests, {secs:.1f} s; "
+        f"equal to llama-server's uncached answer (text + logprobs): {same}/{len(requests)}")
+    return secs
