@@ -2373,6 +2373,17 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 	struct daemon *d = pr->d;
 	json_t *body = pr->body;
 	enum route_kind kind = pr->kind;
+	/* Exact mode's schedule follows the messages where toki makes the
+	 * prompt, and is the grid where the server does: while the probes that
+	 * decide which it is still run, a chat request waits (milliseconds,
+	 * after a backend starts), so that its answer does not depend on when
+	 * it came. */
+	if (b->probe && exact_mode(pr) && kind != KIND_COMPLETION &&
+	    !json_object_get(body, "id_slot")) {
+		pr->needs_begin = 1;
+		wait_add(pr);
+		return;
+	}
 	pr->backend = b; /* for tokenization; routing picks the real one */
 	pr->tokenize_backend = b;
 	pr->t_tokenize_us = clock_now_us();

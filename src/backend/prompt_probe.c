@@ -140,6 +140,9 @@ static void probe_finish(struct prompt_probe *p)
 	log_info("backend %s prompts: %s", b->rb->url, b->prompt_status);
 	b->probe = NULL;
 	probe_free(p);
+	/* Exact mode holds chat requests while the probes run (their
+	 * schedule depends on who makes the prompt): they go now. */
+	daemon_slots_changed(b->d);
 }
 
 static void probe_error(struct backend_call *call, enum backend_error err, void *arg)

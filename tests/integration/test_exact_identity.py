@@ -205,6 +205,63 @@ class Accounting(unittest.TestCase):
             llama.kill()
 
 
+class ConcurrentExact(unittest.TestCase):
+    """Conversations running at once stay exact: llama-server batches the
+    tokens of concurrent slots together, which would move micro-batch
+    boundaries, so exact mode runs one request (all its steps) at a time per
+    backend. 3 unrelated conversations x 3 turns, at once, through a managed
+    toki with 2 slots: every answer equals the same request replayed alone,
+    uncached, text and logprobs."""
+
+    def test_concurrent_conversations_equal_their_uncached_replays(self):
+        import tempfile
+        import threading
+        model = th.generated_model("identity", params="4M", ctx=8192)
+        state = tempfile.mkdtemp(prefix="toki-state-")
+        toki = th.Toki([], mode="exact", name="toki-managed",
+                       extra=["--model", model, "--name", "conc", "--ctx", "4096",
+                              "--slots", "2"],
+                       env={"TOKI_STATE_DIR": state,
+                            "TOKI_LLAMA_SERVER": th.llama_server_path()})
+        try:
+            convs = conversations(21, count=3, turns=3)
+            sent = {}  # (conversation, turn) -> (body, answer)
+            errors = []
+
+            def run(i):
+                system, users = convs[i]
+                msgs = [{"role": "system", "content": system}]
+                try:
+                    for t in range(3):
+                        msgs = msgs + [{"role": "user", "content": users[t]}]
+                        body = {"messages": msgs, "temperature": 0, "max_tokens": 12,
+                                "logprobs": True, "top_logprobs": 2}
+                        st, r = th.request(toki.port, "POST", "/v1/chat/completions", body,
+                                           timeout=600)
+                        if st != 200:
+                            errors.append((i, t, r))
+                            return
+                        sent[(i, t)] = (body, answer(r))
+                        msgs = msgs + [{"role": "assistant",
+                                        "content": r["choices"][0]["message"]["content"]}]
+                except Exception as e:  # reported below, with the others
+                    errors.append((i, e))
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+            for th_ in threads:
+                th_.start()
+            for th_ in threads:
+                th_.join(900)
+            self.assertEqual(errors, [])
+            self.assertEqual(len(sent), 9)
+            for key, (body, got) in sorted(sent.items()):
+                st, want = th.request(toki.port, "POST", "/v1/chat/completions",
+                                      dict(body, cache_prompt=False), timeout=600)
+                self.assertEqual(st, 200, want)
+                self.assertEqual(got, answer(want), f"conversation {key[0]} turn {key[1]}")
+        finally:
+            toki.kill(signal.SIGTERM)
+
+
 class ExactIdentityStories(unittest.TestCase):
     def test_exact_mode_on_stories260k(self):
         model = th.test_model()
