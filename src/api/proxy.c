@@ -1562,6 +1562,21 @@ static void note_step(struct proxy_req *pr, long long prompt_n, double ms)
 	pr->steps_prompt_ms += ms;
 }
 
+/* A step the backend refused (or answered with no timings): its status
+ * and message reach the client, as the answer's own would. */
+static void step_refused(struct proxy_req *pr, const char *what, int status, const char *body,
+			 size_t len)
+{
+	json_error_t jerr;
+	json_t *ej = json_loadb(body, len, 0, &jerr);
+	const char *m = json_string_value(json_object_get(json_object_get(ej, "error"), "message"));
+	char msg[300];
+	snprintf(msg, sizeof msg, "%s", m ? m : what);
+	json_decref(ej);
+	log_warn("%s on slot %d failed (%d): %s", what, pr->slot->id, status, msg);
+	fail(pr, status >= 400 ? status : 502, msg);
+}
+
 static void on_trim_done(struct backend_call *call, int status, const char *body, size_t len,
 			 void *arg)
 {
@@ -1570,10 +1585,7 @@ static void on_trim_done(struct backend_call *call, int status, const char *body
 	long long cache_n, prompt_n;
 	double ms;
 	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) != 0) {
-		log_warn("cut-back of slot %d failed (%d): %.*s", pr->slot->id, status,
-			 (int)(len > 200 ? 200 : len), body);
-		fail(pr, status >= 400 && status < 500 ? 502 : 502,
-		     "backend refused to cut the slot back");
+		step_refused(pr, "the backend refused to cut the slot back", status, body, len);
 		return;
 	}
 	note_step(pr, prompt_n, ms);
@@ -1633,16 +1645,7 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 	double ms;
 	size_t upto = pr->plan.steps[pr->plan.next - 1].upto;
 	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) != 0) {
-		json_error_t jerr;
-		json_t *ej = json_loadb(body, len, 0, &jerr);
-		const char *m =
-			json_string_value(json_object_get(json_object_get(ej, "error"), "message"));
-		char msg[300];
-		snprintf(msg, sizeof msg, "%s", m ? m : "the backend refused a prefill step");
-		json_decref(ej);
-		log_warn("prefill of slot %d to %zu failed (%d): %s", pr->slot->id, upto, status,
-			 msg);
-		fail(pr, status >= 400 ? status : 502, msg);
+		step_refused(pr, "the backend refused a prefill step", status, body, len);
 		return;
 	}
 	note_step(pr, prompt_n, ms);

@@ -15,7 +15,7 @@ static size_t batch_end(const size_t *s, size_t ns, size_t *i, size_t end, size_
 }
 
 size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, size_t nb,
-		    size_t bend, size_t limit, int ub)
+                    size_t bend, size_t limit, int ub)
 {
 	if (ub <= 0)
 		return 0;
@@ -64,7 +64,7 @@ size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_
 }
 
 int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
-	       int restore, int cut)
+               int restore, int cut)
 {
 	size_t prefills = 0;
 	for (size_t i = 0; i < nb; i++)

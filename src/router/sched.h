@@ -27,7 +27,7 @@
  * up to bend), with c at most limit. c is a micro-batch end in both, so an
  * evaluation resumed at c continues either schedule exactly. */
 size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, size_t nb,
-		    size_t bend, size_t limit, int ub);
+                    size_t bend, size_t limit, int ub);
 
 /* The largest micro-batch end of schedule (b, nb) over rows [0, end) that is
  * at most x: what of a computed prefix survives a cut at x. */
@@ -51,11 +51,11 @@ size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_
 
 /* Steps of a request's plan, in the order they run. */
 enum plan_step_kind {
-	STEP_SAVE,	/* save the slot's content to a file first */
-	STEP_RESTORE,	/* restore a saved state into the slot */
-	STEP_CUT,	/* leave exactly `upto` tokens of the prompt in the slot */
-	STEP_PREFILL,	/* evaluate the prompt up to `upto` (a chunk end), generate nothing */
-	STEP_GENERATE,	/* the client's request itself: the last chunk, then the answer */
+	STEP_SAVE,     /* save the slot's content to a file first */
+	STEP_RESTORE,  /* restore a saved state into the slot */
+	STEP_CUT,      /* leave exactly `upto` tokens of the prompt in the slot */
+	STEP_PREFILL,  /* evaluate the prompt up to `upto` (a chunk end), generate nothing */
+	STEP_GENERATE, /* the client's request itself: the last chunk, then the answer */
 };
 
 struct plan_step {
@@ -68,8 +68,8 @@ struct plan_step {
 struct plan {
 	struct plan_step *steps;
 	size_t n, next;
-	size_t reuse;	     /* prompt tokens taken from the cache */
-	size_t final_cache;  /* what the server reuses in GENERATE: the last chunk's start */
+	size_t reuse;       /* prompt tokens taken from the cache */
+	size_t final_cache; /* what the server reuses in GENERATE: the last chunk's start */
 };
 
 /* A request of n tokens with chunk starts b[0..nb) (empty: one chunk), to
@@ -78,7 +78,7 @@ struct plan {
  * each chunk start past reuse, then GENERATE. Returns 0, or -1 when out of
  * memory. */
 int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
-	       int restore, int cut);
+               int restore, int cut);
 void plan_free(struct plan *p);
 
 #endif

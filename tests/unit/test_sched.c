@@ -35,16 +35,17 @@ static void test_message_chunks(void **state)
 	/* Resend: the generation prompt's start is shared, its own micro-batch
 	 * [1000,1005) cannot be (limit 1004). */
 	assert_int_equal(sched_common(turn1, N(turn1), 1005, turn1, N(turn1), 1005, 1004, 512),
-			 1000);
+	                 1000);
 	/* Next turn: the answer (from 1000) now runs to 1100, then a user
 	 * message, then the generation prompt. The rows up to 1000 are shared;
 	 * the old [1000,1005) micro-batch is not (the new chunk is longer). */
 	size_t turn2[] = {900, 1000, 1100, 1180};
 	assert_int_equal(sched_common(turn1, N(turn1), 1005, turn2, N(turn2), 1185, 1184, 512),
-			 1000);
+	                 1000);
 	/* A schedule with a chunk start the other lacks stops there. */
 	size_t other[] = {950, 1000};
-	assert_int_equal(sched_common(turn1, N(turn1), 1005, other, N(other), 1005, 1004, 512), 512);
+	assert_int_equal(sched_common(turn1, N(turn1), 1005, other, N(other), 1005, 1004, 512),
+	                 512);
 	/* Long chunks are split into micro-batches from their own start. */
 	size_t a[] = {100};
 	size_t b[] = {100, 2000};
@@ -59,7 +60,7 @@ static void test_symmetric(void **state)
 	size_t a[] = {64, 200, 333, 900}, b[] = {64, 200, 400, 900};
 	for (size_t lim = 0; lim < 1200; lim += 37)
 		assert_int_equal(sched_common(a, 4, 1000, b, 4, 1100, lim, 128),
-				 sched_common(b, 4, 1100, a, 4, 1000, lim, 128));
+		                 sched_common(b, 4, 1100, a, 4, 1000, lim, 128));
 }
 
 static void test_floor(void **state)
@@ -147,9 +148,9 @@ static void test_plan(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_grid),	  cmocka_unit_test(test_message_chunks),
-		cmocka_unit_test(test_symmetric), cmocka_unit_test(test_floor),
-		cmocka_unit_test(test_merge),	  cmocka_unit_test(test_plan),
+	    cmocka_unit_test(test_grid),      cmocka_unit_test(test_message_chunks),
+	    cmocka_unit_test(test_symmetric), cmocka_unit_test(test_floor),
+	    cmocka_unit_test(test_merge),     cmocka_unit_test(test_plan),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
