@@ -141,6 +141,28 @@ class LaunchAgents(unittest.TestCase):
         self.two_turns("claude", ["-p", "say hi"],
                        {"TOKI_CLAUDE_MCP": "none", "TOKI_PROFILE": "cpu"})
 
+    def test_claude_code_reads_a_prompt_too_long(self):
+        """A conversation longer than the context: toki answers in the
+        Messages API's words ("prompt is too long: N tokens > M maximum"),
+        which Claude Code matches and reports as such (it quoted toki's own
+        wording before), so that it can offer to compact."""
+        port = th.free_port()
+        up = subprocess.run([th.TOKI_BIN, "up", "--model", self.model, "--name", "small",
+                             "--ctx", "4096", "--slots", "1", "--max-output", "16",
+                             "--port", str(port), "--wait", "300"],
+                            env=self.env, capture_output=True, text=True, timeout=400)
+        self.assertEqual(up.returncode, 0, up.stdout + up.stderr)
+        try:
+            env = dict(self.env, TOKI_CLAUDE_MCP="none", TOKI_PROFILE="cpu")
+            p = subprocess.run([th.TOKI_BIN, "launch", "claude", "--model", "small", "--",
+                                "-p", "say hi"], cwd=self.work, env=env, capture_output=True,
+                               text=True, timeout=TURN_TIMEOUT)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("Prompt is too long", p.stdout + p.stderr)
+        finally:
+            subprocess.run([th.TOKI_BIN, "down", "small"], env=self.env, capture_output=True,
+                           timeout=60)
+
     def test_codex(self):
         self.require_route("/v1/responses",
                            {"model": "x", "max_output_tokens": 4, "input": "hi"}, "Codex")
