@@ -40,7 +40,7 @@ enum proxy_state {
 	PS_TRIM,     /* cutting the slot back to the reuse point (exact mode) */
 	PS_PREFILL,  /* evaluating a chunk of the prompt (exact mode's schedule) */
 	PS_FORWARD,  /* the request is on the backend */
-	PS_TAILCUT,  /* answered; cutting the slot back to what exact mode can reuse */
+	PS_TAILCUT,  /* cancelled; waiting for the server to free the slot (exact mode) */
 	PS_DONE,
 };
 
@@ -79,6 +79,7 @@ struct proxy_req {
 	size_t cut_keep;   /* ... and how much of the prompt it keeps */
 	int counted;	   /* its evaluated tokens are in the stats */
 	int stream_begun;  /* the client's SSE response has begun (200 sent) */
+	struct event *idle_ev; /* after a cancel: the next look at the slot */
 	char client_path[64];
 	char save_name[96];
 	char restored_name[96];
@@ -739,7 +740,6 @@ static void end_slot(struct proxy_req *pr)
 	daemon_slots_changed(d);
 }
 
-static int start_tail_cut(struct proxy_req *pr);
 
 /* The slot's KV now holds what this request sent, if the backend's own count
  * agrees with ours; otherwise what it holds is unknown. */
@@ -783,9 +783,6 @@ static void commit_slot(struct proxy_req *pr, int success)
 		d->stats.evaluated_tokens += (uint64_t)req_evaluated(pr);
 		pr->counted = 1;
 	}
-	if (exact_mode(pr) && s->n_tokens && !s->retired && pr->backend &&
-	    backend_is_up(pr->backend) && start_tail_cut(pr))
-		return; /* the cut ends the slot */
 	end_slot(pr);
 }
 
@@ -806,6 +803,8 @@ static void pr_free(struct proxy_req *pr)
 		event_free(pr->keepalive);
 	if (pr->replan_ev)
 		event_free(pr->replan_ev);
+	if (pr->idle_ev)
+		event_free(pr->idle_ev);
 	free(pr);
 }
 
@@ -832,7 +831,7 @@ static void pr_finish(struct proxy_req *pr)
 		pr_free(pr);
 }
 
-static int cut_slot_to(struct proxy_req *pr, size_t keep);
+static int end_slot_when_idle(struct proxy_req *pr);
 
 /* A request cancelled on its slot leaves there what llama-server really
  * holds: the prompt up to where its evaluation got (the whole prompt once
@@ -868,10 +867,8 @@ static int keep_after_cancel(struct proxy_req *pr)
 	 * either way. */
 	size_t got = whole ? n : pr->state == PS_TRIM ? pr->plan.reuse : pr->done_upto;
 	router_slot_commit_sched(d->router, s, pr->tokens, got, pr->bounds, pr->n_bounds, got, now);
-	size_t keep = whole ? sched_floor(pr->bounds, pr->n_bounds, n, n - 1, s->backend->n_ubatch)
-			    : got;
-	log_info("slot %d keeps %zu tokens of the cancelled request", s->id, keep);
-	if (cut_slot_to(pr, keep))
+	log_info("slot %d keeps %zu tokens of the cancelled request", s->id, got);
+	if (end_slot_when_idle(pr))
 		return 1;
 	router_slot_forget(d->router, s);
 	return 0;
@@ -1222,9 +1219,7 @@ static void after_answer(struct proxy_req *pr, int status)
 		audit_prompt(pr);
 	commit_slot(pr, status == 200 && pr->timings_seen);
 	log_done(pr);
-	/* A cut of the slot's tail may still run: it finishes the request. */
-	if (pr->state != PS_TAILCUT)
-		pr_finish(pr);
+	pr_finish(pr);
 }
 
 static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -1838,40 +1833,58 @@ static void run_step(struct proxy_req *pr)
 	}
 }
 
-/* ---- after the answer: the slot's useless tail (exact mode) ----
+/* ---- after a cancel (exact mode): wait until the slot is really free ----
  *
- * The slot holds the prompt and the answer's tokens, computed one at a
- * time; exact mode can reuse neither those nor the prompt's last
- * micro-batch (a longer prompt's chunk there is longer). Cutting them off
- * now, after the answer was sent, spares the next request a cut on its own
- * path. The cut is also a barrier: llama-server runs it on the slot only
- * once the slot's last task has really stopped, and until then the slot,
- * and in exact mode its backend, stays busy. */
+ * llama-server stops a cancelled task only at its next check (after the
+ * prefill it is in), and a request that ran beside it would share its
+ * batches: exact mode keeps the slot, and so its backend, busy until GET
+ * /slots says the slot is idle. The slot's record then says what it holds,
+ * and the next request cuts it back on its own path, as after any answer.
+ * (A cut sent here, off the next request's path, left that request's
+ * answer different from the uncached run's, as a cut right after an answer
+ * did: the cut must be the step just before the evaluation it prepares.) */
+static void poll_idle(evutil_socket_t fd, short what, void *arg);
 
-static void on_tail_cut_done(struct backend_call *call, int status, const char *body, size_t len,
-			     void *arg)
+static void on_idle_poll_done(struct backend_call *call, int status, const char *body, size_t len,
+			      void *arg)
 {
 	struct proxy_req *pr = arg;
-	struct daemon *d = pr->d;
 	pr->call = NULL;
-	long long cache_n = -1, prompt_n = 0;
-	double ms;
-	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
-		pr->slot->backend->evaluated_tokens += (uint64_t)prompt_n;
-		d->stats.evaluated_tokens += (uint64_t)prompt_n;
-		d->stats.tail_cuts++;
-		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
+	json_error_t jerr;
+	json_t *a = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	int known = 0, busy = 0;
+	size_t i;
+	json_t *e;
+	json_array_foreach(a, i, e)
+	{
+		if (json_integer_value(json_object_get(e, "id")) == pr->slot->id) {
+			known = 1;
+			busy = json_is_true(json_object_get(e, "is_processing"));
+		}
 	}
-	if (cache_n == (long long)pr->cut_keep)
-		router_slot_cut(d->router, pr->slot, pr->tokens, pr->cut_keep, pr->cut_junk,
-				clock_now_us());
-	else
-		router_slot_forget(d->router, pr->slot);
+	json_decref(a);
+	if (!known) {
+		router_slot_forget(pr->d->router, pr->slot);
+		end_slot(pr);
+		pr_finish(pr);
+		return;
+	}
+	if (busy) {
+		struct timeval tv = {0, 20000};
+		if (!pr->idle_ev)
+			pr->idle_ev = evtimer_new(pr->d->base, poll_idle, pr);
+		if (pr->idle_ev && evtimer_add(pr->idle_ev, &tv) == 0)
+			return;
+		router_slot_forget(pr->d->router, pr->slot);
+		end_slot(pr);
+		pr_finish(pr);
+		return;
+	}
 	end_slot(pr);
 	pr_finish(pr);
 }
 
-static void on_tail_cut_error(struct backend_call *call, enum backend_error err, void *arg)
+static void on_idle_poll_error(struct backend_call *call, enum backend_error err, void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -1880,33 +1893,31 @@ static void on_tail_cut_error(struct backend_call *call, enum backend_error err,
 	pr_finish(pr);
 }
 
-static const struct backend_call_handlers tail_cut_handlers = {
-	.on_done = on_tail_cut_done,
-	.on_error = on_tail_cut_error,
+static const struct backend_call_handlers idle_poll_handlers = {
+	.on_done = on_idle_poll_done,
+	.on_error = on_idle_poll_error,
 };
 
-/* Cuts the slot back to keep tokens of the prompt. Returns 1 when the cut
- * is out (it ends the slot and the request), 0 when none was sent. */
-static int cut_slot_to(struct proxy_req *pr, size_t keep)
+static void poll_idle(evutil_socket_t fd, short what, void *arg)
 {
-	if (send_cut(pr, keep, &tail_cut_handlers) != 0)
-		return 0;
-	pr->state = PS_TAILCUT;
-	return 1;
+	struct proxy_req *pr = arg;
+	pr->call = backend_call_start(pr->backend->http, "GET", "/slots", NULL, 0,
+				      &idle_poll_handlers, pr);
+	if (!pr->call) {
+		router_slot_forget(pr->d->router, pr->slot);
+		end_slot(pr);
+		pr_finish(pr);
+	}
 }
 
-static int start_tail_cut(struct proxy_req *pr)
+static int end_slot_when_idle(struct proxy_req *pr)
 {
-	struct router_slot *s = pr->slot;
-	if (!s || !pr->routable || s->n_tokens != pr->n_tokens || !pr->n_tokens)
-		return 0;
-	/* Where the micro-batch holding the prompt's last token starts. */
-	size_t keep = sched_floor(s->bounds, s->n_bounds, s->aligned, pr->n_tokens - 1,
-				  s->backend->n_ubatch);
-	if (!keep)
-		return 0;
-	return cut_slot_to(pr, keep);
+	pr->state = PS_TAILCUT;
+	pr->call = backend_call_start(pr->backend->http, "GET", "/slots", NULL, 0,
+				      &idle_poll_handlers, pr);
+	return pr->call != NULL;
 }
+
 
 /* ---- the context every part agrees on ---- */
 
@@ -2603,8 +2614,6 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 				  (json_int_t)ps.cached_tokens));
 	}
 	json_object_set_new(o, "replans", json_integer((json_int_t)s->replans));
-	json_object_set_new(o, "tail_cuts", json_integer((json_int_t)s->tail_cuts));
-	json_object_set_new(o, "tail_cut_tokens", json_integer((json_int_t)s->tail_cut_tokens));
 	json_object_set_new(o, "prefill_steps", json_integer((json_int_t)s->prefill_steps));
 	json_object_set_new(o, "backends", bs);
 	json_int_t waiting = 0;
