@@ -464,64 +464,105 @@ static int object_span(const char *text, size_t len, size_t *open_at, size_t *cl
 	return 1;
 }
 
-static void set_cached_tokens(json_t *usage, const char *details, long long cached)
-{
-	json_t *d = json_object_get(usage, details);
-	if (json_is_object(d) && json_object_get(d, "cached_tokens"))
-		json_object_set_new(d, "cached_tokens", json_integer(cached));
-}
-
 /* When a request ran in several backend steps, the last step's timings and
  * usage describe only that step: they are rewritten to describe the whole
  * request (what it reused from before it, what the server evaluated for
  * it, in how long). Returns a new buffer, or NULL when nothing changes. */
+/* text with text[at..end) replaced by repl (rl bytes), in a new buffer. */
+static char *splice(const char *text, size_t len, size_t at, size_t end, const char *repl,
+		    size_t rl, size_t *out_len)
+{
+	size_t n = len - (end - at) + rl;
+	char *out = malloc(n + 1);
+	if (!out)
+		return NULL;
+	memcpy(out, text, at);
+	memcpy(out + at, repl, rl);
+	memcpy(out + at + rl, text + end, len - end);
+	out[n] = 0;
+	*out_len = n;
+	return out;
+}
+
 static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t len,
 				  size_t *out_len)
 {
-	size_t open, close;
-	if (!pr->steps || !pr->timings_seen || !object_span(text, len, &open, &close))
+	/* Only the counts change: every other byte (the logprobs above all)
+	 * stays as the server wrote it. */
+	if (!pr->steps || !pr->timings_seen)
 		return NULL;
-	json_error_t jerr;
-	json_t *o = json_loadb(text + open, close - open, BACKEND_JSON, &jerr);
-	if (!json_is_object(o)) {
-		json_decref(o);
-		return NULL;
-	}
 	long long cached = req_cached(pr), evaluated = req_evaluated(pr);
 	double ms = pr->steps_prompt_ms + pr->prompt_ms;
-	json_t *t = json_object_get(o, "timings");
-	if (json_is_object(t)) {
-		json_object_set_new(t, "cache_n", json_integer(cached));
-		json_object_set_new(t, "prompt_n", json_integer(evaluated));
-		json_object_set_new(t, "prompt_ms", json_real(ms));
-		if (evaluated > 0 && ms > 0) {
-			json_object_set_new(t, "prompt_per_token_ms", json_real(ms / (double)evaluated));
-			json_object_set_new(t, "prompt_per_second",
-					    json_real(1000.0 * (double)evaluated / ms));
+	char *cur = NULL;
+	size_t cur_len = len;
+	const char *src = text;
+	/* The last "timings":{...}, a flat object. */
+	static const char tk[] = "\"timings\":";
+	const char *at = NULL;
+	for (const char *q = src; (q = memmem(q, cur_len - (size_t)(q - src), tk, sizeof tk - 1));
+	     q++)
+		at = q;
+	const char *ob = at ? at + sizeof tk - 1 : NULL;
+	const char *cb = ob && ob < src + cur_len && *ob == '{'
+				 ? memchr(ob, '}', cur_len - (size_t)(ob - src))
+				 : NULL;
+	if (cb) {
+		json_error_t jerr;
+		json_t *t = json_loadb(ob, (size_t)(cb - ob) + 1, 0, &jerr);
+		if (json_is_object(t)) {
+			json_object_set_new(t, "cache_n", json_integer(cached));
+			json_object_set_new(t, "prompt_n", json_integer(evaluated));
+			json_object_set_new(t, "prompt_ms", json_real(ms));
+			if (evaluated > 0 && ms > 0) {
+				json_object_set_new(t, "prompt_per_token_ms",
+						    json_real(ms / (double)evaluated));
+				json_object_set_new(t, "prompt_per_second",
+						    json_real(1000.0 * (double)evaluated / ms));
+			}
+			char *js = json_dumps(t, JSON_COMPACT);
+			if (js) {
+				size_t nl = 0;
+				char *next = splice(src, cur_len, (size_t)(ob - src),
+						    (size_t)(cb - src) + 1, js, strlen(js), &nl);
+				if (next) {
+					free(cur);
+					cur = next;
+					src = cur;
+					cur_len = nl;
+				}
+				free(js);
+			}
 		}
+		json_decref(t);
 	}
-	json_t *u = json_object_get(o, "usage");
-	if (!json_is_object(u))
-		u = json_object_get(json_object_get(o, "response"), "usage");
-	set_cached_tokens(u, "prompt_tokens_details", cached);
-	set_cached_tokens(u, "input_tokens_details", cached);
-	/* 15 digits: the timings read as the server wrote them (12.87, not
-	 * 12.869999999999999). */
-	char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
-	json_decref(o);
-	if (!js)
-		return NULL;
-	size_t jl = strlen(js), n = open + jl + (len - close);
-	char *out = malloc(n + 1);
-	if (out) {
-		memcpy(out, text, open);
-		memcpy(out + open, js, jl);
-		memcpy(out + open + jl, text + close, len - close);
-		out[n] = 0;
-		*out_len = n;
+	/* usage's cached_tokens (prompt_tokens_details, input_tokens_details). */
+	static const char ck[] = "\"cached_tokens\":";
+	char num[32];
+	int nn = snprintf(num, sizeof num, "%lld", cached);
+	for (size_t from = 0;;) {
+		const char *q = memmem(src + from, cur_len - from, ck, sizeof ck - 1);
+		if (!q)
+			break;
+		size_t v = (size_t)(q - src) + sizeof ck - 1, e = v;
+		while (e < cur_len && ((src[e] >= '0' && src[e] <= '9') || src[e] == '-'))
+			e++;
+		if (e == v) {
+			from = v;
+			continue;
+		}
+		size_t nl = 0;
+		char *next = splice(src, cur_len, v, e, num, (size_t)nn, &nl);
+		if (!next)
+			break;
+		free(cur);
+		cur = next;
+		src = cur;
+		cur_len = nl;
+		from = v + (size_t)nn;
 	}
-	free(js);
-	return out;
+	if (cur)
+		*out_len = cur_len;
+	return cur;
 }
 
 /* Inserts ,"cache":{...} before the final '}' of a JSON object held in
@@ -1014,7 +1055,7 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 			json_object_set_new(pp, "time_ms",
 					    json_real(json_number_value(json_object_get(pp, "time_ms")) +
 						      pr->steps_prompt_ms));
-			char *js = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(15));
+			char *js = json_dumps(obj, JSON_COMPACT);
 			if (js) {
 				if (!pr->t_first_data_us)
 					pr->t_first_data_us = clock_now_us();

@@ -119,11 +119,7 @@ class ExactIdentity(unittest.TestCase):
                   f"fast identical {fi}/{ft} (evaluated {fev})")
 
     def test_grid_mode_is_llama_servers_own_answer(self):
-        # Text only: on 2 slots, grid mode's answers after a cut matched
-        # llama-server's uncached text but not always its last logprob digits
-        # (found when this test began comparing logprobs; exact mode's own
-        # schedule matches in full above). docs/exact.md says so.
-        ident, total, evald = self.run_mode("grid", 3, check=True, logprobs=False)
+        ident, total, evald = self.run_mode("grid", 3, check=True)
         self.assertEqual(ident, total)
         print(f"grid: identical {ident}/{total} (evaluated {evald})")
 
