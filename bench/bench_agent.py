@@ -22,6 +22,7 @@ from common import (Client, answer_of, harness, log, median, pct, stop, stream_c
 
 MODEL_24M = ("bench", "24M", 32768)
 MODEL_4M = ("bench", "4M", 32768)
+G_MODEL = MODEL_24M  # run.py --g-model
 
 
 def label(target):
@@ -65,7 +66,7 @@ def agent_prompt(seed, n_messages, tokens, nonce=""):
 
 def bench_g(quick):
     th = harness()
-    model = th.generated_model(*MODEL_24M)
+    model = th.generated_model(*G_MODEL)
     n_msgs, n_tok, ctx = (12, 2000, 4096) if quick else (40, 8000, 10240)
     reps = 2 if quick else 3
     order = ("direct", "exact", "fast")
@@ -124,7 +125,7 @@ def bench_g(quick):
     md = (f"### g. Cold cost of chunking\n\nAn agent-like prompt: system + {n_msgs - 1} "
           f"user / assistant / tool-output messages of varied sizes, {min(n_tokens)}-"
           f"{max(n_tokens)} tokens (a new first line each repetition, so nothing is cached); "
-          f"model {MODEL_24M[1]} generated, -ub 512, each path its own 1-slot server "
+          f"model {G_MODEL[1]} generated, -ub 512, each path its own 1-slot server "
           f"(-c {ctx}), {reps} repetitions, the order rotating. max_tokens 2, streamed. "
           f"Exact / llama-server uncached, median TTFT: **{ratio:.3f}**.\n\n{t}\n")
     return {"prompt_tokens": n_tokens, "records": recs, "toki_stats": stats,
