@@ -229,6 +229,11 @@ static void wait_remove(struct proxy_req *pr)
 	else
 		d->waiting_tail = pr->wait_prev;
 	pr->wait_next = pr->wait_prev = NULL;
+	/* Out of the queue: no longer waiting. A request that left it still
+	 * marked PS_WAITING was never queued again when it had to wait once
+	 * more (routed after the prompt probes, its backend busy in exact
+	 * mode), and hung. */
+	pr->state = PS_TOKENIZE;
 }
 
 static void client_write(struct proxy_req *pr, const char *data, size_t len)
