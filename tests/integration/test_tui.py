@@ -150,7 +150,8 @@ class Tui(unittest.TestCase):
         ev, total, reused = (int(x) for x in turns[-1])
         self.assertGreater(total, int(turns[0][1]))
         self.assertLess(ev, total // 2)
-        self.assertEqual(ev + reused, total)
+        # Evaluated counts a cut's one throw-away token too, when there was one.
+        self.assertIn(ev + reused, (total, total + 1))
         t.save("cached")
 
     def test_modes_and_compare(self):
