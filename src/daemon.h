@@ -41,6 +41,10 @@ struct daemon_stats {
 	uint64_t saves, restores, disk_hits, saved_evictions, discarded_files;
 	uint64_t replans; /* requests planned again after the server disagreed */
 	uint64_t prefill_steps; /* chunks evaluated as steps of their own */
+	/* Exact mode: cuts of a slot's tail after an answer, and the tokens
+	 * they evaluated (one each), which no request's cache block counts:
+	 * /toki/stats evaluated_tokens does. */
+	uint64_t tail_cuts, tail_cut_tokens;
 };
 
 struct daemon {

@@ -41,6 +41,7 @@ enum proxy_state {
 	PS_PREFILL,  /* evaluating a chunk of the prompt (exact mode's schedule) */
 	PS_FORWARD,  /* the request is on the backend */
 	PS_SETTLE,   /* cancelled; waiting for the server to free the slot (exact mode) */
+	PS_TAILCUT,  /* answered; cutting the slot back to what exact mode can reuse */
 	PS_DONE,
 };
 
@@ -787,6 +788,8 @@ static void end_slot(struct proxy_req *pr)
 }
 
 
+static int start_tail_cut(struct proxy_req *pr);
+
 /* The slot's KV now holds what this request sent, if the backend's own count
  * agrees with ours; otherwise what it holds is unknown. */
 static void commit_slot(struct proxy_req *pr, int success)
@@ -829,6 +832,9 @@ static void commit_slot(struct proxy_req *pr, int success)
 		d->stats.evaluated_tokens += (uint64_t)req_evaluated(pr);
 		pr->counted = 1;
 	}
+	if (exact_mode(pr) && success && s->n_tokens && !s->retired && pr->backend &&
+	    backend_is_up(pr->backend) && start_tail_cut(pr))
+		return; /* the cut ends the slot */
 	end_slot(pr);
 }
 
@@ -1265,7 +1271,9 @@ static void after_answer(struct proxy_req *pr, int status)
 		audit_prompt(pr);
 	commit_slot(pr, status == 200 && pr->timings_seen);
 	log_done(pr);
-	pr_finish(pr);
+	/* A cut of the slot's tail may still run: it finishes the request. */
+	if (pr->state != PS_TAILCUT)
+		pr_finish(pr);
 }
 
 static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -1926,6 +1934,9 @@ static void on_idle_poll_done(struct backend_call *call, int status, const char 
 		pr_finish(pr);
 		return;
 	}
+	/* Stopped after its whole prompt: its tail goes, as after an answer. */
+	if (start_tail_cut(pr))
+		return;
 	end_slot(pr);
 	pr_finish(pr);
 }
@@ -1964,6 +1975,74 @@ static int end_slot_when_idle(struct proxy_req *pr)
 	return pr->call != NULL;
 }
 
+
+/* ---- after the answer (exact mode): the slot's useless tail ----
+ *
+ * The slot holds the prompt and the answer's tokens, computed one at a
+ * time; exact mode can reuse neither those nor the rows of the prompt's
+ * last micro-batch (the generation prompt: in a longer prompt the chunk
+ * there is longer). Cutting them off now, after the answer was sent,
+ * takes the cut off the next request's path: a resend evaluates only its
+ * generation prompt. Until the cut is done the slot, and exact mode's
+ * backend, stays busy, so nothing shares a batch with it. (This cut was
+ * once removed on a wrong diagnosis: answers after it differed from the
+ * uncached run in their last logprob digits, which was the 15-digit
+ * rewrite of multi-step answers, fixed since; test_exact_identity compares
+ * every resend after such a cut with the uncached answer.) */
+
+static void on_tail_cut_done(struct backend_call *call, int status, const char *body, size_t len,
+			     void *arg)
+{
+	struct proxy_req *pr = arg;
+	struct daemon *d = pr->d;
+	pr->call = NULL;
+	long long cache_n = -1, prompt_n = 0;
+	double ms;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
+		/* No request's cache block counts these: /toki/stats does. */
+		pr->slot->backend->evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.tail_cuts++;
+		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
+	}
+	if (cache_n == (long long)pr->cut_keep)
+		router_slot_cut(d->router, pr->slot, pr->tokens, pr->cut_keep, pr->cut_junk,
+				clock_now_us());
+	else
+		router_slot_forget(d->router, pr->slot);
+	end_slot(pr);
+	pr_finish(pr);
+}
+
+static void on_tail_cut_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	router_slot_forget(pr->d->router, pr->slot);
+	end_slot(pr);
+	pr_finish(pr);
+}
+
+static const struct backend_call_handlers tail_cut_handlers = {
+	.on_done = on_tail_cut_done,
+	.on_error = on_tail_cut_error,
+};
+
+/* Returns 1 when the cut is out (it ends the slot and the request), 0 when
+ * there is nothing to cut or it could not be sent. */
+static int start_tail_cut(struct proxy_req *pr)
+{
+	struct router_slot *s = pr->slot;
+	if (!pr->routable || s->n_tokens != pr->n_tokens || !pr->n_tokens)
+		return 0;
+	/* Where the micro-batch holding the prompt's last token starts. */
+	size_t keep = sched_floor(s->bounds, s->n_bounds, s->aligned, pr->n_tokens - 1,
+				  s->backend->n_ubatch);
+	if (!keep || send_cut(pr, keep, &tail_cut_handlers) != 0)
+		return 0;
+	pr->state = PS_TAILCUT;
+	return 1;
+}
 
 /* ---- the context every part agrees on ---- */
 
@@ -2661,6 +2740,8 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	}
 	json_object_set_new(o, "replans", json_integer((json_int_t)s->replans));
 	json_object_set_new(o, "prefill_steps", json_integer((json_int_t)s->prefill_steps));
+	json_object_set_new(o, "tail_cuts", json_integer((json_int_t)s->tail_cuts));
+	json_object_set_new(o, "tail_cut_tokens", json_integer((json_int_t)s->tail_cut_tokens));
 	json_object_set_new(o, "backends", bs);
 	json_int_t waiting = 0;
 	for (struct proxy_req *w = d->waiting_head; w; w = w->wait_next)

@@ -157,12 +157,14 @@ class Accounting(unittest.TestCase):
                     self.assertEqual(r["timings"]["prompt_n"], c["evaluated"], c)
                     self.assertEqual(r["timings"]["cache_n"], c["cached"], c)
                     self.assertEqual(c["schedule"], "messages", c)
-                    # Sent again: only the generation prompt is evaluated (and
-                    # the cut's one token), and the answer is the uncached one.
+                    # Sent again: only the generation prompt is evaluated, in
+                    # one step (the slot's tail was cut after the answer, off
+                    # this request's path), and the answer is the uncached one.
                     st, again = toki.chat(msgs, max_tokens=8, logprobs=True, top_logprobs=1)
                     self.assertEqual(st, 200, again)
                     evaluated += again["cache"]["evaluated"]
                     self.assertLessEqual(again["cache"]["evaluated"], 8, again["cache"])
+                    self.assertEqual(again["cache"]["steps"], 1, again["cache"])
                     st, raw = toki.chat(msgs, max_tokens=8, logprobs=True, top_logprobs=1,
                                         cache_prompt=False)
                     self.assertEqual(st, 200, raw)
@@ -193,10 +195,19 @@ class Accounting(unittest.TestCase):
             self.assertEqual(st, 200, raw)
             self.assertEqual(raw["cache"]["evaluated"], raw["cache"]["prompt_tokens"])
             evaluated += raw["cache"]["evaluated"]
+            # The slots' tails are cut after the answers, and a slot stays
+            # busy until its cut is done: wait for that, not for a time.
+            deadline = time.time() + 60
+            while any(s["busy"] for b in toki.stats()["backends"] for s in b["slots"]):
+                self.assertLess(time.time(), deadline, "a tail cut never finished")
+                time.sleep(0.02)
             st = toki.stats()
             grown = prompt_tokens_total(llama) - before
             self.assertGreater(st["prefill_steps"], 0)
-            self.assertEqual(grown, evaluated, f"server {grown}, cache blocks {evaluated}")
+            self.assertGreater(st["tail_cuts"], 0)
+            self.assertEqual(grown, evaluated + st["tail_cut_tokens"],
+                             f"server {grown}, cache blocks {evaluated}, tail cuts "
+                             f"{st['tail_cut_tokens']}")
             self.assertEqual(st["evaluated_tokens"], grown)
         finally:
             toki.kill(signal.SIGTERM)
