@@ -18,20 +18,20 @@ struct daemon_config {
 	const char **backend_urls;
 	int n_backends;
 	enum reuse_mode mode;
-	int n_ubatch;		/* the backends' micro-batch size (-ub), for exact mode */
-	int backend_timeout_s;	/* TOKI_BACKEND_TIMEOUT */
-	int keepalive_ms;	/* SSE keep-alive comment interval while the backend is silent */
+	int n_ubatch;          /* the backends' micro-batch size (-ub), for exact mode */
+	int backend_timeout_s; /* TOKI_BACKEND_TIMEOUT */
+	int keepalive_ms;      /* SSE keep-alive comment interval while the backend is silent */
 	int health_interval_ms;
 	size_t max_body_bytes;
-	int allow_remote;	/* binding beyond loopback was asked for explicitly */
-	const char *slot_dir;	/* the backends' --slot-save-path, shared with toki */
-	long max_output;	/* cap on a request's output tokens (0: none) */
-	char token[128];	/* the local token every route but /health needs */
+	int allow_remote;         /* binding beyond loopback was asked for explicitly */
+	const char *slot_dir;     /* the backends' --slot-save-path, shared with toki */
+	long max_output;          /* cap on a request's output tokens (0: none) */
+	char token[128];          /* the local token every route but /health needs */
 	uint64_t slot_disk_bytes; /* cap on the saved slot files */
-	int save_idle_ms;	/* save a slot idle this long (0: only on eviction and exit) */
-	int slot_compress;	/* zstd level for slot files (0: stored as they are) */
-	const char *kv_settings; /* llama-server settings that shape KV, for fingerprints */
-	int local_prompts;	/* template and tokenize in toki when the probes match (--tokenize) */
+	int save_idle_ms;         /* save a slot idle this long (0: only on eviction and exit) */
+	int slot_compress;        /* zstd level for slot files (0: stored as they are) */
+	const char *kv_settings;  /* llama-server settings that shape KV, for fingerprints */
+	int local_prompts; /* template and tokenize in toki when the probes match (--tokenize) */
 	const char *backend_key; /* the backends' --api-key (--backend-key, TOKI_BACKEND_KEY) */
 };
 
@@ -39,7 +39,7 @@ struct daemon_stats {
 	uint64_t requests, routed, hits, partials, misses, errors;
 	uint64_t prompt_tokens, evaluated_tokens, cached_tokens, trim_tokens;
 	uint64_t saves, restores, disk_hits, saved_evictions, discarded_files;
-	uint64_t replans; /* requests planned again after the server disagreed */
+	uint64_t replans;       /* requests planned again after the server disagreed */
 	uint64_t prefill_steps; /* chunks evaluated as steps of their own */
 	/* Exact mode: cuts of a slot's tail after an answer, and the tokens
 	 * they evaluated (one each), which no request's cache block counts:
@@ -55,17 +55,17 @@ struct daemon {
 	struct backend **backends;
 	int n_backends;
 	struct proxy_req *waiting_head, *waiting_tail; /* requests waiting for a slot */
-	struct proxy_req *active;	/* every request in flight, for shutdown */
+	struct proxy_req *active;                      /* every request in flight, for shutdown */
 	struct daemon_stats stats;
 	struct event *sigint, *sigterm;
 	struct supervisor *supervisor; /* the llama-server toki started, if any */
 	int64_t started_us;
 	uint64_t save_counter;
-	int saving;		/* an idle save is running */
+	int saving;                /* an idle save is running */
 	struct save_all *save_all; /* the shutdown saves */
 	int shutting_down;
 	struct event *wake; /* retries the waiting requests on the next loop turn */
-	int exit_code;	    /* what toki serve exits with once its loop ends */
+	int exit_code;      /* what toki serve exits with once its loop ends */
 };
 
 /* A slot ended or a backend came up: the waiting requests are retried on

@@ -51,7 +51,7 @@ struct proxy_req {
 	enum route_kind kind;
 	enum proxy_state state;
 	char backend_path[64];
-	json_t *body;	       /* what goes to the backend */
+	json_t *body;          /* what goes to the backend */
 	json_t *template_body; /* the chat request whose template gives the tokens (RESPONSES) */
 	char *client_model;    /* the model name the client sent (ANTHROPIC echoes it) */
 	struct anthropic_stream *astream;
@@ -69,43 +69,43 @@ struct proxy_req {
 	size_t *bounds, n_bounds;
 	struct plan plan;
 	size_t done_upto;
-	int client_uncached; /* the client sent cache_prompt: false */
-	int force_cold;	     /* a step found the slot not as planned: start from empty */
-	int prompt_fault;    /* the server's prompt is not toki's: toki's is dropped */
-	int gen_started;     /* the last step's prompt was evaluated (a token came) */
-	int steps;	     /* backend calls before GENERATE that evaluated tokens */
+	int client_uncached;      /* the client sent cache_prompt: false */
+	int force_cold;           /* a step found the slot not as planned: start from empty */
+	int prompt_fault;         /* the server's prompt is not toki's: toki's is dropped */
+	int gen_started;          /* the last step's prompt was evaluated (a token came) */
+	int steps;                /* backend calls before GENERATE that evaluated tokens */
 	long long steps_prompt_n; /* ... and what they evaluated */
 	double steps_prompt_ms;
-	token_t cut_junk;  /* the token a cut leaves after the kept prefix */
-	size_t cut_keep;   /* ... and how much of the prompt it keeps */
-	int counted;	   /* its evaluated tokens are in the stats */
-	int stream_begun;  /* the client's SSE response has begun (200 sent) */
+	token_t cut_junk;      /* the token a cut leaves after the kept prefix */
+	size_t cut_keep;       /* ... and how much of the prompt it keeps */
+	int counted;           /* its evaluated tokens are in the stats */
+	int stream_begun;      /* the client's SSE response has begun (200 sent) */
 	struct event *idle_ev; /* after a cancel: the next look at the slot */
 	char client_path[64];
 	char save_name[96];
 	char restored_name[96];
 	int restored;
-	int saving; /* a slot save is out: it holds pr, and frees it if pr ended meanwhile */
-	int needs_begin;    /* waiting for a backend before tokenizing */
-	uint64_t allowed;   /* backends serving the requested model (bit i: backend i) */
-	uint64_t excluded;  /* backends that failed this request before it streamed */
+	int saving;        /* a slot save is out: it holds pr, and frees it if pr ended meanwhile */
+	int needs_begin;   /* waiting for a backend before tokenizing */
+	uint64_t allowed;  /* backends serving the requested model (bit i: backend i) */
+	uint64_t excluded; /* backends that failed this request before it streamed */
 	int set_cache_prompt; /* toki added cache_prompt: false (exact mode, nothing reused) */
 	int local_prompt;     /* toki tokenized the prompt itself */
 	int local_template;   /* ... and applied the chat template too */
 	int force_server;     /* ... and then found it wrong: the server does it now */
 	int added_progress;   /* toki asked for return_progress (its events are dropped) */
 	int progress_checked; /* the first progress event was checked against the plan */
-	int replans;	      /* times the request was planned again (bounded) */
-	int replanning;	      /* a replan is scheduled: the old call's events are ignored */
+	int replans;          /* times the request was planned again (bounded) */
+	int replanning;       /* a replan is scheduled: the old call's events are ignored */
 	struct event *replan_ev;
-	struct backend *prompt_backend; /* whose engine made the prompt */
-	struct backend *tokenize_backend; /* who was asked for the tokens (or whose engine) */
+	struct backend *prompt_backend;     /* whose engine made the prompt */
+	struct backend *tokenize_backend;   /* who was asked for the tokens (or whose engine) */
 	int64_t t_tokenize_us, tokenize_us; /* when tokenizing began; what it took */
 	int retries;
-	int count_only;	    /* count_tokens: answer with the count, generate nothing */
+	int count_only;     /* count_tokens: answer with the count, generate nothing */
 	long max_tokens;    /* the output cap sent to the backend */
 	int output_clamped; /* the client asked for more than fits */
-	int status;		  /* the backend's HTTP status */
+	int status;         /* the backend's HTTP status */
 	struct sse_parser sse;
 	char *held; /* the last event, held back until we know it is the last */
 	size_t held_len;
@@ -150,7 +150,8 @@ static uint64_t backends_for_model(struct daemon *d, const char *model)
 				json_t *alias;
 				json_array_foreach(json_object_get(e, "aliases"), a, alias)
 				{
-					if (json_is_string(alias) && !strcmp(json_string_value(alias), model))
+					if (json_is_string(alias) &&
+					    !strcmp(json_string_value(alias), model))
 						match = 1;
 				}
 			}
@@ -261,7 +262,7 @@ static void fail(struct proxy_req *pr, int status, const char *message)
 		struct strbuf b;
 		strbuf_init(&b);
 		anthropic_stream_error(pr->astream, status == 504 ? "timeout_error" : "api_error",
-				       message, &b);
+		                       message, &b);
 		client_write_strbuf(pr, &b);
 		strbuf_free(&b);
 		http_stream_end(pr->client);
@@ -301,7 +302,8 @@ static void text_put(struct strbuf *t, const char *s, size_t n)
 	strbuf_append(t, s, n);
 }
 
-static void text_printf(struct strbuf *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_printf(struct strbuf *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void text_printf(struct strbuf *t, const char *fmt, ...)
 {
 	char buf[256];
@@ -458,7 +460,7 @@ static int object_span(const char *text, size_t len, size_t *open_at, size_t *cl
 	if (data && (data == text || data[-1] == '\n' || data[-1] == '\r'))
 		open = (size_t)(data - text) + 5;
 	while (open < len && (text[open] == ' ' || text[open] == '\n' || text[open] == '\r' ||
-			      text[open] == '\t'))
+	                      text[open] == '\t'))
 		open++;
 	size_t close = len;
 	while (close > open && text[close - 1] != '}')
@@ -476,7 +478,7 @@ static int object_span(const char *text, size_t len, size_t *open_at, size_t *cl
  * it, in how long). Returns a new buffer, or NULL when nothing changes. */
 /* text with text[at..end) replaced by repl (rl bytes), in a new buffer. */
 static char *splice(const char *text, size_t len, size_t at, size_t end, const char *repl,
-		    size_t rl, size_t *out_len)
+                    size_t rl, size_t *out_len)
 {
 	size_t n = len - (end - at) + rl;
 	char *out = malloc(n + 1);
@@ -491,7 +493,7 @@ static char *splice(const char *text, size_t len, size_t at, size_t end, const c
 }
 
 static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t len,
-				  size_t *out_len)
+                                  size_t *out_len)
 {
 	/* Only the counts change: every other byte (the logprobs above all)
 	 * stays as the server wrote it. */
@@ -510,8 +512,8 @@ static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t
 		at = q;
 	const char *ob = at ? at + sizeof tk - 1 : NULL;
 	const char *cb = ob && ob < src + cur_len && *ob == '{'
-				 ? memchr(ob, '}', cur_len - (size_t)(ob - src))
-				 : NULL;
+	                     ? memchr(ob, '}', cur_len - (size_t)(ob - src))
+	                     : NULL;
 	if (cb) {
 		json_error_t jerr;
 		json_t *t = json_loadb(ob, (size_t)(cb - ob) + 1, 0, &jerr);
@@ -521,15 +523,15 @@ static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t
 			json_object_set_new(t, "prompt_ms", json_real(ms));
 			if (evaluated > 0 && ms > 0) {
 				json_object_set_new(t, "prompt_per_token_ms",
-						    json_real(ms / (double)evaluated));
+				                    json_real(ms / (double)evaluated));
 				json_object_set_new(t, "prompt_per_second",
-						    json_real(1000.0 * (double)evaluated / ms));
+				                    json_real(1000.0 * (double)evaluated / ms));
 			}
 			char *js = json_dumps(t, JSON_COMPACT);
 			if (js) {
 				size_t nl = 0;
 				char *next = splice(src, cur_len, (size_t)(ob - src),
-						    (size_t)(cb - src) + 1, js, strlen(js), &nl);
+				                    (size_t)(cb - src) + 1, js, strlen(js), &nl);
 				if (next) {
 					free(cur);
 					cur = next;
@@ -575,8 +577,7 @@ static char *whole_request_counts(struct proxy_req *pr, const char *text, size_t
  * text, so that every byte the backend sent is kept as it was (but for the
  * counts of a request that ran in several steps). Returns a new buffer, or
  * NULL when the text is not an object. */
-static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len,
-			       size_t *out_len);
+static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len, size_t *out_len);
 
 /* A client that filters the answer (llama-server's response_fields) gets
  * the cache block only if it asked for it. */
@@ -606,13 +607,12 @@ static char *inject_cache(struct proxy_req *pr, const char *text, size_t len, si
 		return whole;
 	}
 	char *out = whole ? inject_cache_text(pr, whole, wl, out_len)
-			  : inject_cache_text(pr, text, len, out_len);
+	                  : inject_cache_text(pr, text, len, out_len);
 	free(whole);
 	return out;
 }
 
-static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len,
-			       size_t *out_len)
+static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t len, size_t *out_len)
 {
 	/* The object starts after the event's "data:" (in a stream) or at the
 	 * first non-blank byte (a plain body); it ends at the last '}'. */
@@ -625,7 +625,7 @@ static char *inject_cache_text(struct proxy_req *pr, const char *text, size_t le
 	/* An empty object must not get a leading comma. */
 	size_t k = close - 1;
 	while (k > open + 1 && (text[k - 1] == ' ' || text[k - 1] == '\n' || text[k - 1] == '\t' ||
-				text[k - 1] == '\r'))
+	                        text[k - 1] == '\r'))
 		k--;
 	int empty = k == open + 1;
 	size_t cl = strlen(cs);
@@ -655,11 +655,11 @@ static void note_timings(struct proxy_req *pr, json_t *obj)
 			u = json_object_get(json_object_get(obj, "response"), "usage");
 		json_t *total = json_object_get(u, "input_tokens");
 		json_t *cached =
-			json_object_get(json_object_get(u, "input_tokens_details"), "cached_tokens");
+		    json_object_get(json_object_get(u, "input_tokens_details"), "cached_tokens");
 		if (!json_is_integer(total)) {
 			total = json_object_get(u, "prompt_tokens");
 			cached = json_object_get(json_object_get(u, "prompt_tokens_details"),
-						 "cached_tokens");
+			                         "cached_tokens");
 		}
 		if (!json_is_integer(total))
 			return;
@@ -687,8 +687,8 @@ static int scan_timings(struct proxy_req *pr, const char *p, const char *end)
 {
 	long long cache_n = -1, prompt_n = -1, predicted_n = 0;
 	double prompt_ms = 0, predicted_ms = 0;
-#define SKIP_WS()                                                                          \
-	while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))            \
+#define SKIP_WS()                                                                                  \
+	while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))                   \
 	p++
 	SKIP_WS();
 	if (p >= end || *p++ != '{')
@@ -712,8 +712,8 @@ static int scan_timings(struct proxy_req *pr, const char *p, const char *end)
 		char num[48];
 		size_t n = 0;
 		while (p < end && n < sizeof num - 1 &&
-		       ((*p >= '0' && *p <= '9') || *p == '-' || *p == '+' || *p == '.' || *p == 'e' ||
-			*p == 'E'))
+		       ((*p >= '0' && *p <= '9') || *p == '-' || *p == '+' || *p == '.' ||
+		        *p == 'e' || *p == 'E'))
 			num[n++] = *p++;
 		if (!n || n == sizeof num - 1)
 			return 0;
@@ -787,7 +787,6 @@ static void end_slot(struct proxy_req *pr)
 	daemon_slots_changed(d);
 }
 
-
 static int start_tail_cut(struct proxy_req *pr);
 
 /* The slot's KV now holds what this request sent, if the backend's own count
@@ -805,20 +804,21 @@ static void commit_slot(struct proxy_req *pr, int success)
 			/* The plan ran as checked step by step: every row of the
 			 * prompt is on the request's schedule. */
 			router_slot_commit_sched(d->router, s, pr->tokens, pr->n_tokens, pr->bounds,
-						 pr->n_bounds, pr->n_tokens, now);
+			                         pr->n_bounds, pr->n_tokens, now);
 			if ((size_t)pr->cache_n != pr->plan.final_cache)
 				log_warn("exact mode: backend reused %lld tokens, expected %zu",
-					 pr->cache_n, pr->plan.final_cache);
+				         pr->cache_n, pr->plan.final_cache);
 		} else if (n_server == (long long)pr->n_tokens) {
-			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens, (size_t)pr->cache_n,
-					   now);
+			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens,
+			                   (size_t)pr->cache_n, now);
 		} else {
-			log_warn("slot %d: backend counted %lld prompt tokens, toki %zu; forgetting slot",
-				 s->id, n_server, pr->n_tokens);
+			log_warn("slot %d: backend counted %lld prompt tokens, toki %zu; "
+			         "forgetting slot",
+			         s->id, n_server, pr->n_tokens);
 			router_slot_forget(d->router, s);
 		}
 		router_backend_note_prefill(s->backend, (uint64_t)req_evaluated(pr),
-					    pr->steps_prompt_ms + pr->prompt_ms);
+		                            pr->steps_prompt_ms + pr->prompt_ms);
 		router_backend_note_decode(s->backend, (uint64_t)pr->predicted_n, pr->predicted_ms);
 		s->backend->cached_tokens += (uint64_t)req_cached(pr);
 		s->backend->requests++;
@@ -908,9 +908,11 @@ static int keep_after_cancel(struct proxy_req *pr)
 	int whole = pr->state == PS_FORWARD && pr->gen_started;
 	size_t n = pr->n_tokens;
 	if (!exact_mode(pr)) {
-		size_t got = whole ? n : pr->plan.reuse > pr->done_upto ? pr->plan.reuse : pr->done_upto;
-		router_slot_commit(d->router, s, pr->tokens, got, got < pr->plan.reuse ? got : pr->plan.reuse,
-				   now);
+		size_t got = whole                            ? n
+		             : pr->plan.reuse > pr->done_upto ? pr->plan.reuse
+		                                              : pr->done_upto;
+		router_slot_commit(d->router, s, pr->tokens, got,
+		                   got < pr->plan.reuse ? got : pr->plan.reuse, now);
 		log_info("slot %d keeps %zu tokens of the cancelled request", s->id, got);
 		end_slot(pr);
 		return 0;
@@ -1015,7 +1017,7 @@ static int check_plan(struct proxy_req *pr, long long total, long long cache)
 	char why[200];
 	if (total != (long long)pr->n_tokens) {
 		snprintf(why, sizeof why, "the server has %lld prompt tokens, toki %zu", total,
-			 pr->n_tokens);
+		         pr->n_tokens);
 		if (pr->local_prompt && pr->prompt_backend)
 			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
 		pr->prompt_fault = 1;
@@ -1026,8 +1028,9 @@ static int check_plan(struct proxy_req *pr, long long total, long long cache)
 		return 0;
 	}
 	if (exact && cache != (long long)pr->plan.final_cache) {
-		snprintf(why, sizeof why, "exact mode planned to reuse %zu tokens, the server reuses %lld",
-			 pr->plan.final_cache, cache);
+		snprintf(why, sizeof why,
+		         "exact mode planned to reuse %zu tokens, the server reuses %lld",
+		         pr->plan.final_cache, cache);
 		pr->force_cold = 1; /* a slot that surprised once is not trusted again */
 		schedule_replan(pr, why);
 		return 1;
@@ -1063,9 +1066,10 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 			 * one's events describe the whole request (what it reused
 			 * before it, the time its chunks took). */
 			json_object_set_new(pp, "cache", json_integer(req_cached(pr)));
-			json_object_set_new(pp, "time_ms",
-					    json_real(json_number_value(json_object_get(pp, "time_ms")) +
-						      pr->steps_prompt_ms));
+			json_object_set_new(
+			    pp, "time_ms",
+			    json_real(json_number_value(json_object_get(pp, "time_ms")) +
+			              pr->steps_prompt_ms));
 			char *js = json_dumps(obj, JSON_COMPACT);
 			if (js) {
 				if (!pr->t_first_data_us)
@@ -1162,11 +1166,11 @@ static void log_done(struct proxy_req *pr)
 {
 	double total_ms = (double)(clock_now_us() - pr->t_start_us) / 1000.0;
 	log_info("%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu cached=%lld evaluated=%lld "
-		 "steps=%d prefill=%.0fms total=%.0fms",
-		 pr->client_path, pr->choice.slot ? pr->choice.slot->id : -1,
-		 pr->routable ? pr->choice.kind : "unrouted", pr->n_tokens, pr->choice.matched,
-		 pr->choice.reuse, req_cached(pr), req_evaluated(pr), pr->steps + 1,
-		 pr->steps_prompt_ms + pr->prompt_ms, total_ms);
+	         "steps=%d prefill=%.0fms total=%.0fms",
+	         pr->client_path, pr->choice.slot ? pr->choice.slot->id : -1,
+	         pr->routable ? pr->choice.kind : "unrouted", pr->n_tokens, pr->choice.matched,
+	         pr->choice.reuse, req_cached(pr), req_evaluated(pr), pr->steps + 1,
+	         pr->steps_prompt_ms + pr->prompt_ms, total_ms);
 }
 
 /* Plans the request again, from routing (or, when toki's own prompt was the
@@ -1228,7 +1232,7 @@ static void schedule_replan(struct proxy_req *pr, const char *why)
 {
 	struct daemon *d = pr->d;
 	log_warn("slot %d: %s; planning the request again%s", pr->slot ? pr->slot->id : -1, why,
-		 pr->local_prompt ? " with the server's prompt" : "");
+	         pr->local_prompt ? " with the server's prompt" : "");
 	pr->replans++;
 	pr->replanning = 1;
 	d->stats.replans++;
@@ -1259,8 +1263,8 @@ static void audit_prompt(struct proxy_req *pr)
 	if (!pr->local_prompt || !pr->prompt_backend)
 		return;
 	int chat = pr->kind != KIND_COMPLETION;
-	prompt_audit_start(pr->prompt_backend, pr->template_body ? pr->template_body : pr->body, chat,
-			   pr->tokens, pr->n_tokens);
+	prompt_audit_start(pr->prompt_backend, pr->template_body ? pr->template_body : pr->body,
+	                   chat, pr->tokens, pr->n_tokens);
 }
 
 /* A whole answer was sent (or could not be): the slot's new content, the
@@ -1277,7 +1281,7 @@ static void after_answer(struct proxy_req *pr, int status)
 }
 
 static void on_forward_done(struct backend_call *call, int status, const char *body, size_t len,
-			    void *arg)
+                            void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -1286,11 +1290,12 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		if (status != 200) {
 			/* The backend refused the request: pass its message on. */
 			size_t el = pr->errbuf ? evbuffer_get_length(pr->errbuf) : 0;
-			char *msg = el ? strndup((const char *)evbuffer_pullup(pr->errbuf, -1), el) : NULL;
+			char *msg =
+			    el ? strndup((const char *)evbuffer_pullup(pr->errbuf, -1), el) : NULL;
 			json_error_t jerr;
 			json_t *ej = msg ? json_loads(msg, 0, &jerr) : NULL;
 			const char *m = json_string_value(
-				json_object_get(json_object_get(ej, "error"), "message"));
+			    json_object_get(json_object_get(ej, "error"), "message"));
 			fail(pr, status, m ? m : "backend error");
 			json_decref(ej);
 			free(msg);
@@ -1304,7 +1309,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		    pr->cache_n + pr->prompt_n != (long long)pr->n_tokens && pr->prompt_backend) {
 			char why[160];
 			snprintf(why, sizeof why, "the server counted %lld prompt tokens, toki %zu",
-				 pr->cache_n + pr->prompt_n, pr->n_tokens);
+			         pr->cache_n + pr->prompt_n, pr->n_tokens);
 			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
 		}
 		if (pr->client) {
@@ -1326,7 +1331,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		if (pr->local_prompt && n_server != (long long)pr->n_tokens && pr->prompt_backend) {
 			char why[160];
 			snprintf(why, sizeof why, "the server counted %lld prompt tokens, toki %zu",
-				 n_server, pr->n_tokens);
+			         n_server, pr->n_tokens);
 			prompt_engine_disable(pr->prompt_backend, PROMPT_FAULT_ALL, why);
 		}
 	}
@@ -1339,9 +1344,10 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		/* Anthropic's usage splits the prompt: read from the cache, and
 		 * the rest (a cut's throw-away token is no part of the input). */
 		json_t *msg = chat ? anthropic_from_chat(chat, pr->client_model, req_cached(pr),
-							 pr->routable ? (long long)pr->n_tokens - req_cached(pr)
-								      : req_evaluated(pr))
-				   : NULL;
+		                                         pr->routable ? (long long)pr->n_tokens -
+		                                                            req_cached(pr)
+		                                                      : req_evaluated(pr))
+		                   : NULL;
 		json_decref(chat);
 		http_request_on_close(pr->client, NULL, NULL);
 		if (msg) {
@@ -1351,9 +1357,9 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		} else {
 			json_t *ej = json_loadb(body, len, 0, &jerr);
 			const char *m = json_string_value(
-				json_object_get(json_object_get(ej, "error"), "message"));
+			    json_object_get(json_object_get(ej, "error"), "message"));
 			http_respond_error(pr->client, status == 200 ? 502 : status,
-					   m ? m : "the backend's answer could not be translated");
+			                   m ? m : "the backend's answer could not be translated");
 			json_decref(ej);
 		}
 		pr->client = NULL;
@@ -1366,7 +1372,7 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 		const char *ct = backend_call_header(call, "Content-Type");
 		http_request_on_close(pr->client, NULL, NULL);
 		http_respond(pr->client, status, ct ? ct : "application/json", out ? out : body,
-			     out ? out_len : len);
+		             out ? out_len : len);
 		free(out);
 		pr->client = NULL;
 	}
@@ -1404,7 +1410,7 @@ static int try_elsewhere(struct proxy_req *pr, enum backend_error err)
 	pr->excluded = excluded;
 	pr->retries++;
 	log_warn("request on %s failed before streaming (%s): retrying on another backend",
-		 pr->backend->rb->url, backend_error_text(err));
+	         pr->backend->rb->url, backend_error_text(err));
 	pr->restored = 0;
 	if (pr->routable)
 		json_object_del(pr->body, "id_slot");
@@ -1425,20 +1431,20 @@ static void on_forward_error(struct backend_call *call, enum backend_error err, 
 	if (err == BACKEND_ERR_CONNECT && pr->backend)
 		backend_mark_down(pr->backend, backend_error_text(err));
 	log_warn("request on %s failed: %s", pr->backend ? pr->backend->rb->url : "?",
-		 backend_error_text(err));
+	         backend_error_text(err));
 	fail(pr, err == BACKEND_ERR_TIMEOUT ? 504 : 502, backend_error_text(err));
 }
 
 static const struct backend_call_handlers forward_stream_handlers = {
-	.on_head = on_forward_head,
-	.on_data = on_forward_data,
-	.on_done = on_forward_done,
-	.on_error = on_forward_error,
+    .on_head = on_forward_head,
+    .on_data = on_forward_data,
+    .on_done = on_forward_done,
+    .on_error = on_forward_error,
 };
 static const struct backend_call_handlers forward_handlers = {
-	.on_head = on_forward_head,
-	.on_done = on_forward_done,
-	.on_error = on_forward_error,
+    .on_head = on_forward_head,
+    .on_done = on_forward_done,
+    .on_error = on_forward_error,
 };
 
 static void forward(struct proxy_req *pr)
@@ -1452,15 +1458,15 @@ static void forward(struct proxy_req *pr)
 		 * for a client that asked for an uncached run: they were its
 		 * uncached run). */
 		if (pr->routable && exact_mode(pr)) {
-			json_object_set_new(pr->body, "cache_prompt", json_boolean(pr->done_upto > 0));
+			json_object_set_new(pr->body, "cache_prompt",
+			                    json_boolean(pr->done_upto > 0));
 			pr->set_cache_prompt = 1;
 		}
 	}
 	/* The first progress event lets toki check its plan before the answer
 	 * starts (check_plan); events the client did not ask for are dropped. */
 	if (pr->stream && pr->routable && pr->kind != KIND_RESPONSES &&
-	    (pr->local_prompt || exact_mode(pr)) &&
-	    !json_object_get(pr->body, "return_progress")) {
+	    (pr->local_prompt || exact_mode(pr)) && !json_object_get(pr->body, "return_progress")) {
 		json_object_set_new(pr->body, "return_progress", json_true());
 		pr->added_progress = 1;
 	}
@@ -1481,13 +1487,13 @@ static void forward(struct proxy_req *pr)
 	 * starts, only when its prefill will be long enough to wait for. */
 	if (pr->routable)
 		log_write(pr->choice.est_prefill_s >= 1.0 ? LOG_INFO : LOG_DEBUG,
-		       "%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
-		       pr->client_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
-		       pr->n_tokens, pr->choice.matched, pr->choice.reuse,
-		       pr->choice.est_prefill_s * 1000.0);
-	pr->call = backend_call_start(pr->backend->http, "POST", pr->backend_path, body,
-				      strlen(body), pr->stream ? &forward_stream_handlers : &forward_handlers,
-				      pr);
+		          "%s slot=%d route=%s prompt=%zu matched=%zu reuse=%zu est_prefill=%.0fms",
+		          pr->client_path, pr->slot ? pr->slot->id : -1, pr->choice.kind,
+		          pr->n_tokens, pr->choice.matched, pr->choice.reuse,
+		          pr->choice.est_prefill_s * 1000.0);
+	pr->call =
+	    backend_call_start(pr->backend->http, "POST", pr->backend_path, body, strlen(body),
+	                       pr->stream ? &forward_stream_handlers : &forward_handlers, pr);
 	free(body);
 	if (!pr->call)
 		fail(pr, 500, "out of memory");
@@ -1507,17 +1513,18 @@ static void begin_client_stream(struct proxy_req *pr)
 		/* The first event says how long the prefill should take, so that
 		 * a slow turn is a number rather than a silence. */
 		char note[256];
-		int n = snprintf(note, sizeof note,
-				 ": toki route=%s slot=%d prompt=%zu reuse=%zu evaluate=%zu "
-				 "est_prefill_ms=%.0f\n\n",
-				 pr->routable ? pr->choice.kind : "unrouted",
-				 pr->slot ? pr->slot->id : -1, pr->n_tokens, pr->choice.reuse,
-				 pr->n_tokens - pr->choice.reuse, pr->choice.est_prefill_s * 1000.0);
+		int n =
+		    snprintf(note, sizeof note,
+		             ": toki route=%s slot=%d prompt=%zu reuse=%zu evaluate=%zu "
+		             "est_prefill_ms=%.0f\n\n",
+		             pr->routable ? pr->choice.kind : "unrouted",
+		             pr->slot ? pr->slot->id : -1, pr->n_tokens, pr->choice.reuse,
+		             pr->n_tokens - pr->choice.reuse, pr->choice.est_prefill_s * 1000.0);
 		client_write(pr, note, (size_t)n);
 		if (pr->kind == KIND_ANTHROPIC) {
 			long long evaluate = (long long)(pr->n_tokens - pr->choice.reuse);
 			pr->astream = anthropic_stream_new(pr->client_model, evaluate,
-							   (long long)pr->choice.reuse);
+			                                   (long long)pr->choice.reuse);
 			struct strbuf b;
 			strbuf_init(&b);
 			if (pr->astream)
@@ -1557,7 +1564,7 @@ static void step_went_wrong(struct proxy_req *pr, const char *why)
 /* The timings of a step's answer: how many prompt tokens the server reused
  * and evaluated, and in how many ms. 0, or -1 when there are none. */
 static int step_timings(int status, const char *body, size_t len, long long *cache_n,
-			long long *prompt_n, double *ms)
+                        long long *prompt_n, double *ms)
 {
 	json_error_t jerr;
 	json_t *o = status == 200 ? json_loadb(body, len, BACKEND_JSON, &jerr) : NULL;
@@ -1574,7 +1581,7 @@ static int step_timings(int status, const char *body, size_t len, long long *cac
  * with_junk) on the slot and generates nothing. Written as text: a long
  * prompt is resent for every chunk. */
 static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_t junk, int slot,
-			  int cache_prompt)
+                          int cache_prompt)
 {
 	struct strbuf b = {0};
 	strbuf_append(&b, "{\"prompt\":[", 11);
@@ -1585,7 +1592,7 @@ static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_
 	}
 	char tail[96];
 	int k = snprintf(tail, sizeof tail, "],\"n_predict\":0,\"cache_prompt\":%s,\"id_slot\":%d}",
-			 cache_prompt ? "true" : "false", slot);
+	                 cache_prompt ? "true" : "false", slot);
 	strbuf_append(&b, tail, (size_t)k);
 	if (b.failed) {
 		free(b.p);
@@ -1614,7 +1621,7 @@ static void note_step(struct proxy_req *pr, long long prompt_n, double ms)
 /* A step the backend refused (or answered with no timings): its status
  * and message reach the client, as the answer's own would. */
 static void step_refused(struct proxy_req *pr, const char *what, int status, const char *body,
-			 size_t len)
+                         size_t len)
 {
 	json_error_t jerr;
 	json_t *ej = json_loadb(body, len, 0, &jerr);
@@ -1627,7 +1634,7 @@ static void step_refused(struct proxy_req *pr, const char *what, int status, con
 }
 
 static void on_trim_done(struct backend_call *call, int status, const char *body, size_t len,
-			 void *arg)
+                         void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -1645,7 +1652,7 @@ static void on_trim_done(struct backend_call *call, int status, const char *body
 		return;
 	}
 	router_slot_cut(pr->d->router, pr->slot, pr->tokens, pr->cut_keep, pr->cut_junk,
-			clock_now_us());
+	                clock_now_us());
 	pr->done_upto = pr->cut_keep;
 	if (pr->cut_keep)
 		pr->d->stats.trim_tokens++;
@@ -1658,8 +1665,8 @@ static void on_step_error(struct backend_call *call, enum backend_error err, voi
 }
 
 static const struct backend_call_handlers trim_handlers = {
-	.on_done = on_trim_done,
-	.on_error = on_step_error,
+    .on_done = on_trim_done,
+    .on_error = on_step_error,
 };
 
 /* Sends a cut: the slot is left holding tokens[0..keep) and one token that
@@ -1672,8 +1679,8 @@ static int send_cut(struct proxy_req *pr, size_t keep, const struct backend_call
 	pr->cut_junk = junk_after(pr, keep);
 	char *body = prefill_body(pr->tokens, keep, 1, pr->cut_junk, pr->slot->id, 1);
 	pr->call = body ? backend_call_start(pr->backend->http, "POST", "/completion", body,
-					     strlen(body), h, pr)
-			: NULL;
+	                                     strlen(body), h, pr)
+	                : NULL;
 	free(body);
 	return pr->call ? 0 : -1;
 }
@@ -1686,7 +1693,7 @@ static void trim(struct proxy_req *pr, size_t keep)
 }
 
 static void on_prefill_done(struct backend_call *call, int status, const char *body, size_t len,
-			    void *arg)
+                            void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -1700,8 +1707,9 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 	note_step(pr, prompt_n, ms);
 	if ((size_t)cache_n != pr->done_upto || (size_t)(cache_n + prompt_n) != upto) {
 		char why[160];
-		snprintf(why, sizeof why, "a chunk to %zu reused %lld tokens and evaluated %lld, not %zu",
-			 upto, cache_n, prompt_n, pr->done_upto);
+		snprintf(why, sizeof why,
+		         "a chunk to %zu reused %lld tokens and evaluated %lld, not %zu", upto,
+		         cache_n, prompt_n, pr->done_upto);
 		step_went_wrong(pr, why);
 		return;
 	}
@@ -1711,8 +1719,8 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 }
 
 static const struct backend_call_handlers prefill_handlers = {
-	.on_done = on_prefill_done,
-	.on_error = on_step_error,
+    .on_done = on_prefill_done,
+    .on_error = on_step_error,
 };
 
 /* Evaluates the prompt up to a chunk end. The first evaluation of a
@@ -1723,8 +1731,8 @@ static void prefill(struct proxy_req *pr, size_t upto)
 	pr->state = PS_PREFILL;
 	char *body = prefill_body(pr->tokens, upto, 0, 0, pr->slot->id, pr->done_upto > 0);
 	pr->call = body ? backend_call_start(pr->backend->http, "POST", "/completion", body,
-					     strlen(body), &prefill_handlers, pr)
-			: NULL;
+	                                     strlen(body), &prefill_handlers, pr)
+	                : NULL;
 	free(body);
 	if (!pr->call)
 		fail(pr, 500, "out of memory");
@@ -1770,7 +1778,7 @@ static void restore_instead_recompute(struct proxy_req *pr)
 }
 
 static void on_restore_done(struct backend_call *call, int status, const char *body, size_t len,
-			    void *arg)
+                            void *arg)
 {
 	struct proxy_req *pr = arg;
 	struct daemon *d = pr->d;
@@ -1783,8 +1791,8 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	json_decref(o);
 	if (!o) {
 		/* The file is gone or refused: forget it, and the slot. */
-		log_warn("restore of %s into slot %d failed (%d): %.*s", e->name, pr->slot->id, status,
-			 (int)(len > 200 ? 200 : len), body);
+		log_warn("restore of %s into slot %d failed (%d): %.*s", e->name, pr->slot->id,
+		         status, (int)(len > 200 ? 200 : len), body);
 		unpin_restore(pr);
 		daemon_saved_delete(d, e);
 		restore_instead_recompute(pr);
@@ -1795,7 +1803,7 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	d->stats.restores++;
 	d->stats.disk_hits++;
 	log_info("restored %s (%zu tokens, %lld bytes, %.1f ms) into slot %d", e->name, e->n_tokens,
-		 n_read, ms, pr->slot->id);
+	         n_read, ms, pr->slot->id);
 	snprintf(pr->restored_name, sizeof pr->restored_name, "%s", e->name);
 	unpin_restore(pr);
 	pr->restored = 1;
@@ -1805,8 +1813,8 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 }
 
 static const struct backend_call_handlers restore_handlers = {
-	.on_done = on_restore_done,
-	.on_error = on_step_error,
+    .on_done = on_restore_done,
+    .on_error = on_step_error,
 };
 
 static void restore_slot(struct proxy_req *pr)
@@ -1831,8 +1839,8 @@ static void restore_slot(struct proxy_req *pr)
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	pr->call = body ? backend_call_start(pr->backend->http, "POST", path, body, strlen(body),
-					     &restore_handlers, pr)
-			: NULL;
+	                                     &restore_handlers, pr)
+	                : NULL;
 	free(body);
 	if (!pr->call)
 		fail(pr, 500, "out of memory");
@@ -1900,7 +1908,7 @@ static void run_step(struct proxy_req *pr)
 static void poll_idle(evutil_socket_t fd, short what, void *arg);
 
 static void on_idle_poll_done(struct backend_call *call, int status, const char *body, size_t len,
-			      void *arg)
+                              void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -1951,15 +1959,15 @@ static void on_idle_poll_error(struct backend_call *call, enum backend_error err
 }
 
 static const struct backend_call_handlers idle_poll_handlers = {
-	.on_done = on_idle_poll_done,
-	.on_error = on_idle_poll_error,
+    .on_done = on_idle_poll_done,
+    .on_error = on_idle_poll_error,
 };
 
 static void poll_idle(evutil_socket_t fd, short what, void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = backend_call_start(pr->backend->http, "GET", "/slots", NULL, 0,
-				      &idle_poll_handlers, pr);
+	                              &idle_poll_handlers, pr);
 	if (!pr->call) {
 		router_slot_forget(pr->d->router, pr->slot);
 		end_slot(pr);
@@ -1971,10 +1979,9 @@ static int end_slot_when_idle(struct proxy_req *pr)
 {
 	pr->state = PS_SETTLE;
 	pr->call = backend_call_start(pr->backend->http, "GET", "/slots", NULL, 0,
-				      &idle_poll_handlers, pr);
+	                              &idle_poll_handlers, pr);
 	return pr->call != NULL;
 }
-
 
 /* ---- after the answer (exact mode): the slot's useless tail ----
  *
@@ -1991,7 +1998,7 @@ static int end_slot_when_idle(struct proxy_req *pr)
  * every resend after such a cut with the uncached answer.) */
 
 static void on_tail_cut_done(struct backend_call *call, int status, const char *body, size_t len,
-			     void *arg)
+                             void *arg)
 {
 	struct proxy_req *pr = arg;
 	struct daemon *d = pr->d;
@@ -2007,7 +2014,7 @@ static void on_tail_cut_done(struct backend_call *call, int status, const char *
 	}
 	if (cache_n == (long long)pr->cut_keep)
 		router_slot_cut(d->router, pr->slot, pr->tokens, pr->cut_keep, pr->cut_junk,
-				clock_now_us());
+		                clock_now_us());
 	else
 		router_slot_forget(d->router, pr->slot);
 	end_slot(pr);
@@ -2024,8 +2031,8 @@ static void on_tail_cut_error(struct backend_call *call, enum backend_error err,
 }
 
 static const struct backend_call_handlers tail_cut_handlers = {
-	.on_done = on_tail_cut_done,
-	.on_error = on_tail_cut_error,
+    .on_done = on_tail_cut_done,
+    .on_error = on_tail_cut_error,
 };
 
 /* Returns 1 when the cut is out (it ends the slot and the request), 0 when
@@ -2036,8 +2043,8 @@ static int start_tail_cut(struct proxy_req *pr)
 	if (!pr->routable || s->n_tokens != pr->n_tokens || !pr->n_tokens)
 		return 0;
 	/* Where the micro-batch holding the prompt's last token starts. */
-	size_t keep = sched_floor(s->bounds, s->n_bounds, s->aligned, pr->n_tokens - 1,
-				  s->backend->n_ubatch);
+	size_t keep =
+	    sched_floor(s->bounds, s->n_bounds, s->aligned, pr->n_tokens - 1, s->backend->n_ubatch);
 	if (!keep || send_cut(pr, keep, &tail_cut_handlers) != 0)
 		return 0;
 	pr->state = PS_TAILCUT;
@@ -2057,10 +2064,10 @@ static int clamp_output(struct proxy_req *pr, int n_ctx_slot)
 	if (pr->n_tokens >= (size_t)n_ctx_slot) {
 		/* In the shape each API's clients key on (Claude Code compacts the
 		 * conversation on the Messages API's wording). */
-		char *body = api_context_error_body(pr->client_path, (long long)pr->n_tokens,
-						    n_ctx_slot);
-		log_info("%s: 400: the prompt has %zu tokens, the context holds %d", pr->client_path,
-			 pr->n_tokens, n_ctx_slot);
+		char *body =
+		    api_context_error_body(pr->client_path, (long long)pr->n_tokens, n_ctx_slot);
+		log_info("%s: 400: the prompt has %zu tokens, the context holds %d",
+		         pr->client_path, pr->n_tokens, n_ctx_slot);
 		if (!body) {
 			fail(pr, 400, "the prompt does not fit the context");
 			return -1;
@@ -2079,9 +2086,9 @@ static int clamp_output(struct proxy_req *pr, int n_ctx_slot)
 	long cap = space;
 	if (pr->d->cfg.max_output > 0 && pr->d->cfg.max_output < cap)
 		cap = pr->d->cfg.max_output;
-	const char *field = !strcmp(pr->backend_path, "/completion")	   ? "n_predict"
-			    : !strcmp(pr->backend_path, "/v1/responses") ? "max_output_tokens"
-									  : "max_tokens";
+	const char *field = !strcmp(pr->backend_path, "/completion")     ? "n_predict"
+	                    : !strcmp(pr->backend_path, "/v1/responses") ? "max_output_tokens"
+	                                                                 : "max_tokens";
 	json_t *v = json_object_get(pr->body, field);
 	if (!v && !strcmp(field, "max_tokens"))
 		v = json_object_get(pr->body, "max_completion_tokens");
@@ -2116,8 +2123,8 @@ static void pr_try_route(struct proxy_req *pr)
 	}
 	struct route_choice ch;
 	enum route_status st =
-		router_choose_sched(d->router, pr->tokens, pr->n_tokens, pr->bounds, pr->n_bounds,
-				    clock_now_us(), pr->allowed & ~pr->excluded, &ch);
+	    router_choose_sched(d->router, pr->tokens, pr->n_tokens, pr->bounds, pr->n_bounds,
+	                        clock_now_us(), pr->allowed & ~pr->excluded, &ch);
 	if (st == ROUTE_NO_BACKEND && !d->supervisor) {
 		wait_remove(pr);
 		fail(pr, 503, "no backend is up");
@@ -2163,8 +2170,8 @@ static void pr_try_route(struct proxy_req *pr)
 	int exact = exact_mode(pr);
 	plan_free(&pr->plan);
 	if (plan_build(&pr->plan, exact ? pr->bounds : NULL, exact ? pr->n_bounds : 0, pr->n_tokens,
-		       ch.reuse, ch.save_first && pr->slot->n_tokens, ch.restore != NULL,
-		       ch.must_trim) != 0) {
+	               ch.reuse, ch.save_first && pr->slot->n_tokens, ch.restore != NULL,
+	               ch.must_trim) != 0) {
 		fail(pr, 500, "out of memory");
 		return;
 	}
@@ -2199,7 +2206,7 @@ void proxy_retry_waiting(struct daemon *d)
 /* ---- tokenization ---- */
 
 static void on_tokenize_done(struct backend_call *call, int status, const char *body, size_t len,
-			     void *arg)
+                             void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -2244,15 +2251,15 @@ static void on_aux_error(struct backend_call *call, enum backend_error err, void
 }
 
 static const struct backend_call_handlers tokenize_handlers = {
-	.on_done = on_tokenize_done,
-	.on_error = on_aux_error,
+    .on_done = on_tokenize_done,
+    .on_error = on_aux_error,
 };
 
 static void tokenize_text(struct proxy_req *pr, const char *text)
 {
 	pr->state = PS_TOKENIZE;
-	json_t *req = json_pack("{s:s, s:b, s:b}", "content", text, "add_special", 1,
-				"parse_special", 1);
+	json_t *req =
+	    json_pack("{s:s, s:b, s:b}", "content", text, "add_special", 1, "parse_special", 1);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	if (!body) {
@@ -2260,14 +2267,14 @@ static void tokenize_text(struct proxy_req *pr, const char *text)
 		return;
 	}
 	pr->call = backend_call_start(pr->backend->http, "POST", "/tokenize", body, strlen(body),
-				      &tokenize_handlers, pr);
+	                              &tokenize_handlers, pr);
 	free(body);
 	if (!pr->call)
 		fail(pr, 500, "out of memory");
 }
 
 static void on_template_done(struct backend_call *call, int status, const char *body, size_t len,
-			     void *arg)
+                             void *arg)
 {
 	struct proxy_req *pr = arg;
 	pr->call = NULL;
@@ -2276,8 +2283,8 @@ static void on_template_done(struct backend_call *call, int status, const char *
 	const char *prompt = json_string_value(json_object_get(obj, "prompt"));
 	if (status != 200 || !prompt) {
 		/* The backend's own 4xx explains what is wrong with the messages. */
-		const char *m = json_string_value(
-			json_object_get(json_object_get(obj, "error"), "message"));
+		const char *m =
+		    json_string_value(json_object_get(json_object_get(obj, "error"), "message"));
 		char msg[512];
 		snprintf(msg, sizeof msg, "%s", m ? m : "the chat template could not be applied");
 		json_decref(obj);
@@ -2287,21 +2294,22 @@ static void on_template_done(struct backend_call *call, int status, const char *
 		fail(pr, status >= 400 ? status : 502, msg);
 		return;
 	}
-	if (!local_text(pr, pr->backend, prompt, json_string_length(json_object_get(obj, "prompt"))))
+	if (!local_text(pr, pr->backend, prompt,
+	                json_string_length(json_object_get(obj, "prompt"))))
 		tokenize_text(pr, prompt);
 	json_decref(obj);
 }
 
 static const struct backend_call_handlers template_handlers = {
-	.on_done = on_template_done,
-	.on_error = on_aux_error,
+    .on_done = on_template_done,
+    .on_error = on_aux_error,
 };
 
 static void start_request(struct daemon *d, struct http_request *req, enum route_kind kind,
-			  const char *backend_path, int count_only);
+                          const char *backend_path, int count_only);
 
 static void start_routed(struct daemon *d, struct http_request *req, enum route_kind kind,
-			 const char *backend_path)
+                         const char *backend_path)
 {
 	start_request(d, req, kind, backend_path, 0);
 }
@@ -2314,7 +2322,7 @@ static void count_tokens(struct daemon *d, struct http_request *req)
 }
 
 static void start_request(struct daemon *d, struct http_request *req, enum route_kind kind,
-			  const char *backend_path, int count_only)
+                          const char *backend_path, int count_only)
 {
 	size_t len;
 	const char *raw = http_request_body(req, &len);
@@ -2323,7 +2331,7 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	if (!body) {
 		char msg[300];
 		snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", jerr.text,
-			 jerr.line, jerr.column);
+		         jerr.line, jerr.column);
 		http_respond_error(req, 400, msg);
 		return;
 	}
@@ -2338,9 +2346,9 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	if (kind == KIND_ANTHROPIC || kind == KIND_RESPONSES) {
 		char cerr[512];
 		json_t *chat = kind == KIND_RESPONSES ? responses_to_chat(body, cerr, sizeof cerr)
-			       : count_only
-				       ? anthropic_count_tokens_request_to_chat(body, cerr, sizeof cerr)
-				       : anthropic_to_chat(body, cerr, sizeof cerr);
+		               : count_only
+		                   ? anthropic_count_tokens_request_to_chat(body, cerr, sizeof cerr)
+		                   : anthropic_to_chat(body, cerr, sizeof cerr);
 		if (!chat) {
 			json_decref(body);
 			http_respond_error(req, 400, cerr);
@@ -2378,7 +2386,7 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 	pr->client_model = client_model;
 	pr->count_only = count_only;
 	pr->allowed = backends_for_model(
-		d, client_model ? client_model : json_string_value(json_object_get(body, "model")));
+	    d, client_model ? client_model : json_string_value(json_object_get(body, "model")));
 	pr->stream = json_is_true(json_object_get(body, "stream"));
 	pr->client_uncached = json_is_false(json_object_get(body, "cache_prompt"));
 	snprintf(pr->client_path, sizeof pr->client_path, "%s", http_request_path(req));
@@ -2432,7 +2440,7 @@ static void tokens_ready(struct proxy_req *pr)
 }
 
 static void take_tokens(struct proxy_req *pr, struct backend *b, struct token_list *t,
-			int templated)
+                        int templated)
 {
 	pr->local_template = templated;
 	pr->tokens = t->v;
@@ -2458,8 +2466,8 @@ static int local_chat(struct proxy_req *pr, struct backend *b)
 	 * start (router/sched.h): their positions come with the tokens. */
 	struct prompt_starts st = {0};
 	enum chat_result r = prompt_engine_chat_starts(
-		b->prompt, pr->template_body ? pr->template_body : pr->body, time(NULL), &prompt,
-		&plen, &t, pr->d->router->mode == REUSE_EXACT ? &st : NULL, why, sizeof why);
+	    b->prompt, pr->template_body ? pr->template_body : pr->body, time(NULL), &prompt, &plen,
+	    &t, pr->d->router->mode == REUSE_EXACT ? &st : NULL, why, sizeof why);
 	free(prompt);
 	if (r != CHAT_OK) {
 		log_debug("prompt by the server: %s", why);
@@ -2502,7 +2510,7 @@ static double pinned_busy_s(struct proxy_req *pr, struct backend *b)
 	if (!json_is_integer(v))
 		v = json_object_get(pr->body, "n_predict");
 	long long n = json_is_integer(v) && json_integer_value(v) > 0 ? json_integer_value(v)
-								      : b->rb->n_ctx_slot;
+	                                                              : b->rb->n_ctx_slot;
 	return b->rb->decode_tps > 0 ? (double)n / b->rb->decode_tps : 10.0;
 }
 
@@ -2536,7 +2544,8 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 			/* ...and it is busy until the answer ends, so that no routed
 			 * request is sent to wait behind it (pr_finish ends it). */
 			if (!s->busy) {
-				router_slot_begin(d->router, s, clock_now_us(), pinned_busy_s(pr, b));
+				router_slot_begin(d->router, s, clock_now_us(),
+				                  pinned_busy_s(pr, b));
 				pr->slot = s;
 			}
 		}
@@ -2549,8 +2558,8 @@ static void pr_begin(struct proxy_req *pr, struct backend *b)
 		pr->state = PS_TEMPLATE;
 		char *raw = json_dumps(pr->template_body ? pr->template_body : body, JSON_COMPACT);
 		pr->call = raw ? backend_call_start(b->http, "POST", "/apply-template", raw,
-						    strlen(raw), &template_handlers, pr)
-			       : NULL;
+		                                    strlen(raw), &template_handlers, pr)
+		               : NULL;
 		free(raw);
 		if (!pr->call)
 			fail(pr, 500, "out of memory");
@@ -2598,7 +2607,7 @@ static void on_pass_close(struct http_request *req, void *arg)
 }
 
 static void on_pass_done(struct backend_call *call, int status, const char *body, size_t len,
-			 void *arg)
+                         void *arg)
 {
 	struct passthrough *p = arg;
 	const char *ct = backend_call_header(call, "Content-Type");
@@ -2612,13 +2621,13 @@ static void on_pass_error(struct backend_call *call, enum backend_error err, voi
 	struct passthrough *p = arg;
 	http_request_on_close(p->client, NULL, NULL);
 	http_respond_error(p->client, err == BACKEND_ERR_TIMEOUT ? 504 : 502,
-			   backend_error_text(err));
+	                   backend_error_text(err));
 	free(p);
 }
 
 static const struct backend_call_handlers pass_handlers = {
-	.on_done = on_pass_done,
-	.on_error = on_pass_error,
+    .on_done = on_pass_done,
+    .on_error = on_pass_error,
 };
 
 static void pass_through(struct daemon *d, struct http_request *req)
@@ -2634,7 +2643,8 @@ static void pass_through(struct daemon *d, struct http_request *req)
 		int id = atoi(path + 7);
 		if (id >= 0 && id < b->rb->n_slots) {
 			if (b->rb->slots[id].busy) {
-				http_respond_error(req, 409, "that slot is busy with a routed request");
+				http_respond_error(req, 409,
+				                   "that slot is busy with a routed request");
 				return;
 			}
 			router_slot_forget(d->router, &b->rb->slots[id]);
@@ -2652,8 +2662,8 @@ static void pass_through(struct daemon *d, struct http_request *req)
 	size_t len;
 	const char *body = http_request_body(req, &len);
 	int has_body = strcmp(http_request_method(req), "GET") != 0;
-	p->call = backend_call_start(b->http, http_request_method(req), target, has_body ? body : NULL,
-				     has_body ? len : 0, &pass_handlers, p);
+	p->call = backend_call_start(b->http, http_request_method(req), target,
+	                             has_body ? body : NULL, has_body ? len : 0, &pass_handlers, p);
 	if (!p->call) {
 		free(p);
 		http_respond_error(req, 500, "out of memory");
@@ -2670,7 +2680,7 @@ static void handle_health(struct daemon *d, struct http_request *req)
 	for (int i = 0; i < d->n_backends; i++)
 		up += backend_is_up(d->backends[i]);
 	json_t *o = json_pack("{s:s, s:i, s:i}", "status", up ? "ok" : "no backend", "backends_up",
-			      up, "backends", d->n_backends);
+	                      up, "backends", d->n_backends);
 	respond_json(req, up ? 200 : 503, o);
 	json_decref(o);
 }
@@ -2681,7 +2691,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	json_t *o = json_object();
 	json_object_set_new(o, "mode", json_string(reuse_mode_name(d->router->mode)));
 	json_object_set_new(o, "uptime_s",
-			    json_real((double)(clock_now_us() - d->started_us) / 1e6));
+	                    json_real((double)(clock_now_us() - d->started_us) / 1e6));
 	json_object_set_new(o, "requests", json_integer((json_int_t)s->requests));
 	json_object_set_new(o, "routed", json_integer((json_int_t)s->routed));
 	json_object_set_new(o, "hits", json_integer((json_int_t)s->hits));
@@ -2694,7 +2704,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	json_object_set_new(o, "cut_backs", json_integer((json_int_t)s->trim_tokens));
 	json_object_set_new(o, "saves", json_integer((json_int_t)s->saves));
 	json_object_set_new(o, "llama_restarts",
-			    json_integer(d->supervisor ? supervisor_restarts(d->supervisor) : 0));
+	                    json_integer(d->supervisor ? supervisor_restarts(d->supervisor) : 0));
 	json_object_set_new(o, "restores", json_integer((json_int_t)s->restores));
 	json_object_set_new(o, "saved_files", json_integer((json_int_t)d->router->n_saved));
 	json_object_set_new(o, "saved_bytes", json_integer((json_int_t)d->router->saved_bytes));
@@ -2706,17 +2716,17 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 		json_t *slots = json_array();
 		for (int k = 0; k < rb->n_slots; k++) {
 			struct router_slot *sl = &rb->slots[k];
-			json_array_append_new(
-				slots, json_pack("{s:i, s:I, s:I, s:b, s:i}", "id", sl->id, "tokens",
-						 (json_int_t)sl->n_tokens, "aligned",
-						 (json_int_t)sl->aligned, "busy", sl->busy, "hits",
-						 (int)sl->hits));
+			json_array_append_new(slots,
+			                      json_pack("{s:i, s:I, s:I, s:b, s:i}", "id", sl->id,
+			                                "tokens", (json_int_t)sl->n_tokens,
+			                                "aligned", (json_int_t)sl->aligned, "busy",
+			                                sl->busy, "hits", (int)sl->hits));
 		}
 		json_array_append_new(
-			bs, json_pack("{s:s, s:b, s:s?, s:i, s:i, s:f, s:f, s:o}", "url", rb->url,
-				      "up", rb->up, "model", d->backends[i]->model_id, "n_ctx_slot",
-				      rb->n_ctx_slot, "n_ubatch", rb->n_ubatch, "prefill_tps",
-				      rb->prefill_tps, "decode_tps", rb->decode_tps, "slots", slots));
+		    bs, json_pack("{s:s, s:b, s:s?, s:i, s:i, s:f, s:f, s:o}", "url", rb->url, "up",
+		                  rb->up, "model", d->backends[i]->model_id, "n_ctx_slot",
+		                  rb->n_ctx_slot, "n_ubatch", rb->n_ubatch, "prefill_tps",
+		                  rb->prefill_tps, "decode_tps", rb->decode_tps, "slots", slots));
 	}
 	for (int i = 0; i < d->n_backends; i++) {
 		struct backend *b = d->backends[i];
@@ -2726,17 +2736,17 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 		if (b->prompt)
 			prompt_engine_get_stats(b->prompt, &ps);
 		json_object_set_new(
-			e, "prompts",
-			json_pack("{s:s, s:b, s:b, s:I, s:f, s:I, s:f, s:I, s:I, s:I, s:I, s:I}",
-				  "status", b->prompt_status, "local_tokenizer", b->prompt_tokens_ok,
-				  "local_template", b->prompt_chat_ok, "local", (json_int_t)b->prompt_local,
-				  "local_ms", (double)b->prompt_local_us / 1000.0, "server",
-				  (json_int_t)b->prompt_server, "server_ms",
-				  (double)b->prompt_server_us / 1000.0, "audits",
-				  (json_int_t)b->prompt_audits, "mismatches",
-				  (json_int_t)b->prompt_mismatches, "fragments", (json_int_t)ps.fragments,
-				  "fragment_hits", (json_int_t)ps.fragment_hits, "cached_tokens",
-				  (json_int_t)ps.cached_tokens));
+		    e, "prompts",
+		    json_pack(
+		        "{s:s, s:b, s:b, s:I, s:f, s:I, s:f, s:I, s:I, s:I, s:I, s:I}", "status",
+		        b->prompt_status, "local_tokenizer", b->prompt_tokens_ok, "local_template",
+		        b->prompt_chat_ok, "local", (json_int_t)b->prompt_local, "local_ms",
+		        (double)b->prompt_local_us / 1000.0, "server", (json_int_t)b->prompt_server,
+		        "server_ms", (double)b->prompt_server_us / 1000.0, "audits",
+		        (json_int_t)b->prompt_audits, "mismatches",
+		        (json_int_t)b->prompt_mismatches, "fragments", (json_int_t)ps.fragments,
+		        "fragment_hits", (json_int_t)ps.fragment_hits, "cached_tokens",
+		        (json_int_t)ps.cached_tokens));
 	}
 	json_object_set_new(o, "replans", json_integer((json_int_t)s->replans));
 	json_object_set_new(o, "prefill_steps", json_integer((json_int_t)s->prefill_steps));
@@ -2779,9 +2789,9 @@ static void handle_models(struct daemon *d, struct http_request *req)
 static int is_passthrough(const char *method, const char *path)
 {
 	static const char *const routes[] = {
-		"/tokenize", "/detokenize", "/props",	   "/slots",	 "/metrics",
-		"/apply-template", "/embedding", "/embeddings", "/v1/embeddings", "/infill",
-		"/rerank",	   "/reranking", "/v1/rerank",	"/lora-adapters",
+	    "/tokenize",       "/detokenize", "/props",      "/slots",         "/metrics",
+	    "/apply-template", "/embedding",  "/embeddings", "/v1/embeddings", "/infill",
+	    "/rerank",         "/reranking",  "/v1/rerank",  "/lora-adapters",
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
 		if (!strcmp(path, routes[i]))
@@ -2802,11 +2812,12 @@ void proxy_handle(struct http_request *req, void *ctx)
 	int post = !strcmp(method, "POST");
 	if (strcmp(path, "/health") != 0 &&
 	    !auth_check(d->cfg.token, http_request_header(req, "Authorization"),
-			http_request_header(req, "x-api-key"))) {
+	                http_request_header(req, "x-api-key"))) {
 		http_response_header(req, "WWW-Authenticate", "Bearer realm=\"toki\"");
-		http_respond_error(req, 401,
-				   "missing or wrong token: send the local token as Authorization: "
-				   "Bearer <token> or x-api-key (see $TOKI_STATE_DIR/token, or TOKI_TOKEN)");
+		http_respond_error(
+		    req, 401,
+		    "missing or wrong token: send the local token as Authorization: "
+		    "Bearer <token> or x-api-key (see $TOKI_STATE_DIR/token, or TOKI_TOKEN)");
 		return;
 	}
 	if (!strcmp(path, "/health")) {
@@ -2819,12 +2830,13 @@ void proxy_handle(struct http_request *req, void *ctx)
 		else
 			start_routed(d, req, KIND_CHAT, "/v1/chat/completions");
 	} else if (!strcmp(path, "/v1/completions") || !strcmp(path, "/completions") ||
-		   !strcmp(path, "/completion")) {
+	           !strcmp(path, "/completion")) {
 		if (!post)
 			http_respond_error(req, 405, "use POST");
 		else
 			start_routed(d, req, KIND_COMPLETION,
-				     !strcmp(path, "/completion") ? "/completion" : "/v1/completions");
+			             !strcmp(path, "/completion") ? "/completion"
+			                                          : "/v1/completions");
 	} else if (!strcmp(path, "/anthropic/v1/messages") || !strcmp(path, "/v1/messages")) {
 		/* llama-server (and Ollama) serve the Messages API at the root: a
 		 * client pointed at toki instead of the server sends it there. */
@@ -2833,7 +2845,7 @@ void proxy_handle(struct http_request *req, void *ctx)
 		else
 			start_routed(d, req, KIND_ANTHROPIC, "/v1/chat/completions");
 	} else if (!strcmp(path, "/anthropic/v1/messages/count_tokens") ||
-		   !strcmp(path, "/v1/messages/count_tokens")) {
+	           !strcmp(path, "/v1/messages/count_tokens")) {
 		if (!post)
 			http_respond_error(req, 405, "use POST");
 		else
