@@ -79,6 +79,7 @@ struct proxy_req {
 	token_t cut_junk;      /* the token a cut leaves after the kept prefix */
 	size_t cut_keep;       /* ... and how much of the prompt it keeps */
 	int counted;           /* its evaluated tokens are in the stats */
+	int abandoned;         /* the client went away during a prefill step, left to end */
 	int stream_begun;      /* the client's SSE response has begun (200 sent) */
 	struct event *idle_ev; /* after a cancel: the next look at the slot */
 	char client_path[64];
@@ -899,6 +900,13 @@ static int keep_after_cancel(struct proxy_req *pr)
 	if (!s || !pr->routable || s->retired || pr->replanning ||
 	    (pr->state != PS_TRIM && pr->state != PS_PREFILL && pr->state != PS_FORWARD))
 		return 0;
+	if (exact_mode(pr) && pr->state == PS_PREFILL && pr->call) {
+		/* A prefill step is at most a batch of llama-server's, which it
+		 * would finish before stopping anyway: let it end, and keep its
+		 * rows, which are on the schedule (on_prefill_done). */
+		pr->abandoned = 1;
+		return 1;
+	}
 	if (pr->call) {
 		/* The backend sees its connection close and stops. */
 		backend_call_cancel(pr->call);
@@ -1555,8 +1563,32 @@ static void run_step(struct proxy_req *pr);
 /* A step found the slot holding something else than planned (llama-server
  * may load a state of its own RAM cache into it): the request is planned
  * again from an empty slot, which cannot go wrong that way. */
+/* The client went away while a prefill step ran (keep_after_cancel): the
+ * step has ended, so the slot is idle and holds the prompt up to
+ * done_upto, on the schedule. */
+static void keep_abandoned(struct proxy_req *pr)
+{
+	struct router_slot *s = pr->slot;
+	router_slot_commit_sched(pr->d->router, s, pr->tokens, pr->done_upto, pr->bounds,
+	                         pr->n_bounds, pr->done_upto, clock_now_us());
+	log_info("slot %d keeps %zu tokens of the cancelled request", s->id, pr->done_upto);
+	if (!pr->counted) {
+		s->backend->evaluated_tokens += (uint64_t)req_evaluated(pr);
+		pr->d->stats.evaluated_tokens += (uint64_t)req_evaluated(pr);
+		pr->counted = 1;
+	}
+	end_slot(pr);
+	pr_finish(pr);
+}
+
 static void step_went_wrong(struct proxy_req *pr, const char *why)
 {
+	if (pr->abandoned) {
+		/* Nobody waits for a replan: what the slot holds is unknown. */
+		log_warn("cancelled request's step on slot %d: %s", pr->slot->id, why);
+		pr_finish(pr);
+		return;
+	}
 	pr->force_cold = 1;
 	schedule_replan(pr, why);
 }
@@ -1715,6 +1747,10 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 	}
 	pr->done_upto = upto;
 	pr->d->stats.prefill_steps++;
+	if (pr->abandoned) {
+		keep_abandoned(pr);
+		return;
+	}
 	run_step(pr);
 }
 
@@ -1770,7 +1806,8 @@ static void restore_instead_recompute(struct proxy_req *pr)
 	pr->choice.kind = "miss";
 	pr->done_upto = 0;
 	plan_free(&pr->plan);
-	if (plan_build(&pr->plan, pr->bounds, pr->n_bounds, pr->n_tokens, 0, 0, 0, 0) != 0) {
+	if (plan_build(&pr->plan, pr->bounds, pr->n_bounds, pr->n_tokens, 0, 0, 0, 0,
+	               sched_max_step(pr->slot->backend->n_ubatch)) != 0) {
 		fail(pr, 500, "out of memory");
 		return;
 	}
@@ -2171,7 +2208,8 @@ static void pr_try_route(struct proxy_req *pr)
 	plan_free(&pr->plan);
 	if (plan_build(&pr->plan, exact ? pr->bounds : NULL, exact ? pr->n_bounds : 0, pr->n_tokens,
 	               ch.reuse, ch.save_first && pr->slot->n_tokens, ch.restore != NULL,
-	               ch.must_trim) != 0) {
+	               ch.must_trim,
+	               exact ? sched_max_step(pr->slot->backend->n_ubatch) : 0) != 0) {
 		fail(pr, 500, "out of memory");
 		return;
 	}

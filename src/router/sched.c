@@ -63,12 +63,24 @@ size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_
 	return kept;
 }
 
-int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
-               int restore, int cut)
+size_t sched_max_step(int ub)
 {
-	size_t prefills = 0;
-	for (size_t i = 0; i < nb; i++)
-		prefills += b[i] > reuse && b[i] < n;
+	size_t u = ub > 0 ? (size_t)ub : 512;
+	return u >= 2048 ? u : 2048 / u * u;
+}
+
+int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
+               int restore, int cut, size_t max_step)
+{
+	/* Prefill steps: up to each chunk start past reuse, from the previous
+	 * one (or reuse), max_step at a time. */
+	size_t prefills = 0, from = reuse;
+	for (size_t i = 0; i < nb; i++) {
+		if (b[i] > reuse && b[i] < n) {
+			prefills += max_step ? (b[i] - from + max_step - 1) / max_step : 1;
+			from = b[i];
+		}
+	}
 	p->steps = calloc(prefills + 4, sizeof *p->steps);
 	if (!p->steps)
 		return -1;
@@ -81,10 +93,15 @@ int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reus
 		p->steps[p->n++] = (struct plan_step){STEP_RESTORE, 0};
 	if (cut)
 		p->steps[p->n++] = (struct plan_step){STEP_CUT, reuse};
+	from = reuse;
 	for (size_t i = 0; i < nb; i++) {
 		if (b[i] > reuse && b[i] < n) {
+			while (max_step && b[i] - from > max_step) {
+				from += max_step;
+				p->steps[p->n++] = (struct plan_step){STEP_PREFILL, from};
+			}
 			p->steps[p->n++] = (struct plan_step){STEP_PREFILL, b[i]};
-			p->final_cache = b[i];
+			p->final_cache = from = b[i];
 		}
 	}
 	p->steps[p->n++] = (struct plan_step){STEP_GENERATE, n};

@@ -72,13 +72,23 @@ struct plan {
 	size_t final_cache; /* what the server reuses in GENERATE: the last chunk's start */
 };
 
+/* The most tokens one prefill step evaluates, for micro-batches of ub:
+ * llama-server's default batch (2048) rounded down to whole micro-batches,
+ * at least one. A longer chunk is evaluated in several steps of this size
+ * from its start; the micro-batches are the same (each step starts on one
+ * of the chunk's micro-batch boundaries), so the rows are too, and a
+ * client that goes away waits for at most one step, as llama-server itself
+ * stops a cancelled prompt only after its current batch. */
+size_t sched_max_step(int ub);
+
 /* A request of n tokens with chunk starts b[0..nb) (empty: one chunk), to
- * run after reusing `reuse` tokens: save and restore first when asked, a
- * cut when the slot may hold more than reuse matching tokens, a prefill for
- * each chunk start past reuse, then GENERATE. Returns 0, or -1 when out of
- * memory. */
+ * run after reusing `reuse` tokens (a micro-batch end of the schedule):
+ * save and restore first when asked, a cut when the slot may hold more
+ * than reuse matching tokens, a prefill for each chunk start past reuse
+ * (and every max_step tokens inside a longer chunk, when max_step is not
+ * 0), then GENERATE. Returns 0, or -1 when out of memory. */
 int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
-               int restore, int cut);
+               int restore, int cut, size_t max_step);
 void plan_free(struct plan *p);
 
 #endif

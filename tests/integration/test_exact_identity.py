@@ -118,6 +118,41 @@ class ExactIdentity(unittest.TestCase):
             print(f"seed {seed}: exact identical {i}/{t} (evaluated {e}); "
                   f"fast identical {fi}/{ft} (evaluated {fev})")
 
+    def test_steps_inside_a_chunk_keep_its_micro_batches(self):
+        """Exact mode evaluates a long chunk in steps of whole micro-batches
+        from the chunk's start (sched_max_step), so that a client that goes
+        away waits for one step at most. The premise, on the real server: a
+        prompt evaluated in steps that end on micro-batch boundaries gives
+        the same answer, every logprob, as the prompt evaluated in one
+        request."""
+        port = self.baseline.port
+        rng = random.Random(7)
+        words = " ".join(sentence(rng, 15) for _ in range(300))
+        st, tok = th.request(port, "POST", "/tokenize", {"content": words}, auth=False)
+        self.assertEqual(st, 200, tok)
+        toks = tok["tokens"][:2600]
+        self.assertEqual(len(toks), 2600)
+
+        def generate(prompt, cache):
+            st, r = th.request(port, "POST", "/completion",
+                               {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                                "n_probs": 1, "cache_prompt": cache}, auth=False)
+            self.assertEqual(st, 200, r)
+            return r["content"], [(p["id"], p["logprob"]) for p in r["completion_probabilities"]]
+
+        def prefill(n, cache):
+            st, r = th.request(port, "POST", "/completion",
+                               {"prompt": toks[:n], "n_predict": 0, "cache_prompt": cache},
+                               auth=False)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["timings"]["prompt_n"] + r["timings"]["cache_n"], n, r)
+
+        whole = generate(toks, False)
+        step = 16 * self.UBATCH
+        prefill(step, False)
+        prefill(2 * step, True)
+        self.assertEqual(generate(toks, True), whole)
+
     def test_grid_mode_is_llama_servers_own_answer(self):
         ident, total, evald = self.run_mode("grid", 3, check=True)
         self.assertEqual(ident, total)

@@ -114,7 +114,7 @@ static void test_plan(void **state)
 	size_t b[] = {900, 1000, 1100, 1180};
 	struct plan p;
 	/* Reuse 1000 after a cut: prefill to 1100 and 1180, then generate. */
-	assert_int_equal(plan_build(&p, b, N(b), 1185, 1000, 0, 0, 1), 0);
+	assert_int_equal(plan_build(&p, b, N(b), 1185, 1000, 0, 0, 1, 2048), 0);
 	assert_int_equal(p.n, 4);
 	assert_int_equal(p.steps[0].kind, STEP_CUT);
 	assert_int_equal(p.steps[0].upto, 1000);
@@ -128,7 +128,7 @@ static void test_plan(void **state)
 	plan_free(&p);
 
 	/* Save, restore, everything reused but the last chunk. */
-	assert_int_equal(plan_build(&p, b, N(b), 1185, 1180, 1, 1, 0), 0);
+	assert_int_equal(plan_build(&p, b, N(b), 1185, 1180, 1, 1, 0, 2048), 0);
 	assert_int_equal(p.n, 3);
 	assert_int_equal(p.steps[0].kind, STEP_SAVE);
 	assert_int_equal(p.steps[1].kind, STEP_RESTORE);
@@ -137,11 +137,40 @@ static void test_plan(void **state)
 	plan_free(&p);
 
 	/* Fast mode (no starts): one step. */
-	assert_int_equal(plan_build(&p, NULL, 0, 500, 0, 0, 0, 0), 0);
+	assert_int_equal(plan_build(&p, NULL, 0, 500, 0, 0, 0, 0, 0), 0);
 	assert_int_equal(p.n, 1);
 	assert_int_equal(p.steps[0].kind, STEP_GENERATE);
 	assert_int_equal(p.final_cache, 0);
 	plan_free(&p);
+
+	/* Long chunks are evaluated max_step at a time from where the
+	 * evaluation resumes (reuse 128, on the micro-batch grid of the chunk
+	 * from 0): 128+512, +512, then the chunk's end; the second chunk from
+	 * its own start. */
+	size_t c[] = {1500, 2100};
+	assert_int_equal(plan_build(&p, c, N(c), 2110, 128, 0, 0, 0, 512), 0);
+	assert_int_equal(p.n, 6);
+	size_t want[] = {640, 1152, 1500, 2012, 2100};
+	for (size_t i = 0; i < N(want); i++) {
+		assert_int_equal(p.steps[i].kind, STEP_PREFILL);
+		assert_int_equal(p.steps[i].upto, want[i]);
+	}
+	assert_int_equal(p.steps[5].kind, STEP_GENERATE);
+	assert_int_equal(p.final_cache, 2100);
+	plan_free(&p);
+
+	/* Exactly max_step to go is one step; 0 is no limit. */
+	assert_int_equal(plan_build(&p, c, 1, 1600, 988, 0, 0, 0, 512), 0);
+	assert_int_equal(p.n, 2);
+	plan_free(&p);
+	assert_int_equal(plan_build(&p, c, N(c), 2110, 0, 0, 0, 0, 0), 0);
+	assert_int_equal(p.n, 3);
+	plan_free(&p);
+
+	/* The step size: llama-server's default batch in whole micro-batches. */
+	assert_int_equal(sched_max_step(512), 2048);
+	assert_int_equal(sched_max_step(100), 2000);
+	assert_int_equal(sched_max_step(4096), 4096);
 	plan_free(&p); /* twice is harmless */
 }
 
