@@ -80,6 +80,7 @@ struct proxy_req {
 	size_t cut_keep;       /* ... and how much of the prompt it keeps */
 	int counted;           /* its evaluated tokens are in the stats */
 	int abandoned;         /* the client went away during a prefill step, left to end */
+	size_t abandoned_at;   /* where the step in flight then began */
 	int stream_begun;      /* the client's SSE response has begun (200 sent) */
 	struct event *idle_ev; /* after a cancel: the next look at the slot */
 	char client_path[64];
@@ -905,6 +906,7 @@ static int keep_after_cancel(struct proxy_req *pr)
 		 * would finish before stopping anyway: let it end, and keep its
 		 * rows, which are on the schedule (on_prefill_done). */
 		pr->abandoned = 1;
+		pr->abandoned_at = pr->done_upto;
 		return 1;
 	}
 	if (pr->call) {
@@ -1560,12 +1562,9 @@ static void begin_client_stream(struct proxy_req *pr)
 
 static void run_step(struct proxy_req *pr);
 
-/* A step found the slot holding something else than planned (llama-server
- * may load a state of its own RAM cache into it): the request is planned
- * again from an empty slot, which cannot go wrong that way. */
 /* The client went away while a prefill step ran (keep_after_cancel): the
- * step has ended, so the slot is idle and holds the prompt up to
- * done_upto, on the schedule. */
+ * steps it still ran have ended, so the slot is idle and holds the prompt
+ * up to done_upto, on the schedule. */
 static void keep_abandoned(struct proxy_req *pr)
 {
 	struct router_slot *s = pr->slot;
@@ -1581,6 +1580,9 @@ static void keep_abandoned(struct proxy_req *pr)
 	pr_finish(pr);
 }
 
+/* A step found the slot holding something else than planned (llama-server
+ * may load a state of its own RAM cache into it): the request is planned
+ * again from an empty slot, which cannot go wrong that way. */
 static void step_went_wrong(struct proxy_req *pr, const char *why)
 {
 	if (pr->abandoned) {
@@ -1748,6 +1750,15 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 	pr->done_upto = upto;
 	pr->d->stats.prefill_steps++;
 	if (pr->abandoned) {
+		/* llama-server alone would have run on to the end of the batch
+		 * it was in (up to one max step from where the step in flight
+		 * began): so do the steps that fit there, no more. */
+		const struct plan_step *next = &pr->plan.steps[pr->plan.next];
+		if (pr->plan.next < pr->plan.n && next->kind == STEP_PREFILL &&
+		    next->upto - pr->abandoned_at <= sched_max_step(pr->slot->backend->n_ubatch)) {
+			run_step(pr);
+			return;
+		}
 		keep_abandoned(pr);
 		return;
 	}
