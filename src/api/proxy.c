@@ -810,6 +810,10 @@ static void commit_slot(struct proxy_req *pr, int success)
 			if ((size_t)pr->cache_n != pr->plan.final_cache)
 				log_warn("exact mode: backend reused %lld tokens, expected %zu",
 				         pr->cache_n, pr->plan.final_cache);
+		} else if (s->backend->self_cached) {
+			/* The server picked its own slot, and will empty it into
+			 * its RAM cache at the next task: nothing here to know. */
+			router_slot_forget(d->router, s);
 		} else if (n_server == (long long)pr->n_tokens) {
 			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens,
 			                   (size_t)pr->cache_n, now);
@@ -1460,7 +1464,11 @@ static const struct backend_call_handlers forward_handlers = {
 static void forward(struct proxy_req *pr)
 {
 	pr->state = PS_FORWARD;
-	if (pr->slot) {
+	if (pr->slot && !exact_mode(pr) && pr->slot->backend->self_cached) {
+		/* The server loads from its RAM cache only into a slot it picks
+		 * itself (router.h, self_cached): let it. */
+		json_object_del(pr->body, "id_slot");
+	} else if (pr->slot) {
 		json_object_set_new(pr->body, "id_slot", json_integer(pr->slot->id));
 		/* Exact mode: with nothing evaluated or reused yet, the server
 		 * starts from position 0, as an uncached run does, whatever the
@@ -2781,6 +2789,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 		struct backend *b = d->backends[i];
 		json_t *e = json_array_get(bs, (size_t)i);
 		json_object_set_new(e, "discoveries", json_integer(b->rb->discoveries));
+		json_object_set_new(e, "self_cached", json_boolean(b->rb->self_cached));
 		struct prompt_engine_stats ps = {0};
 		if (b->prompt)
 			prompt_engine_get_stats(b->prompt, &ps);

@@ -147,9 +147,9 @@ static void discovery_no_slots(struct backend *b)
 }
 
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
-			   void *arg);
+                           void *arg);
 static void on_slots_done(struct backend_call *call, int status, const char *body, size_t len,
-			  void *arg);
+                          void *arg);
 static void on_discovery_error(struct backend_call *call, enum backend_error err, void *arg)
 {
 	struct backend *b = arg;
@@ -157,13 +157,13 @@ static void on_discovery_error(struct backend_call *call, enum backend_error err
 	discovery_failed(b, backend_error_text(err));
 }
 
-static const struct backend_call_handlers models_handlers = {
-	.on_done = on_models_done, .on_error = on_discovery_error};
-static const struct backend_call_handlers slots_handlers = {
-	.on_done = on_slots_done, .on_error = on_discovery_error};
+static const struct backend_call_handlers models_handlers = {.on_done = on_models_done,
+                                                             .on_error = on_discovery_error};
+static const struct backend_call_handlers slots_handlers = {.on_done = on_slots_done,
+                                                            .on_error = on_discovery_error};
 
 static void on_props_done(struct backend_call *call, int status, const char *body, size_t len,
-			  void *arg)
+                          void *arg)
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
@@ -204,7 +204,7 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 }
 
 static void on_slots_done(struct backend_call *call, int status, const char *body, size_t len,
-			  void *arg)
+                          void *arg)
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
@@ -233,13 +233,13 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 	 * through toki stalled for minutes when every call had its own. */
 	backend_http_set_max_connections(b->http, n + 1);
 	b->health_call =
-		backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
+	    backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
 	if (!b->health_call)
 		discovery_failed(b, "out of memory");
 }
 
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
-			   void *arg)
+                           void *arg)
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
@@ -247,7 +247,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	json_error_t jerr;
 	json_t *models = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
 	const char *id = json_string_value(
-		json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
+	    json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
 	free(b->model_id);
 	b->model_id = strdup(id ? id : "unknown");
 	json_decref(b->models);
@@ -259,12 +259,12 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	b->ever_up = 1;
 	b->last_failure[0] = '\0'; /* a later failure is news again */
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
-		 b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
+	         b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
 	daemon_slots_changed(b->d);
 }
 
-static const struct backend_call_handlers props_handlers = {
-	.on_done = on_props_done, .on_error = on_discovery_error};
+static const struct backend_call_handlers props_handlers = {.on_done = on_props_done,
+                                                            .on_error = on_discovery_error};
 
 static void discover(struct backend *b)
 {
@@ -272,6 +272,49 @@ static void discover(struct backend *b)
 	b->health_call = backend_call_start(b->http, "GET", "/props", NULL, 0, &props_handlers, b);
 	if (!b->health_call)
 		discovery_failed(b, "out of memory");
+}
+
+/* Slots toki filled are empty, yet each still names the task it last ran:
+ * the server emptied them itself, without a task (a restart leaves a slot
+ * with no task at all). llama-server does that to its idle slots at every
+ * new task when its slots share one KV cache (no -np) and --cache-ram is
+ * on: it moves them into its RAM cache. Marks the backend so, says once
+ * what that means, and forgets what the slots held. Returns 1 then. */
+static int self_cleared(struct backend *b, json_t *slots)
+{
+	size_t i;
+	json_t *js;
+	int cleared = 0;
+	json_array_foreach(slots, i, js)
+	{
+		struct router_slot *s = &b->rb->slots[i];
+		json_t *task = json_object_get(js, "id_task");
+		json_int_t n = json_integer_value(json_object_get(js, "n_prompt_tokens"));
+		if (!s->busy && s->n_tokens && n <= 0 && json_is_integer(task) &&
+		    json_integer_value(task) >= 0)
+			cleared++;
+	}
+	if (!cleared)
+		return 0;
+	if (!b->rb->self_cached) {
+		b->rb->self_cached = 1;
+		log_warn(
+		    "backend %s empties its idle slots into its RAM cache at every new task: "
+		    "its slots share one KV cache (llama-server started without -np). toki lets "
+		    "it pick the slot from now on (fast mode), which is all the caching it "
+		    "allows. In such a cache an answer also depends on what the other slots "
+		    "hold (measured), so exact mode cannot promise the same answer. Start "
+		    "llama-server with -np N (and --slot-save-path DIR, toki --slot-dir DIR)",
+		    b->rb->url);
+	}
+	json_array_foreach(slots, i, js)
+	{
+		struct router_slot *s = &b->rb->slots[i];
+		if (!s->busy && s->n_tokens &&
+		    json_integer_value(json_object_get(js, "n_prompt_tokens")) <= 0)
+			router_slot_forget(b->d->router, s);
+	}
+	return 1;
 }
 
 /* Compares what the server's slots hold with what the router thinks they
@@ -300,11 +343,13 @@ static int restarted_behind_our_back(struct backend *b, json_t *slots)
 			empty++;
 		else if ((size_t)n < s->n_tokens) {
 			log_info("backend %s slot %zu holds %lld tokens, not the %zu toki sent: "
-				 "someone else used it; forgetting what it held",
-				 b->rb->url, i, (long long)n, s->n_tokens);
+			         "someone else used it; forgetting what it held",
+			         b->rb->url, i, (long long)n, s->n_tokens);
 			router_slot_forget(b->d->router, s);
 		}
 	}
+	if (empty && self_cleared(b, slots))
+		return 0;
 	if (empty && empty == known)
 		return 1;
 	if (empty) {
@@ -314,8 +359,8 @@ static int restarted_behind_our_back(struct backend *b, json_t *slots)
 			json_int_t n = json_integer_value(json_object_get(js, "n_prompt_tokens"));
 			if (!s->busy && s->n_tokens && n <= 0) {
 				log_info("backend %s slot %zu is empty: erased by someone else; "
-					 "forgetting what it held",
-					 b->rb->url, i);
+				         "forgetting what it held",
+				         b->rb->url, i);
 				router_slot_forget(b->d->router, s);
 			}
 		}
@@ -324,7 +369,7 @@ static int restarted_behind_our_back(struct backend *b, json_t *slots)
 }
 
 static void on_health_done(struct backend_call *call, int status, const char *body, size_t len,
-			   void *arg)
+                           void *arg)
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
@@ -352,8 +397,8 @@ static void on_health_error(struct backend_call *call, enum backend_error err, v
 	backend_mark_down(b, backend_error_text(err));
 }
 
-static const struct backend_call_handlers health_handlers = {
-	.on_done = on_health_done, .on_error = on_health_error};
+static const struct backend_call_handlers health_handlers = {.on_done = on_health_done,
+                                                             .on_error = on_health_error};
 
 static void health_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -367,8 +412,8 @@ static void health_tick(evutil_socket_t fd, short what, void *arg)
 		return; /* the previous check is still out */
 	/* /slots rather than /health: it answers only when the server is ready,
 	 * and shows whether the slots still hold what the router thinks. */
-	b->health_call = backend_call_start(b->http, "GET", b->rb->up ? "/slots" : "/health", NULL, 0,
-					    &health_handlers, b);
+	b->health_call = backend_call_start(b->http, "GET", b->rb->up ? "/slots" : "/health", NULL,
+	                                    0, &health_handlers, b);
 }
 
 void backend_start(struct backend *b)

@@ -31,65 +31,65 @@
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: toki serve --backend URL [--backend URL ...] [options]\n"
-		"\n"
-		"Runs the cache-routing daemon: an OpenAI-compatible API that sends each\n"
-		"request to the llama-server slot holding its longest token prefix.\n"
-		"\n"
-		"  --backend URL      a llama-server base URL (repeatable)\n"
-		"  --backend-key KEY  the key the backends run with (llama-server --api-key),\n"
-		"                     sent as Authorization: Bearer on every call to them\n"
-		"                     (default $TOKI_BACKEND_KEY; a managed backend started\n"
-		"                     with --llama-arg --api-key uses that key)\n"
-		"  --host ADDR        address to bind (default 127.0.0.1)\n"
-		"  --port N           port to bind (default 8787; 0 picks a free one)\n"
-		"  --allow-remote     allow binding to a non-loopback address\n"
-		"  --reuse MODE       exact (default): the answer is a function of the request\n"
-		"                     alone, byte-identical to the same request uncached\n"
-		"                     through toki (prompts evaluated in chunks that end\n"
-		"                     where messages start); fast: reuse every matching\n"
-		"                     token; grid: exact on llama-server's own schedule,\n"
-		"                     identical to llama-server's uncached answer\n"
-		"  --ubatch N         the backends' micro-batch size, -ub (default 512)\n"
-		"  --tokenize WHERE   local (default): toki applies the chat template and\n"
-		"                     tokenizes itself, for backends whose model file it can\n"
-		"                     read and whose probes match the server; server: always\n"
-		"                     ask the server (/apply-template, /tokenize)\n"
-		"  --keepalive-ms N   SSE keep-alive interval while the backend is silent\n"
-		"                     (default 5000)\n"
-		"  --max-body-mb N    largest request body accepted (default 64)\n"
-		"  --slot-dir DIR     the backends' --slot-save-path: toki saves a slot's\n"
-		"                     content there before evicting it and restores it later\n"
-		"  --slot-disk-mb N   cap on the files in --slot-dir (default: a quarter of the\n"
-		"                     free space there, at most 32 GiB)\n"
-		"  --slot-save-idle-ms N  save a slot's content once it has been idle this\n"
-		"                     long, so it survives a restart (default 5000; 0: only on\n"
-		"                     eviction and shutdown)\n"
-		"  --slot-compress L  store slot files zstd-compressed at level L (default 0:\n"
-		"                     off; f16 KV shrank 16%% at 1/9 the save speed here)\n"
-		"  --kv-settings S    for --backend: the llama-server settings that shape its KV\n"
-		"                     (e.g. \"-ctk q8_0 -fa on\"): part of the saved states'\n"
-		"                     fingerprint\n"
-		"\n"
-		"  --max-output N     cap on a request's output tokens (default: the context)\n"
-		"\n"
-		"Managed backend: instead of (or besides) --backend, toki starts llama-server\n"
-		"itself, restarts it if it dies, and stops it on exit:\n"
-		"  --model FILE       the GGUF to serve\n"
-		"  --llama-server BIN the llama-server to run (default $TOKI_LLAMA_SERVER,\n"
-		"                     else llama-server on PATH)\n"
-		"  --ctx N            context per slot (default: the model's training context)\n"
-		"  --slots N          parallel slots, -np (default 2)\n"
-		"  --llama-arg ARG    an extra llama-server argument (repeatable)\n"
-		"  --llama-env K=V    an extra environment variable for it (repeatable)\n"
-		"  --run-dir DIR      logs, slot files and serve.json (default\n"
-		"                     $TOKI_STATE_DIR/run/<model name>)\n"
-		"\n"
-		"Every route but /health needs the local token (Authorization: Bearer, or\n"
-		"x-api-key): $TOKI_TOKEN, else $TOKI_STATE_DIR/token, created on first start.\n"
-		"\n"
-		"environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_BACKEND_KEY,\n"
-		"TOKI_LOG, TOKI_LLAMA_SERVER, TOKI_STATE_DIR, TOKI_TOKEN\n");
+	        "usage: toki serve --backend URL [--backend URL ...] [options]\n"
+	        "\n"
+	        "Runs the cache-routing daemon: an OpenAI-compatible API that sends each\n"
+	        "request to the llama-server slot holding its longest token prefix.\n"
+	        "\n"
+	        "  --backend URL      a llama-server base URL (repeatable)\n"
+	        "  --backend-key KEY  the key the backends run with (llama-server --api-key),\n"
+	        "                     sent as Authorization: Bearer on every call to them\n"
+	        "                     (default $TOKI_BACKEND_KEY; a managed backend started\n"
+	        "                     with --llama-arg --api-key uses that key)\n"
+	        "  --host ADDR        address to bind (default 127.0.0.1)\n"
+	        "  --port N           port to bind (default 8787; 0 picks a free one)\n"
+	        "  --allow-remote     allow binding to a non-loopback address\n"
+	        "  --reuse MODE       exact (default): the answer is a function of the request\n"
+	        "                     alone, byte-identical to the same request uncached\n"
+	        "                     through toki (prompts evaluated in chunks that end\n"
+	        "                     where messages start); fast: reuse every matching\n"
+	        "                     token; grid: exact on llama-server's own schedule,\n"
+	        "                     identical to llama-server's uncached answer\n"
+	        "  --ubatch N         the backends' micro-batch size, -ub (default 512)\n"
+	        "  --tokenize WHERE   local (default): toki applies the chat template and\n"
+	        "                     tokenizes itself, for backends whose model file it can\n"
+	        "                     read and whose probes match the server; server: always\n"
+	        "                     ask the server (/apply-template, /tokenize)\n"
+	        "  --keepalive-ms N   SSE keep-alive interval while the backend is silent\n"
+	        "                     (default 5000)\n"
+	        "  --max-body-mb N    largest request body accepted (default 64)\n"
+	        "  --slot-dir DIR     the backends' --slot-save-path: toki saves a slot's\n"
+	        "                     content there before evicting it and restores it later\n"
+	        "  --slot-disk-mb N   cap on the files in --slot-dir (default: a quarter of the\n"
+	        "                     free space there, at most 32 GiB)\n"
+	        "  --slot-save-idle-ms N  save a slot's content once it has been idle this\n"
+	        "                     long, so it survives a restart (default 5000; 0: only on\n"
+	        "                     eviction and shutdown)\n"
+	        "  --slot-compress L  store slot files zstd-compressed at level L (default 0:\n"
+	        "                     off; f16 KV shrank 16%% at 1/9 the save speed here)\n"
+	        "  --kv-settings S    for --backend: the llama-server settings that shape its KV\n"
+	        "                     (e.g. \"-ctk q8_0 -fa on\"): part of the saved states'\n"
+	        "                     fingerprint\n"
+	        "\n"
+	        "  --max-output N     cap on a request's output tokens (default: the context)\n"
+	        "\n"
+	        "Managed backend: instead of (or besides) --backend, toki starts llama-server\n"
+	        "itself, restarts it if it dies, and stops it on exit:\n"
+	        "  --model FILE       the GGUF to serve\n"
+	        "  --llama-server BIN the llama-server to run (default $TOKI_LLAMA_SERVER,\n"
+	        "                     else llama-server on PATH)\n"
+	        "  --ctx N            context per slot (default: the model's training context)\n"
+	        "  --slots N          parallel slots, -np (default 2)\n"
+	        "  --llama-arg ARG    an extra llama-server argument (repeatable)\n"
+	        "  --llama-env K=V    an extra environment variable for it (repeatable)\n"
+	        "  --run-dir DIR      logs, slot files and serve.json (default\n"
+	        "                     $TOKI_STATE_DIR/run/<model name>)\n"
+	        "\n"
+	        "Every route but /health needs the local token (Authorization: Bearer, or\n"
+	        "x-api-key): $TOKI_TOKEN, else $TOKI_STATE_DIR/token, created on first start.\n"
+	        "\n"
+	        "environment: TOKI_BACKEND_TIMEOUT (seconds, default 1800), TOKI_BACKEND_KEY,\n"
+	        "TOKI_LOG, TOKI_LLAMA_SERVER, TOKI_STATE_DIR, TOKI_TOKEN\n");
 }
 
 static void on_llama_exit(void *arg)
@@ -161,8 +161,8 @@ static void derive_name(struct managed *m)
 	if (dot)
 		*dot = '\0';
 	for (char *p = m->name_buf; *p; p++)
-		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-		      *p == '.' || *p == '_' || *p == '-'))
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		      (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-'))
 			*p = '_';
 }
 
@@ -171,10 +171,25 @@ static void derive_name(struct managed *m)
 static char *managed_kv_settings(const struct managed *m)
 {
 	static const char *const kv_flags[] = {
-		"-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-fa", "--flash-attn",
-		"--rope-scaling", "--rope-scale", "--rope-freq-base", "--rope-freq-scale",
-		"--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor", "--yarn-beta-slow",
-		"--yarn-beta-fast", "-ngl", "--n-gpu-layers", "--swa-full", "--override-kv",
+	    "-ctk",
+	    "--cache-type-k",
+	    "-ctv",
+	    "--cache-type-v",
+	    "-fa",
+	    "--flash-attn",
+	    "--rope-scaling",
+	    "--rope-scale",
+	    "--rope-freq-base",
+	    "--rope-freq-scale",
+	    "--yarn-orig-ctx",
+	    "--yarn-ext-factor",
+	    "--yarn-attn-factor",
+	    "--yarn-beta-slow",
+	    "--yarn-beta-fast",
+	    "-ngl",
+	    "--n-gpu-layers",
+	    "--swa-full",
+	    "--override-kv",
 	};
 	size_t cap = 64;
 	for (int i = 0; i < m->n_args; i++)
@@ -229,7 +244,7 @@ static int key_is_valid(const char *key)
 }
 
 static int prepare_managed(struct managed *m, struct daemon *d, char *url, size_t urllen,
-			   char *slot_dir, size_t slotlen)
+                           char *slot_dir, size_t slotlen)
 {
 	/* serve.json and the logs name the model by its absolute path. */
 	if (!realpath(m->model, m->model_abs)) {
@@ -253,9 +268,9 @@ static int prepare_managed(struct managed *m, struct daemon *d, char *url, size_
 	}
 	if (snprintf(slot_dir, slotlen, "%s/slots", m->run_dir) >= (int)slotlen ||
 	    snprintf(m->log_path, sizeof m->log_path, "%s/llama-server.log", m->run_dir) >=
-		    (int)sizeof m->log_path ||
+	        (int)sizeof m->log_path ||
 	    snprintf(m->info_path, sizeof m->info_path, "%s/serve.json", m->run_dir) >=
-		    (int)sizeof m->info_path) {
+	        (int)sizeof m->info_path) {
 		fprintf(stderr, "toki serve: run directory path too long\n");
 		return -1;
 	}
@@ -317,22 +332,23 @@ static int start_managed(struct managed *m, struct daemon *d)
 	char err[256];
 	if (!d->supervisor || supervisor_start(d->supervisor, err, sizeof err) != 0) {
 		fprintf(stderr, "toki serve: cannot start llama-server: %s\n",
-			d->supervisor ? err : "out of memory");
+		        d->supervisor ? err : "out of memory");
 		return -1;
 	}
 	supervisor_on_exit(d->supervisor, on_llama_exit, d);
-	log_info("managing llama-server for %s on port %d (log %s)", m->model, m->port, m->log_path);
+	log_info("managing llama-server for %s on port %d (log %s)", m->model, m->port,
+	         m->log_path);
 	return 0;
 }
 
 /* serve.json: what runs, for toki status and toki down. */
 static void write_serve_info(struct managed *m, struct daemon *d)
 {
-	json_t *o = json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:I, s:i, s:s, s:s}", "pid", (int)getpid(),
-			      "host", d->cfg.host, "port", http_server_port(d->http), "llama_port",
-			      m->port, "model", m->model, "name", m->name_buf, "ctx", (json_int_t)m->ctx,
-			      "slots", m->slots, "mode", reuse_mode_name(d->cfg.mode), "llama_log",
-			      m->log_path);
+	json_t *o =
+	    json_pack("{s:i, s:s, s:i, s:i, s:s, s:s, s:I, s:i, s:s, s:s}", "pid", (int)getpid(),
+	              "host", d->cfg.host, "port", http_server_port(d->http), "llama_port", m->port,
+	              "model", m->model, "name", m->name_buf, "ctx", (json_int_t)m->ctx, "slots",
+	              m->slots, "mode", reuse_mode_name(d->cfg.mode), "llama_log", m->log_path);
 	json_object_set_new(o, "llama_pid", json_integer(supervisor_pid(d->supervisor)));
 	json_object_set_new(o, "max_output", json_integer(d->cfg.max_output));
 	char tmp[4300];
@@ -360,32 +376,32 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 int cmd_serve(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"backend", required_argument, NULL, 'b'},
-		{"backend-key", required_argument, NULL, 'B'},
-		{"host", required_argument, NULL, 'H'},
-		{"port", required_argument, NULL, 'p'},
-		{"allow-remote", no_argument, NULL, 'R'},
-		{"reuse", required_argument, NULL, 'r'},
-		{"ubatch", required_argument, NULL, 'u'},
-		{"keepalive-ms", required_argument, NULL, 'k'},
-		{"max-body-mb", required_argument, NULL, 'm'},
-		{"slot-dir", required_argument, NULL, 's'},
-		{"slot-disk-mb", required_argument, NULL, 'S'},
-		{"max-output", required_argument, NULL, 'O'},
-		{"slot-save-idle-ms", required_argument, NULL, 'I'},
-		{"kv-settings", required_argument, NULL, 'K'},
-		{"slot-compress", required_argument, NULL, 'Z'},
-		{"tokenize", required_argument, NULL, 'T'},
-		{"model", required_argument, NULL, 'M'},
-		{"llama-server", required_argument, NULL, 'L'},
-		{"ctx", required_argument, NULL, 'c'},
-		{"slots", required_argument, NULL, 'n'},
-		{"llama-arg", required_argument, NULL, 'a'},
-		{"llama-env", required_argument, NULL, 'e'},
-		{"run-dir", required_argument, NULL, 'D'},
-		{"name", required_argument, NULL, 'N'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"backend", required_argument, NULL, 'b'},
+	    {"backend-key", required_argument, NULL, 'B'},
+	    {"host", required_argument, NULL, 'H'},
+	    {"port", required_argument, NULL, 'p'},
+	    {"allow-remote", no_argument, NULL, 'R'},
+	    {"reuse", required_argument, NULL, 'r'},
+	    {"ubatch", required_argument, NULL, 'u'},
+	    {"keepalive-ms", required_argument, NULL, 'k'},
+	    {"max-body-mb", required_argument, NULL, 'm'},
+	    {"slot-dir", required_argument, NULL, 's'},
+	    {"slot-disk-mb", required_argument, NULL, 'S'},
+	    {"max-output", required_argument, NULL, 'O'},
+	    {"slot-save-idle-ms", required_argument, NULL, 'I'},
+	    {"kv-settings", required_argument, NULL, 'K'},
+	    {"slot-compress", required_argument, NULL, 'Z'},
+	    {"tokenize", required_argument, NULL, 'T'},
+	    {"model", required_argument, NULL, 'M'},
+	    {"llama-server", required_argument, NULL, 'L'},
+	    {"ctx", required_argument, NULL, 'c'},
+	    {"slots", required_argument, NULL, 'n'},
+	    {"llama-arg", required_argument, NULL, 'a'},
+	    {"llama-env", required_argument, NULL, 'e'},
+	    {"run-dir", required_argument, NULL, 'D'},
+	    {"name", required_argument, NULL, 'N'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	struct daemon d = {0};
 	d.cfg.host = "127.0.0.1";
@@ -423,25 +439,51 @@ int cmd_serve(int argc, char **argv)
 			}
 			urls[n_urls++] = optarg;
 			break;
-		case 'B': d.cfg.backend_key = optarg; break;
-		case 'H': d.cfg.host = optarg; break;
-		case 'p': d.cfg.port = atoi(optarg); break;
-		case 'R': d.cfg.allow_remote = 1; break;
+		case 'B':
+			d.cfg.backend_key = optarg;
+			break;
+		case 'H':
+			d.cfg.host = optarg;
+			break;
+		case 'p':
+			d.cfg.port = atoi(optarg);
+			break;
+		case 'R':
+			d.cfg.allow_remote = 1;
+			break;
 		case 'r':
 			if (reuse_mode_parse(optarg, &d.cfg.mode) != 0) {
 				fprintf(stderr, "toki serve: --reuse takes exact, fast or grid\n");
 				return 2;
 			}
 			break;
-		case 'u': d.cfg.n_ubatch = atoi(optarg); break;
-		case 'k': d.cfg.keepalive_ms = atoi(optarg); break;
-		case 'm': d.cfg.max_body_bytes = (size_t)atoi(optarg) << 20; break;
-		case 's': d.cfg.slot_dir = optarg; break;
-		case 'S': d.cfg.slot_disk_bytes = (uint64_t)atoll(optarg) << 20; break;
-		case 'O': d.cfg.max_output = atol(optarg); break;
-		case 'I': d.cfg.save_idle_ms = atoi(optarg); break;
-		case 'K': d.cfg.kv_settings = optarg; break;
-		case 'Z': d.cfg.slot_compress = atoi(optarg); break;
+		case 'u':
+			d.cfg.n_ubatch = atoi(optarg);
+			break;
+		case 'k':
+			d.cfg.keepalive_ms = atoi(optarg);
+			break;
+		case 'm':
+			d.cfg.max_body_bytes = (size_t)atoi(optarg) << 20;
+			break;
+		case 's':
+			d.cfg.slot_dir = optarg;
+			break;
+		case 'S':
+			d.cfg.slot_disk_bytes = (uint64_t)atoll(optarg) << 20;
+			break;
+		case 'O':
+			d.cfg.max_output = atol(optarg);
+			break;
+		case 'I':
+			d.cfg.save_idle_ms = atoi(optarg);
+			break;
+		case 'K':
+			d.cfg.kv_settings = optarg;
+			break;
+		case 'Z':
+			d.cfg.slot_compress = atoi(optarg);
+			break;
 		case 'T':
 			if (strcmp(optarg, "local") && strcmp(optarg, "server")) {
 				fprintf(stderr, "toki serve: --tokenize is local or server\n");
@@ -449,12 +491,24 @@ int cmd_serve(int argc, char **argv)
 			}
 			d.cfg.local_prompts = !strcmp(optarg, "local");
 			break;
-		case 'M': m.model = optarg; break;
-		case 'L': m.binary = optarg; break;
-		case 'c': m.ctx = atol(optarg); break;
-		case 'n': m.slots = atoi(optarg); break;
-		case 'D': m.run_dir = optarg; break;
-		case 'N': m.name = optarg; break;
+		case 'M':
+			m.model = optarg;
+			break;
+		case 'L':
+			m.binary = optarg;
+			break;
+		case 'c':
+			m.ctx = atol(optarg);
+			break;
+		case 'n':
+			m.slots = atoi(optarg);
+			break;
+		case 'D':
+			m.run_dir = optarg;
+			break;
+		case 'N':
+			m.name = optarg;
+			break;
 		case 'a':
 		case 'e': {
 			char **v = c == 'a' ? m.args : m.env;
@@ -466,13 +520,17 @@ int cmd_serve(int argc, char **argv)
 			v[(*nv)++] = optarg;
 			break;
 		}
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
 		}
 	}
 	if (optind < argc || (n_urls == 0 && !m.model) || d.cfg.n_ubatch <= 0 || m.slots <= 0 ||
-	    m.ctx < 0 || d.cfg.max_output < 0 || d.cfg.keepalive_ms <= 0 ||
-	    d.cfg.port < 0 || d.cfg.port > 65535 || d.cfg.max_body_bytes == 0) {
+	    m.ctx < 0 || d.cfg.max_output < 0 || d.cfg.keepalive_ms <= 0 || d.cfg.port < 0 ||
+	    d.cfg.port > 65535 || d.cfg.max_body_bytes == 0) {
 		if (n_urls == 0 && !m.model)
 			fprintf(stderr, "toki serve: give --backend URL or --model FILE\n");
 		usage(stderr);
@@ -480,18 +538,19 @@ int cmd_serve(int argc, char **argv)
 	}
 	if (!net_host_is_loopback(d.cfg.host) && !d.cfg.allow_remote) {
 		fprintf(stderr,
-			"toki serve: refusing to bind %s, which is not loopback: anyone who can "
-			"reach it could use your model. Pass --allow-remote to do it anyway.\n",
-			d.cfg.host);
+		        "toki serve: refusing to bind %s, which is not loopback: anyone who can "
+		        "reach it could use your model. Pass --allow-remote to do it anyway.\n",
+		        d.cfg.host);
 		return 2;
 	}
 	if (d.cfg.backend_key && !key_is_valid(d.cfg.backend_key)) {
-		fprintf(stderr, "toki serve: the backend key is empty or holds control characters\n");
+		fprintf(stderr,
+		        "toki serve: the backend key is empty or holds control characters\n");
 		return 2;
 	}
 	char managed_url[64], slot_dir[4096], managed_key[512];
-	const char *managed_key_p = m.model ? managed_api_key(&m, managed_key, sizeof managed_key)
-					    : NULL;
+	const char *managed_key_p =
+	    m.model ? managed_api_key(&m, managed_key, sizeof managed_key) : NULL;
 	if (managed_key_p && !key_is_valid(managed_key_p)) {
 		fprintf(stderr, "toki serve: --llama-arg --api-key holds control characters\n");
 		return 2;
@@ -503,7 +562,7 @@ int cmd_serve(int argc, char **argv)
 			return 2;
 		}
 		if (prepare_managed(&m, &d, managed_url, sizeof managed_url, slot_dir,
-				    sizeof slot_dir) != 0)
+		                    sizeof slot_dir) != 0)
 			return 1;
 		urls[n_urls++] = managed_url;
 		if (!d.cfg.slot_dir)
@@ -515,7 +574,7 @@ int cmd_serve(int argc, char **argv)
 		struct statvfs vfs;
 		if (access(d.cfg.slot_dir, W_OK) != 0 || statvfs(d.cfg.slot_dir, &vfs) != 0) {
 			fprintf(stderr, "toki serve: --slot-dir %s is not a writable directory\n",
-				d.cfg.slot_dir);
+			        d.cfg.slot_dir);
 			return 2;
 		}
 		if (!d.cfg.slot_disk_bytes) {
@@ -580,8 +639,16 @@ int cmd_serve(int argc, char **argv)
 	for (int i = 0; i < d.n_backends; i++)
 		backend_start(d.backends[i]);
 	log_info("listening on http://%s:%d (reuse %s, ubatch %d, %d backend%s)", d.cfg.host,
-		 http_server_port(d.http), reuse_mode_name(d.cfg.mode), d.cfg.n_ubatch, d.n_backends,
-		 d.n_backends == 1 ? "" : "s");
+	         http_server_port(d.http), reuse_mode_name(d.cfg.mode), d.cfg.n_ubatch,
+	         d.n_backends, d.n_backends == 1 ? "" : "s");
+	if (!d.cfg.slot_dir)
+		/* Said once: the one server flag that changes what toki can do. */
+		log_info(
+		    "no --slot-dir: a conversation whose slot another one takes is recomputed "
+		    "when it comes back (or loaded from llama-server's own --cache-ram, which toki "
+		    "cannot see into, so exact mode recomputes it). Start llama-server with "
+		    "--slot-save-path DIR and toki with --slot-dir DIR to save and restore them "
+		    "(docs/benchmarks.md, e)");
 	if (m.model)
 		write_serve_info(&m, &d);
 	/* Tests and scripts read the chosen port from this line. */

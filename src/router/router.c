@@ -113,7 +113,7 @@ struct router_backend *router_add_backend(struct router *r, const char *url)
 }
 
 int router_backend_set_slots(struct router *r, struct router_backend *b, int n_slots,
-			     int n_ctx_slot, int n_ubatch)
+                             int n_ctx_slot, int n_ubatch)
 {
 	if (b->slots && b->n_slots == n_slots) {
 		/* Rediscovered with as many slots: requests in flight still point
@@ -258,8 +258,8 @@ static uint64_t estimate_bytes(const struct router_backend *b, size_t n_tokens)
 {
 	/* Until the first file tells: 64 KiB a token, between a small model's
 	 * few KiB and a 70B model's few hundred. */
-	double bytes = (double)n_tokens * (b->kv_bytes_per_token > 0 ? b->kv_bytes_per_token
-								      : 65536.0);
+	double bytes =
+	    (double)n_tokens * (b->kv_bytes_per_token > 0 ? b->kv_bytes_per_token : 65536.0);
 	/* A damaged slot-file index can claim any size: saturate, never overflow. */
 	return bytes < 18446744073709551616.0 ? (uint64_t)bytes : UINT64_MAX;
 }
@@ -282,7 +282,7 @@ static double save_tokens(const struct router_backend *b, size_t n_tokens)
  * (benchmark b found all 15 main-agent turns of three sessions on one of
  * four slots). A one-off's few tokens (a title request) still give way. */
 static double loss_of(const struct router *r, const struct router_slot *s, size_t matched,
-		      int64_t now_us, int spare, int *save_first)
+                      int64_t now_us, int spare, int *save_first)
 {
 	*save_first = 0;
 	if (s->n_tokens <= matched)
@@ -320,7 +320,7 @@ struct req_sched {
  * the same micro-batches as the request's own schedule would compute them;
  * at least one token is left to evaluate (its logits start the answer). */
 static size_t reuse_for(const struct router *r, const struct req_sched *q, size_t m,
-			const size_t *sb, size_t nsb, size_t aligned, int ub)
+                        const size_t *sb, size_t nsb, size_t aligned, int ub)
 {
 	size_t n = q->n;
 	if (!reuse_mode_is_exact(r->mode))
@@ -334,7 +334,7 @@ static size_t reuse_for(const struct router *r, const struct req_sched *q, size_
 /* In fast mode requests run side by side on a backend; in exact mode a busy
  * backend is waited for instead (its wait is priced separately). */
 static double fast_load_penalty(const struct router *r, const struct router_backend *b,
-				size_t to_evaluate)
+                                size_t to_evaluate)
 {
 	if (reuse_mode_is_exact(r->mode) || b->in_flight <= 0)
 		return 0;
@@ -345,7 +345,7 @@ static double fast_load_penalty(const struct router *r, const struct router_back
  * prefix (so the others keep theirs), then the less loaded backend, then the
  * least recently used slot. */
 static int better_tie(const struct router_slot *s, size_t m, const struct router_slot *best,
-		      size_t best_m)
+                      size_t best_m)
 {
 	if (!best)
 		return 1;
@@ -357,11 +357,11 @@ static int better_tie(const struct router_slot *s, size_t m, const struct router
 }
 
 enum route_status router_choose(struct router *r, const token_t *tokens, size_t n, int64_t now_us,
-				int only_backend, struct route_choice *out)
+                                int only_backend, struct route_choice *out)
 {
-	uint64_t allowed = only_backend < 0 ? ~(uint64_t)0
-			   : only_backend < 64 ? (uint64_t)1 << only_backend
-					       : 0;
+	uint64_t allowed = only_backend < 0    ? ~(uint64_t)0
+	                   : only_backend < 64 ? (uint64_t)1 << only_backend
+	                                       : 0;
 	return router_choose_among(r, tokens, n, now_us, allowed, out);
 }
 
@@ -371,19 +371,20 @@ static int backend_allowed(uint64_t allowed, int index)
 }
 
 enum route_status router_choose_among(struct router *r, const token_t *tokens, size_t n,
-				      int64_t now_us, uint64_t allowed, struct route_choice *out)
+                                      int64_t now_us, uint64_t allowed, struct route_choice *out)
 {
 	return router_choose_sched(r, tokens, n, NULL, 0, now_us, allowed, out);
 }
 
 enum route_status router_choose_sched(struct router *r, const token_t *tokens, size_t n,
-				      const size_t *bounds, size_t nb, int64_t now_us,
-				      uint64_t allowed, struct route_choice *out)
+                                      const size_t *bounds, size_t nb, int64_t now_us,
+                                      uint64_t allowed, struct route_choice *out)
 {
 	struct req_sched q = {bounds, nb, n};
 	int total = 0;
 	int offsets_small[16];
-	int *offsets = r->n_backends <= 16 ? offsets_small : malloc(sizeof(int) * (size_t)r->n_backends);
+	int *offsets =
+	    r->n_backends <= 16 ? offsets_small : malloc(sizeof(int) * (size_t)r->n_backends);
 	if (!offsets)
 		return ROUTE_NO_BACKEND;
 	for (int i = 0; i < r->n_backends; i++) {
@@ -438,17 +439,18 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 			}
 			/* The slot with its own content... */
 			size_t reuse =
-				reuse_for(r, &q, m, s->bounds, s->n_bounds, s->aligned, b->n_ubatch);
+			    reuse_for(r, &q, m, s->bounds, s->n_bounds, s->aligned, b->n_ubatch);
 			int save_first;
 			/* Requests running on a backend share its compute: each one
 			 * there slows this prefill. That spreads new conversations
 			 * over idle backends, yet a conversation keeps to the backend
 			 * that holds it unless that one is crowded. */
 			double load = fast_load_penalty(r, b, n - reuse);
-			double cost = (double)(n - reuse) + loss_of(r, s, m, now_us, spare, &save_first) +
-				      wait + load;
+			double cost = (double)(n - reuse) +
+			              loss_of(r, s, m, now_us, spare, &save_first) + wait + load;
 			if (cost < best_cost - 1e-9 ||
-			    (cost <= best_cost + 1e-9 && better_tie(s, m, best.slot, best.matched))) {
+			    (cost <= best_cost + 1e-9 &&
+			     better_tie(s, m, best.slot, best.matched))) {
 				best_cost = cost;
 				best_busy = busy;
 				best.slot = s;
@@ -461,11 +463,12 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				 * follow the prompt in the KV); exact mode cuts it back
 				 * whenever it could exceed the grid-aligned reuse. */
 				best.must_trim = reuse_mode_is_exact(r->mode) && reuse > 0 &&
-						 (m > reuse || m == s->n_tokens);
+				                 (m > reuse || m == s->n_tokens);
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
-				best.kind = m == 0				     ? "miss"
-					    : m + (size_t)(s->junk_tail != 0) >= s->n_tokens ? "hit"
-											       : "partial";
+				best.kind = m == 0 ? "miss"
+				            : m + (size_t)(s->junk_tail != 0) >= s->n_tokens
+				                ? "hit"
+				                : "partial";
 			}
 			/* ...or with a saved state restored into it. */
 			for (size_t k = 0; k < mc.n_saved; k++) {
@@ -473,13 +476,14 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				if (e->backend != b)
 					continue;
 				size_t me = mc.saved[k].matched;
-				size_t ereuse = reuse_for(r, &q, me, e->bounds, e->n_bounds, e->aligned,
-							  b->n_ubatch);
+				size_t ereuse = reuse_for(r, &q, me, e->bounds, e->n_bounds,
+				                          e->aligned, b->n_ubatch);
 				if (ereuse <= reuse)
 					continue;
-				double ecost = (double)(n - ereuse) + restore_tokens(b, e->bytes) +
-					       loss_of(r, s, m < me ? m : me, now_us, spare, &save_first) +
-					       wait + fast_load_penalty(r, b, n - ereuse);
+				double ecost =
+				    (double)(n - ereuse) + restore_tokens(b, e->bytes) +
+				    loss_of(r, s, m < me ? m : me, now_us, spare, &save_first) +
+				    wait + fast_load_penalty(r, b, n - ereuse);
 				if (ecost < best_cost - 1e-9) {
 					best_cost = ecost;
 					best_busy = busy;
@@ -489,8 +493,9 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 					best.restore = e;
 					best.save_first = save_first;
 					best.must_trim = reuse_mode_is_exact(r->mode) &&
-							 (me > ereuse || me == e->n_tokens);
-					best.est_prefill_s = router_estimate_prefill_s(b, n - ereuse);
+					                 (me > ereuse || me == e->n_tokens);
+					best.est_prefill_s =
+					    router_estimate_prefill_s(b, n - ereuse);
 					best.kind = "disk";
 				}
 			}
@@ -512,6 +517,14 @@ void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, 
 	s->backend->in_flight++;
 	s->busy_until_us = now_us + (int64_t)(est_s * 1e6);
 	s->last_used_us = now_us;
+	/* A new task there empties the server's other idle slots into its RAM
+	 * cache (router.h, self_cached): they hold nothing toki can route to. */
+	if (s->backend->self_cached) {
+		struct router_backend *b = s->backend;
+		for (int i = 0; i < b->n_slots; i++)
+			if (&b->slots[i] != s && !b->slots[i].busy && b->slots[i].n_tokens)
+				router_slot_forget(r, &b->slots[i]);
+	}
 }
 
 void router_slot_end(struct router *r, struct router_slot *s, int64_t now_us)
@@ -582,7 +595,7 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 }
 
 int router_slot_commit(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
-		       size_t reused, int64_t now_us)
+                       size_t reused, int64_t now_us)
 {
 	if (s->retired)
 		return 0; /* its backend was rediscovered: nobody routes here */
@@ -650,7 +663,7 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 
 /* Replaces the slot's content with tokens[0..n) (+ junk when have_junk). */
 static int slot_set(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
-		    int have_junk, token_t junk)
+                    int have_junk, token_t junk)
 {
 	size_t total = n + (have_junk ? 1 : 0);
 	if (s->n_tokens)
@@ -682,8 +695,8 @@ static int slot_set(struct router *r, struct router_slot *s, const token_t *toke
 }
 
 int router_slot_commit_sched(struct router *r, struct router_slot *s, const token_t *tokens,
-			     size_t n, const size_t *bounds, size_t nb, size_t aligned,
-			     int64_t now_us)
+                             size_t n, const size_t *bounds, size_t nb, size_t aligned,
+                             int64_t now_us)
 {
 	if (s->retired)
 		return 0;
@@ -709,7 +722,7 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 }
 
 int router_slot_cut(struct router *r, struct router_slot *s, const token_t *tokens, size_t keep,
-		    token_t junk, int64_t now_us)
+                    token_t junk, int64_t now_us)
 {
 	if (s->retired)
 		return 0;
@@ -765,9 +778,9 @@ void router_saved_remove(struct router *r, struct router_saved *e)
 }
 
 struct router_saved *router_saved_add_tokens(struct router *r, struct router_backend *b,
-					     const char *name, const token_t *tokens, size_t n,
-					     size_t aligned, uint64_t bytes, unsigned hits,
-					     int64_t now_us)
+                                             const char *name, const token_t *tokens, size_t n,
+                                             size_t aligned, uint64_t bytes, unsigned hits,
+                                             int64_t now_us)
 {
 	if (!n)
 		return NULL;
@@ -801,12 +814,12 @@ struct router_saved *router_saved_add_tokens(struct router *r, struct router_bac
 	return e;
 }
 
-struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
-				      const char *name, uint64_t bytes, int64_t now_us)
+struct router_saved *router_saved_add(struct router *r, struct router_slot *from, const char *name,
+                                      uint64_t bytes, int64_t now_us)
 {
 	struct router_saved *e =
-		router_saved_add_tokens(r, from->backend, name, from->tokens, from->n_tokens,
-					from->aligned, bytes, from->hits, now_us);
+	    router_saved_add_tokens(r, from->backend, name, from->tokens, from->n_tokens,
+	                            from->aligned, bytes, from->hits, now_us);
 	if (e && router_saved_set_bounds(e, from->bounds, from->n_bounds) != 0) {
 		router_saved_remove(r, e);
 		return NULL;
@@ -835,7 +848,7 @@ struct router_saved *router_saved_find(struct router *r, const char *name)
 }
 
 int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
-			 int64_t now_us)
+                         int64_t now_us)
 {
 	if (s->retired)
 		return -1;
@@ -889,7 +902,7 @@ struct router_saved *router_saved_victim(struct router *r)
 			continue;
 		double age_h = (double)(now - e->last_used_us) / 3.6e9;
 		double value = (double)e->n_tokens / (double)(e->bytes ? e->bytes : 1) *
-			       (1.0 + e->hits) * pow(0.5, age_h);
+		               (1.0 + e->hits) * pow(0.5, age_h);
 		if (value < worst) {
 			worst = value;
 			victim = e;

@@ -59,7 +59,7 @@ struct router_slot {
 	int junk_tail;
 	int busy;
 	int64_t last_used_us;
-	unsigned hits;	/* requests that reused this content */
+	unsigned hits;         /* requests that reused this content */
 	int64_t busy_until_us; /* estimated end of the running request */
 	/* A saved state holding exactly this content, if any: evicting the
 	 * slot then loses nothing. */
@@ -83,9 +83,9 @@ struct router_saved {
 	uint64_t bytes;
 	int64_t last_used_us;
 	unsigned hits;
-	int pinned; /* being restored or written right now: not evictable */
-	int verified; /* its checksum was checked since this daemon indexed it */
-	int compressed; /* stored as <name>.zst, expanded to <name>.bin to restore */
+	int pinned;           /* being restored or written right now: not evictable */
+	int verified;         /* its checksum was checked since this daemon indexed it */
+	int compressed;       /* stored as <name>.zst, expanded to <name>.bin to restore */
 	char fingerprint[72]; /* model, server build and KV settings it was made under */
 	struct router_saved *prev, *next;
 };
@@ -96,15 +96,21 @@ struct router_backend {
 	int up;
 	int n_slots;
 	struct router_slot *slots;
-	int n_ctx_slot;	/* context per slot */
-	int n_ubatch;	/* micro-batch size: the exact mode's grid */
+	int n_ctx_slot; /* context per slot */
+	int n_ubatch;   /* micro-batch size: the exact mode's grid */
 	int in_flight;
 	double prefill_tps; /* measured prompt tokens per second (EWMA) */
 	double decode_tps;
 	double restore_bps; /* measured slot-restore bytes per second (EWMA) */
 	double save_bps;
 	double kv_bytes_per_token; /* learned from saved files */
-	int can_save;	    /* the backend has a slot-save path: save/restore works */
+	int can_save;              /* the backend has a slot-save path: save/restore works */
+	/* The server empties its idle slots into its own RAM cache at every
+	 * new task (a unified KV cache with --cache-idle-slots: llama-server's
+	 * default without -np), and loads from that cache only into a slot it
+	 * picks itself. What toki knows of its slots is then gone by the next
+	 * request: fast mode lets the server pick (backend.c finds this out). */
+	int self_cached;
 	unsigned discoveries; /* times it was (re)discovered: each start or restart seen */
 	uint64_t evaluated_tokens, cached_tokens, requests;
 };
@@ -133,11 +139,11 @@ struct router {
 
 struct route_choice {
 	struct router_slot *slot;
-	size_t matched;	   /* exact common prefix with the slot's content */
-	size_t reuse;	   /* tokens the request will reuse (mode applied) */
-	int must_trim;	   /* the slot holds more than `reuse` matching tokens: cut it back */
+	size_t matched; /* exact common prefix with the slot's content */
+	size_t reuse;   /* tokens the request will reuse (mode applied) */
+	int must_trim;  /* the slot holds more than `reuse` matching tokens: cut it back */
 	double est_prefill_s;
-	const char *kind;  /* "hit", "partial", "miss", "disk" */
+	const char *kind; /* "hit", "partial", "miss", "disk" */
 	/* Before the request: save the slot's current content (it is worth
 	 * keeping), then restore this state into the slot (NULL: none). */
 	int save_first;
@@ -151,22 +157,22 @@ void router_free(struct router *r);
 struct router_backend *router_add_backend(struct router *r, const char *url);
 /* (Re)declares a backend's slots after discovery: all content forgotten. */
 int router_backend_set_slots(struct router *r, struct router_backend *b, int n_slots,
-			     int n_ctx_slot, int n_ubatch);
+                             int n_ctx_slot, int n_ubatch);
 void router_backend_set_up(struct router *r, struct router_backend *b, int up);
 
 /* Chooses where a request of tokens[0..n) goes. `now_us` is the clock;
  * `only_backend` restricts the choice (-1: any). */
 enum route_status router_choose(struct router *r, const token_t *tokens, size_t n, int64_t now_us,
-				int only_backend, struct route_choice *out);
+                                int only_backend, struct route_choice *out);
 /* The same among the backends whose bit is set in allowed (bit i: backend
  * i; backends past 63 are always allowed). */
 enum route_status router_choose_among(struct router *r, const token_t *tokens, size_t n,
-				      int64_t now_us, uint64_t allowed, struct route_choice *out);
+                                      int64_t now_us, uint64_t allowed, struct route_choice *out);
 /* The same for a request whose exact-mode schedule has chunk starts
  * bounds[0..nb) (router/sched.h). */
 enum route_status router_choose_sched(struct router *r, const token_t *tokens, size_t n,
-				      const size_t *bounds, size_t nb, int64_t now_us,
-				      uint64_t allowed, struct route_choice *out);
+                                      const size_t *bounds, size_t nb, int64_t now_us,
+                                      uint64_t allowed, struct route_choice *out);
 
 /* Bookkeeping around one request on a slot. */
 void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, double est_s);
@@ -174,17 +180,17 @@ void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, 
  * `reused` came from the cache and the rest were evaluated in micro-batches
  * starting at `reused`. Returns -1 on allocation failure (slot forgotten). */
 int router_slot_commit(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
-		       size_t reused, int64_t now_us);
+                       size_t reused, int64_t now_us);
 /* The request ran on the schedule bounds[0..nb): the slot holds
  * tokens[0..n), rows [0, aligned) computed on that schedule. */
 int router_slot_commit_sched(struct router *r, struct router_slot *s, const token_t *tokens,
-			     size_t n, const size_t *bounds, size_t nb, size_t aligned,
-			     int64_t now_us);
+                             size_t n, const size_t *bounds, size_t nb, size_t aligned,
+                             int64_t now_us);
 /* The slot was cut back: it holds tokens[0..keep) then one throw-away token
  * `junk` (what a cut request leaves), and those rows keep what they were
  * computed on. tokens may be the slot's own. */
 int router_slot_cut(struct router *r, struct router_slot *s, const token_t *tokens, size_t keep,
-		    token_t junk, int64_t now_us);
+                    token_t junk, int64_t now_us);
 /* The request ended without a usable result (error, cancel): the slot's
  * content is no longer known. */
 void router_slot_forget(struct router *r, struct router_slot *s);
@@ -200,19 +206,19 @@ double router_estimate_prefill_s(const struct router_backend *b, size_t tokens);
 /* Saved states. router_saved_add indexes a state that now exists as a file
  * (bytes long) holding tokens[0..n); the slot's content becomes that state.
  * Returns NULL on allocation failure. */
-struct router_saved *router_saved_add(struct router *r, struct router_slot *from,
-				      const char *name, uint64_t bytes, int64_t now_us);
+struct router_saved *router_saved_add(struct router *r, struct router_slot *from, const char *name,
+                                      uint64_t bytes, int64_t now_us);
 /* The same for a state found on disk (the daemon restarted). */
 struct router_saved *router_saved_add_tokens(struct router *r, struct router_backend *b,
-					     const char *name, const token_t *tokens, size_t n,
-					     size_t aligned, uint64_t bytes, unsigned hits,
-					     int64_t now_us);
+                                             const char *name, const token_t *tokens, size_t n,
+                                             size_t aligned, uint64_t bytes, unsigned hits,
+                                             int64_t now_us);
 struct router_saved *router_saved_find(struct router *r, const char *name);
 /* The schedule a saved state's rows were computed on (copied). */
 int router_saved_set_bounds(struct router_saved *e, const size_t *bounds, size_t nb);
 /* The state was restored into the slot: the slot now holds its tokens. */
 int router_slot_restored(struct router *r, struct router_slot *s, struct router_saved *e,
-			 int64_t now_us);
+                         int64_t now_us);
 /* Forgets a saved state (its file is gone or must go); the caller deletes
  * the file. */
 void router_saved_remove(struct router *r, struct router_saved *e);

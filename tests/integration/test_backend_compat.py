@@ -134,6 +134,45 @@ class NoSlots(unittest.TestCase):
         self.assertIsNone(toki.proc.poll())
 
 
+class DefaultSlots(unittest.TestCase):
+    """Item 10: llama-server as most users start it, without -np: its slots
+    share one KV cache, and at every new task it empties its idle slots into
+    its RAM cache (--cache-ram, on by default), loading from there only into
+    a slot it picks itself. toki finds that out, says so once, and lets the
+    server pick (fast mode): a conversation that comes back is loaded from
+    the server's RAM. On main toki kept sending it to the slot it had
+    filled, which the server had emptied: every such turn was a full miss."""
+
+    def setUp(self):
+        self.llama = th.LlamaServer(slots=4, cache_ram=8192, np_flag=False)
+        self.toki = th.Toki([self.llama], mode="fast")
+
+    def tearDown(self):
+        self.toki.kill(signal.SIGTERM)
+        self.llama.kill()
+
+    def test_a_conversation_comes_back_from_the_servers_ram(self):
+        other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
+                 {"role": "user", "content": "Tell me a story about Tom."}]
+        st, r = self.toki.chat(LONG, max_tokens=4)
+        self.assertEqual(st, 200, r)
+        st, r = self.toki.chat(other, max_tokens=4)
+        self.assertEqual(st, 200, r)
+        # The other conversation's task emptied the first one's slot: toki
+        # sees it at its next look at the server's slots.
+        deadline = time.time() + 30
+        while not self.toki.stats()["backends"][0].get("self_cached"):
+            self.assertLess(time.time(), deadline, self.toki.log_text())
+            time.sleep(0.05)
+        self.assertIn("empties its idle slots into its RAM cache", self.toki.log_text())
+        self.assertIn("-np N", self.toki.log_text())
+        st, r = self.toki.chat(LONG + [{"role": "assistant", "content": "Once upon a time"},
+                                       {"role": "user", "content": "And then?"}], max_tokens=4)
+        self.assertEqual(st, 200, r)
+        # Loaded from the server's RAM cache: the first turn's prompt.
+        self.assertGreater(r["timings"]["cache_n"], 200, r["timings"])
+
+
 class Cors(unittest.TestCase):
     """Item 5: browsers' preflights, answered as llama-server answers them."""
 

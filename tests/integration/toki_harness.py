@@ -211,13 +211,16 @@ class LlamaServer(Process):
     """A real llama-server on a free port."""
 
     def __init__(self, model=None, slots=2, ctx=None, ubatch=None, extra=(), port=None,
-                 cache_ram=0, name="llama"):
+                 cache_ram=0, name="llama", np_flag=True):
+        """np_flag=False leaves -np out: llama-server then picks its own
+        number of slots (4) with a unified KV cache, its default set-up."""
         self.model = model or test_model()
         self.port = port or free_port()
         self.slots = slots
         self.ubatch = ubatch
         args = [llama_server_path(), "-m", self.model, "--host", "127.0.0.1", "--port",
-                str(self.port), "-np", str(slots), "-t", "2", "--cache-ram", str(cache_ram)]
+                str(self.port)] + (["-np", str(slots)] if np_flag else []) + [
+                "-t", "2", "--cache-ram", str(cache_ram)]
         if ctx:
             args += ["-c", str(ctx * slots)]
             args += ["--override-kv", f"llama.context_length=int:{max(ctx, 2048)}"]

@@ -12,7 +12,7 @@
 
 #include "router/router.h"
 
-#define SEC(s) ((int64_t)((s) * 1000000.0))
+#define SEC(s) ((int64_t)((s)*1000000.0))
 #define UB 512
 
 /* ------------------------------------------------------------- helpers */
@@ -31,7 +31,8 @@ static const token_t *mk(int id, size_t n, size_t shared)
 	token_t *t = malloc((n ? n : 1) * sizeof *t);
 	assert_non_null(t);
 	for (size_t i = 0; i < n; i++)
-		t[i] = (token_t)(i < shared ? 77000000 + (int64_t)i : (int64_t)id * 1000000 + (int64_t)i);
+		t[i] = (token_t)(i < shared ? 77000000 + (int64_t)i
+		                            : (int64_t)id * 1000000 + (int64_t)i);
 	seqs[n_seqs++] = t;
 	return t;
 }
@@ -51,7 +52,7 @@ static int teardown_seqs(void **state)
 
 /* A router with n_backends backends of n_slots slots each, all up. */
 static struct router *mkrouter(enum reuse_mode mode, int n_backends, int n_slots, int ub,
-			       struct router_backend **bs)
+                               struct router_backend **bs)
 {
 	struct router *r = router_new(mode);
 	assert_non_null(r);
@@ -97,7 +98,7 @@ static struct route_choice serve_at(struct router *r, const token_t *t, size_t n
 }
 
 static enum route_status choose(struct router *r, const token_t *t, size_t n, int64_t now,
-				struct route_choice *c)
+                                struct route_choice *c)
 {
 	memset(c, 0, sizeof *c);
 	return router_choose(r, t, n, now, -1, c);
@@ -112,44 +113,46 @@ static void test_exact_reuse_table(void **state)
 		int ub;
 		size_t want;
 	} rows[] = {
-		{0, 0, 100, 512, 0},
-		{0, 2048, 3000, 512, 0},
-		{2048, 0, 3000, 512, 0},
-		{511, 1024, 2000, 512, 0},
-		{512, 1024, 2000, 512, 512},
-		{1000, 1024, 2000, 512, 512},
-		{1024, 1024, 2000, 512, 1024},
-		{2000, 1024, 3000, 512, 1024},
-		{1500, 2048, 3000, 512, 1024},
-		{3000, 2048, 3000, 512, 2048},
-		/* At least one token is left to evaluate. */
-		{2048, 2048, 2048, 512, 1536},
-		{2048, 2048, 2049, 512, 2048},
-		{5000, 5000, 1025, 512, 1024},
-		{5000, 5000, 1024, 512, 512},
-		{5000, 5000, 512, 512, 0},
-		{5000, 5000, 1, 512, 0},
-		/* n = 0: nothing to reuse. */
-		{100, 100, 0, 64, 0},
-		{0, 0, 0, 512, 0},
-		/* Other grids. */
-		{100, 100, 200, 64, 64},
-		{128, 128, 200, 64, 128},
-		{1117, 1117, 2000, 256, 1024},
-		{1117, 1117, 2000, 100, 1100},
-		{10, 10, 11, 1, 10},
-		{10, 10, 10, 1, 9},
-		{1, 1, 1, 1, 0},
-		/* No grid: no exact reuse. */
-		{1000, 1000, 2000, 0, 0},
-		{1000, 1000, 2000, -1, 0},
+	    {0, 0, 100, 512, 0},
+	    {0, 2048, 3000, 512, 0},
+	    {2048, 0, 3000, 512, 0},
+	    {511, 1024, 2000, 512, 0},
+	    {512, 1024, 2000, 512, 512},
+	    {1000, 1024, 2000, 512, 512},
+	    {1024, 1024, 2000, 512, 1024},
+	    {2000, 1024, 3000, 512, 1024},
+	    {1500, 2048, 3000, 512, 1024},
+	    {3000, 2048, 3000, 512, 2048},
+	    /* At least one token is left to evaluate. */
+	    {2048, 2048, 2048, 512, 1536},
+	    {2048, 2048, 2049, 512, 2048},
+	    {5000, 5000, 1025, 512, 1024},
+	    {5000, 5000, 1024, 512, 512},
+	    {5000, 5000, 512, 512, 0},
+	    {5000, 5000, 1, 512, 0},
+	    /* n = 0: nothing to reuse. */
+	    {100, 100, 0, 64, 0},
+	    {0, 0, 0, 512, 0},
+	    /* Other grids. */
+	    {100, 100, 200, 64, 64},
+	    {128, 128, 200, 64, 128},
+	    {1117, 1117, 2000, 256, 1024},
+	    {1117, 1117, 2000, 100, 1100},
+	    {10, 10, 11, 1, 10},
+	    {10, 10, 10, 1, 9},
+	    {1, 1, 1, 1, 0},
+	    /* No grid: no exact reuse. */
+	    {1000, 1000, 2000, 0, 0},
+	    {1000, 1000, 2000, -1, 0},
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-		size_t got = router_exact_reuse(rows[i].matched, rows[i].aligned, rows[i].n, rows[i].ub);
+		size_t got =
+		    router_exact_reuse(rows[i].matched, rows[i].aligned, rows[i].n, rows[i].ub);
 		if (got != rows[i].want)
-			fprintf(stderr, "row %zu: matched %zu aligned %zu n %zu ub %d: got %zu want %zu\n",
-				i, rows[i].matched, rows[i].aligned, rows[i].n, rows[i].ub, got,
-				rows[i].want);
+			fprintf(stderr,
+			        "row %zu: matched %zu aligned %zu n %zu ub %d: got %zu want %zu\n",
+			        i, rows[i].matched, rows[i].aligned, rows[i].n, rows[i].ub, got,
+			        rows[i].want);
 		assert_int_equal(got, rows[i].want);
 	}
 }
@@ -162,7 +165,8 @@ static void test_exact_reuse_invariants(void **state)
 		for (size_t n = 0; n <= 70; n++)
 			for (size_t matched = 0; matched <= 75; matched += 3)
 				for (size_t aligned = 0; aligned <= 75; aligned += 5) {
-					size_t got = router_exact_reuse(matched, aligned, n, ubs[u]);
+					size_t got =
+					    router_exact_reuse(matched, aligned, n, ubs[u]);
 					if (n == 0) {
 						assert_int_equal(got, 0);
 						continue;
@@ -205,7 +209,7 @@ static void test_rates(void **state)
 	struct router *r = mkrouter(REUSE_FAST, 1, 1, UB, &b);
 	/* Unmeasured: 500 tokens a second. */
 	assert_true(router_estimate_prefill_s(b, 1000) > 1.999 &&
-		    router_estimate_prefill_s(b, 1000) < 2.001);
+	            router_estimate_prefill_s(b, 1000) < 2.001);
 	assert_true(router_estimate_prefill_s(b, 0) == 0.0);
 	/* Tiny prefills and zero times are ignored. */
 	router_backend_note_prefill(b, 15, 1.0);
@@ -215,7 +219,7 @@ static void test_rates(void **state)
 	router_backend_note_prefill(b, 1000, 1000.0);
 	assert_true(b->prefill_tps > 999.9 && b->prefill_tps < 1000.1);
 	assert_true(router_estimate_prefill_s(b, 1000) > 0.999 &&
-		    router_estimate_prefill_s(b, 1000) < 1.001);
+	            router_estimate_prefill_s(b, 1000) < 1.001);
 	router_backend_note_prefill(b, 2000, 1000.0);
 	assert_true(b->prefill_tps > 1299.9 && b->prefill_tps < 1300.1);
 	router_backend_note_decode(b, 3, 10.0);
@@ -281,7 +285,8 @@ static void test_continuation_hits_exact(void **state)
 	assert_int_equal(c.matched, 1117);
 	assert_int_equal(c.reuse, 1024);
 	assert_int_equal(c.must_trim, 1);
-	assert_true(c.est_prefill_s > (676 / 500.0) - 1e-6 && c.est_prefill_s < (676 / 500.0) + 1e-6);
+	assert_true(c.est_prefill_s > (676 / 500.0) - 1e-6 &&
+	            c.est_prefill_s < (676 / 500.0) + 1e-6);
 
 	/* Served: trimmed to 1024, then 1700 held with 1536 on the grid. */
 	c = serve_at(r, conv(1, 1700), 1700, SEC(3));
@@ -1031,6 +1036,30 @@ static void test_forget(void **state)
 	router_free(r);
 }
 
+/* A server that empties its idle slots at every new task (self_cached):
+ * a request beginning on one slot leaves the others holding nothing. */
+static void test_self_cached_begin_forgets_the_others(void **state)
+{
+	struct router_backend *b;
+	struct router *r = mkrouter(REUSE_FAST, 1, 3, UB, &b);
+	struct router_slot *s0 = serve_at(r, conv(1, 1000), 1000, SEC(1)).slot;
+	struct router_slot *s1 = serve_at(r, conv(2, 1000), 1000, SEC(2)).slot;
+	assert_ptr_not_equal(s0, s1);
+	/* Not self-cached: beginning on one slot leaves the other alone. */
+	router_slot_begin(r, s1, SEC(3), 0.1);
+	router_slot_end(r, s1, SEC(3));
+	assert_int_equal(s0->n_tokens, 1000);
+	b->self_cached = 1;
+	router_slot_begin(r, s1, SEC(4), 0.1);
+	assert_int_equal(s0->n_tokens, 0);
+	assert_int_equal(s1->n_tokens, 1000); /* its own content stays */
+	router_slot_end(r, s1, SEC(4));
+	struct route_choice c;
+	assert_int_equal(choose(r, conv(1, 1200), 1200, SEC(5), &c), ROUTE_CHOSEN);
+	assert_string_equal(c.kind, "miss");
+	router_free(r);
+}
+
 static void test_same_content_two_slots(void **state)
 {
 	/* Two slots hold the same prompt: both are seen, and the request goes
@@ -1084,7 +1113,7 @@ static void test_two_backends_balance(void **state)
 	/* But a cache hit outweighs the load. */
 	r = mkrouter(REUSE_FAST, 2, 2, UB, bs);
 	assert_int_equal(router_slot_commit(r, slot_of(bs[0], 0), conv(1, 1000), 1000, 0, SEC(1)),
-			 0);
+	                 0);
 	router_slot_begin(r, slot_of(bs[0], 1), SEC(1), 1.0);
 	assert_int_equal(choose(r, conv(1, 1200), 1200, SEC(2), &c), ROUTE_CHOSEN);
 	assert_ptr_equal(c.slot, slot_of(bs[0], 0));
@@ -1098,7 +1127,8 @@ static void test_many_backends(void **state)
 	struct router_backend *bs[20];
 	struct router *r = mkrouter(REUSE_FAST, 20, 2, UB, bs);
 	struct route_choice c;
-	assert_int_equal(router_slot_commit(r, slot_of(bs[17], 1), conv(5, 800), 800, 0, SEC(1)), 0);
+	assert_int_equal(router_slot_commit(r, slot_of(bs[17], 1), conv(5, 800), 800, 0, SEC(1)),
+	                 0);
 	assert_int_equal(choose(r, conv(5, 900), 900, SEC(2), &c), ROUTE_CHOSEN);
 	assert_ptr_equal(c.slot, slot_of(bs[17], 1));
 	assert_int_equal(c.matched, 800);
@@ -1106,7 +1136,6 @@ static void test_many_backends(void **state)
 	assert_ptr_equal(c.slot->backend, bs[19]);
 	router_free(r);
 }
-
 
 /* Exact mode on a message schedule: a conversation's next turn reuses the
  * slot's rows up to its last answer's start, a slot made on another schedule
@@ -1123,7 +1152,7 @@ static void test_message_schedule(void **state)
 	struct route_choice c;
 	memset(&c, 0, sizeof c);
 	assert_int_equal(router_choose_sched(r, t2, 1005, turn1, 2, SEC(1), ~0ULL, &c),
-			 ROUTE_CHOSEN);
+	                 ROUTE_CHOSEN);
 	assert_int_equal(c.reuse, 0);
 	router_slot_begin(r, s, SEC(1), 0);
 	assert_int_equal(router_slot_commit_sched(r, s, t2, 1005, turn1, 2, 1005, SEC(2)), 0);
@@ -1139,21 +1168,21 @@ static void test_message_schedule(void **state)
 	/* Resend of turn 1: reuses 1000, no cut needed (the junk differs). */
 	memset(&c, 0, sizeof c);
 	assert_int_equal(router_choose_sched(r, t2, 1005, turn1, 2, SEC(3), ~0ULL, &c),
-			 ROUTE_CHOSEN);
+	                 ROUTE_CHOSEN);
 	assert_int_equal(c.matched, 1000);
 	assert_int_equal(c.reuse, 1000);
 	assert_int_equal(c.must_trim, 0);
 	/* Turn 2 (same first 1000 tokens): the same. */
 	memset(&c, 0, sizeof c);
 	assert_int_equal(router_choose_sched(r, t2, 1185, turn2, 4, SEC(3), ~0ULL, &c),
-			 ROUTE_CHOSEN);
+	                 ROUTE_CHOSEN);
 	assert_int_equal(c.reuse, 1000);
 	assert_int_equal(c.must_trim, 0);
 	/* The same tokens on llama-server's own schedule (the grid): only the
 	 * first full micro-batch is on both. */
 	memset(&c, 0, sizeof c);
 	assert_int_equal(router_choose_sched(r, t2, 1185, NULL, 0, SEC(3), ~0ULL, &c),
-			 ROUTE_CHOSEN);
+	                 ROUTE_CHOSEN);
 	assert_int_equal(c.reuse, 512);
 	assert_int_equal(c.must_trim, 1);
 	/* A grid commit over the message-schedule rows trusts none of them. */
@@ -1168,34 +1197,35 @@ static void test_message_schedule(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_teardown(test_exact_reuse_table, teardown_seqs),
-		cmocka_unit_test_teardown(test_exact_reuse_invariants, teardown_seqs),
-		cmocka_unit_test_teardown(test_mode_names, teardown_seqs),
-		cmocka_unit_test_teardown(test_rates, teardown_seqs),
-		cmocka_unit_test_teardown(test_continuation_hits_fast, teardown_seqs),
-		cmocka_unit_test_teardown(test_continuation_hits_exact, teardown_seqs),
-		cmocka_unit_test_teardown(test_partial_system_prompt, teardown_seqs),
-		cmocka_unit_test_teardown(test_miss_takes_empty_slot, teardown_seqs),
-		cmocka_unit_test_teardown(test_full_evicts_cold, teardown_seqs),
-		cmocka_unit_test_teardown(test_stale_hot_loses_value, teardown_seqs),
-		cmocka_unit_test_teardown(test_busy_prefers_free, teardown_seqs),
-		cmocka_unit_test_teardown(test_busy_wait_or_go_elsewhere, teardown_seqs),
-		cmocka_unit_test_teardown(test_exact_backend_busy, teardown_seqs),
-		cmocka_unit_test_teardown(test_no_backend, teardown_seqs),
-		cmocka_unit_test_teardown(test_rediscovered_with_other_slot_count, teardown_seqs),
-		cmocka_unit_test_teardown(test_only_backend, teardown_seqs),
-		cmocka_unit_test_teardown(test_backend_down_forgets, teardown_seqs),
-		cmocka_unit_test_teardown(test_set_slots_forgets, teardown_seqs),
-		cmocka_unit_test_teardown(test_commit_aligned, teardown_seqs),
-		cmocka_unit_test_teardown(test_commit_other_grids, teardown_seqs),
-		cmocka_unit_test_teardown(test_commit_hits, teardown_seqs),
-		cmocka_unit_test_teardown(test_must_trim, teardown_seqs),
-		cmocka_unit_test_teardown(test_truncate, teardown_seqs),
-		cmocka_unit_test_teardown(test_forget, teardown_seqs),
-		cmocka_unit_test_teardown(test_same_content_two_slots, teardown_seqs),
-		cmocka_unit_test_teardown(test_two_backends_balance, teardown_seqs),
-		cmocka_unit_test_teardown(test_many_backends, teardown_seqs),
-		cmocka_unit_test_teardown(test_message_schedule, teardown_seqs),
+	    cmocka_unit_test_teardown(test_exact_reuse_table, teardown_seqs),
+	    cmocka_unit_test_teardown(test_exact_reuse_invariants, teardown_seqs),
+	    cmocka_unit_test_teardown(test_mode_names, teardown_seqs),
+	    cmocka_unit_test_teardown(test_rates, teardown_seqs),
+	    cmocka_unit_test_teardown(test_continuation_hits_fast, teardown_seqs),
+	    cmocka_unit_test_teardown(test_continuation_hits_exact, teardown_seqs),
+	    cmocka_unit_test_teardown(test_partial_system_prompt, teardown_seqs),
+	    cmocka_unit_test_teardown(test_miss_takes_empty_slot, teardown_seqs),
+	    cmocka_unit_test_teardown(test_full_evicts_cold, teardown_seqs),
+	    cmocka_unit_test_teardown(test_stale_hot_loses_value, teardown_seqs),
+	    cmocka_unit_test_teardown(test_busy_prefers_free, teardown_seqs),
+	    cmocka_unit_test_teardown(test_busy_wait_or_go_elsewhere, teardown_seqs),
+	    cmocka_unit_test_teardown(test_exact_backend_busy, teardown_seqs),
+	    cmocka_unit_test_teardown(test_no_backend, teardown_seqs),
+	    cmocka_unit_test_teardown(test_rediscovered_with_other_slot_count, teardown_seqs),
+	    cmocka_unit_test_teardown(test_only_backend, teardown_seqs),
+	    cmocka_unit_test_teardown(test_backend_down_forgets, teardown_seqs),
+	    cmocka_unit_test_teardown(test_set_slots_forgets, teardown_seqs),
+	    cmocka_unit_test_teardown(test_commit_aligned, teardown_seqs),
+	    cmocka_unit_test_teardown(test_commit_other_grids, teardown_seqs),
+	    cmocka_unit_test_teardown(test_commit_hits, teardown_seqs),
+	    cmocka_unit_test_teardown(test_must_trim, teardown_seqs),
+	    cmocka_unit_test_teardown(test_self_cached_begin_forgets_the_others, teardown_seqs),
+	    cmocka_unit_test_teardown(test_truncate, teardown_seqs),
+	    cmocka_unit_test_teardown(test_forget, teardown_seqs),
+	    cmocka_unit_test_teardown(test_same_content_two_slots, teardown_seqs),
+	    cmocka_unit_test_teardown(test_two_backends_balance, teardown_seqs),
+	    cmocka_unit_test_teardown(test_many_backends, teardown_seqs),
+	    cmocka_unit_test_teardown(test_message_schedule, teardown_seqs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
