@@ -41,8 +41,10 @@ def run_config(quick, requests, tokens, np, cram, target, ubatch):
     tag = f"np{np}-cram{cram}-ub{ubatch}-{target}"
     mode, _, slots = target.partition("+")
     slot_dir = tempfile.mkdtemp(prefix="toki-bench-slots-") if slots else None
-    ls = th.LlamaServer(model=model_path(), slots=np, ctx=p["per_slot_ctx"], ubatch=ubatch,
-                        cache_ram=cram, name=f"bench-{tag}",
+    # np "auto": no -np, llama-server's default (4 slots, unified KV cache).
+    ls = th.LlamaServer(model=model_path(), slots=4 if np == "auto" else np,
+                        ctx=p["per_slot_ctx"], ubatch=ubatch, cache_ram=cram,
+                        name=f"bench-{tag}", np_flag=np != "auto",
                         extra=["--slot-save-path", slot_dir] if slot_dir else [])
     toki = None
     try:
@@ -356,3 +358,49 @@ def bench_e(quick):
     return {"limit": limit, "grid_limit": glimit, "bound_generated": gen, "bound_headers": hdr,
             "pivot": pivot,
             "runs": [r for r in runs if "slots" in r["target"]], "markdown": md}
+
+
+NW_TARGETS = ("direct", "fast", "exact", "fast+slots", "exact+slots")
+
+
+def bench_n(quick):
+    """Never worse than llama-server alone (issue 13, item 10): b's workload in
+    every -np (1, 2, 4, and llama-server's own default: no -np, 4 slots on a
+    unified KV cache) x --cache-ram (0, 8192) configuration, llama-server
+    alone beside toki fast and toki exact, each with and without slot files
+    (llama-server --slot-save-path and toki --slot-dir)."""
+    requests, tokens, _ = references(quick)
+    limit, _ = prefix_limit(tokens)
+    pivot, rows, runs = [], [], []
+    for np in (1, 2, 4, "auto"):
+        for cram in (0, 8192):
+            by = {}
+            for target in NW_TARGETS:
+                r = cached_run(quick, requests, tokens, np, cram, target, 512)
+                by[target] = r
+                runs.append(r)
+                rows.append([np, cram, label(target), r["evaluated"], r["evaluated"] / limit,
+                             r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
+                             r.get("reference", ""), *ident(r), r["failed_attempts"]])
+            a = by["direct"]
+            row = [np, cram, a["evaluated"]]
+            for target in NW_TARGETS[1:]:
+                row.append(f"{by[target]['evaluated']} ({by[target]['evaluated'] / a['evaluated']:.2f})")
+            row += [a["ttft_p50"] * 1000, by["fast"]["ttft_p50"] * 1000,
+                    by["fast+slots"]["ttft_p50"] * 1000,
+                    "yes" if by["fast"]["evaluated"] <= a["evaluated"] else "no",
+                    "yes" if by["fast+slots"]["evaluated"] <= a["evaluated"] else "no"]
+            pivot.append(row)
+    t1 = table(["-np", "--cache-ram", "llama-server alone", "toki fast", "toki exact",
+                "toki fast + slot files", "toki exact + slot files",
+                "TTFT p50 ms alone", "TTFT p50 ms fast", "TTFT p50 ms fast + slot files",
+                "fast <= alone", "fast + slot files <= alone"], pivot)
+    t2 = table(["-np", "--cache-ram", "path", "evaluated", "eval/limit", "TTFT p50 ms",
+                "TTFT p95 ms", "wall s", "reference", "text = reference",
+                "text and logprobs = reference", "failed attempts (retried)"], rows)
+    md = (f"### n. Never worse than llama-server alone\n\nb's workload (limit {limit}), "
+          f"-ub 512. Evaluated tokens (and their ratio to llama-server alone's) per "
+          f"configuration; \"auto\" is llama-server without -np (4 slots, unified KV cache, "
+          f"idle slots moved to its RAM cache when --cache-ram is on). Slot files: "
+          f"llama-server --slot-save-path DIR and toki --slot-dir DIR.\n\n{t1}\n\n{t2}\n")
+    return {"limit": limit, "pivot": pivot, "runs": runs, "markdown": md}

@@ -12,6 +12,8 @@
   g    cold cost of chunking: a cold ~8k-token, ~40-message agent prompt, TTFT
   h    concurrency: 4 agent sessions at once on one -np 4 backend
   i    interrupt + resend: a turn cancelled during generation / prefill, sent again
+  n    never worse: llama-server alone vs toki fast and exact, with and without slot
+       files, -np 1/2/4/default x --cache-ram 0/8192
 
 Prints markdown tables on stdout (progress on stderr) and writes everything it
 measured, per request, to the JSON file (and the tables next to it, .md).
@@ -50,7 +52,7 @@ def build_head():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("which", nargs="*", default=["all"],
-                    choices=["a", "b", "c", "d", "e", "g", "h", "i", "all"],
+                    choices=["a", "b", "c", "d", "e", "g", "h", "i", "n", "all"],
                     help="benchmarks to run (default all)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, a few minutes")
     ap.add_argument("--out", help="JSON results (default bench/results/DATE.json)")
@@ -68,7 +70,7 @@ def main():
     if args.build_head:
         args.toki = build_head()
         common.log(f"toki binary: {args.toki}")
-    which = ["a", "b", "c", "d", "e", "g", "h", "i"] if "all" in args.which else list(dict.fromkeys(args.which))
+    which = ["a", "b", "c", "d", "e", "g", "h", "i", "n"] if "all" in args.which else list(dict.fromkeys(args.which))
     if not os.access(args.toki, os.X_OK):
         sys.exit(f"no toki binary at {args.toki}: build it first "
                  "(cmake -S . -B build && cmake --build build -j2)")
@@ -104,7 +106,8 @@ def main():
     info["think_ms"] = args.think_ms
     fns = {"a": bench_a.bench_a, "b": bench_bc.bench_b, "c": bench_bc.bench_c,
            "d": bench_d.bench_d, "e": bench_bc.bench_e,
-           "g": bench_agent.bench_g, "h": bench_agent.bench_h, "i": bench_agent.bench_i}
+           "g": bench_agent.bench_g, "h": bench_agent.bench_h, "i": bench_agent.bench_i,
+           "n": bench_bc.bench_n}
 
     header = (f"## Toki Recur benchmarks{' (quick)' if args.quick else ''}\n\n"
               f"- date: {info['date']}\n- machine: {info.get('cpu')}, {info['cores']} cores, "
