@@ -284,17 +284,31 @@ static int self_cleared(struct backend *b, json_t *slots)
 {
 	size_t i;
 	json_t *js;
-	int cleared = 0;
+	int cleared = 0, kept = 0;
+	/* The slot that ran the latest task keeps its content. */
+	json_int_t latest = -1;
+	json_array_foreach(slots, i, js)
+	{
+		json_t *task = json_object_get(js, "id_task");
+		if (json_is_integer(task) && json_integer_value(task) > latest)
+			latest = json_integer_value(task);
+	}
 	json_array_foreach(slots, i, js)
 	{
 		struct router_slot *s = &b->rb->slots[i];
 		json_t *task = json_object_get(js, "id_task");
 		json_int_t n = json_integer_value(json_object_get(js, "n_prompt_tokens"));
-		if (!s->busy && s->n_tokens && n <= 0 && json_is_integer(task) &&
-		    json_integer_value(task) >= 0)
+		if (s->busy || !s->n_tokens || !json_is_integer(task) ||
+		    json_integer_value(task) < 0 || json_integer_value(task) == latest)
+			continue;
+		if (n <= 0)
 			cleared++;
+		else
+			kept++;
 	}
-	if (!cleared)
+	/* Every other idle slot emptied, not one here and there (a client
+	 * erasing a slot by hand). */
+	if (!cleared || kept)
 		return 0;
 	if (!b->rb->self_cached) {
 		b->rb->self_cached = 1;
