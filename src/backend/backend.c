@@ -161,6 +161,10 @@ static const struct backend_call_handlers models_handlers = {.on_done = on_model
                                                              .on_error = on_discovery_error};
 static const struct backend_call_handlers slots_handlers = {.on_done = on_slots_done,
                                                             .on_error = on_discovery_error};
+static void on_save_probe_done(struct backend_call *call, int status, const char *body, size_t len,
+                               void *arg);
+static const struct backend_call_handlers save_probe_handlers = {.on_done = on_save_probe_done,
+                                                                 .on_error = on_discovery_error};
 
 static void on_props_done(struct backend_call *call, int status, const char *body, size_t len,
                           void *arg)
@@ -232,6 +236,35 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 	 * one for tokenizing leaves it a thread for everyone else; 64 clients
 	 * through toki stalled for minutes when every call had its own. */
 	backend_http_set_max_connections(b->http, n + 1);
+	if (!b->d->cfg.slot_dir) {
+		/* Does it have a --slot-save-path toki could save into? A restore
+		 * of a name llama-server refuses before it looks at the slot
+		 * tells, without touching anything: 501 without one, 400 with. */
+		static const char probe[] = "{\"filename\":\"../toki-probe\"}";
+		b->health_call =
+		    backend_call_start(b->http, "POST", "/slots/0?action=restore", probe,
+		                       sizeof probe - 1, &save_probe_handlers, b);
+	} else {
+		b->health_call =
+		    backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
+	}
+	if (!b->health_call)
+		discovery_failed(b, "out of memory");
+}
+
+static void on_save_probe_done(struct backend_call *call, int status, const char *body, size_t len,
+                               void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	int can = status == 400;
+	if (can && !b->rb->can_save)
+		log_info("backend %s has a --slot-save-path: toki saves a conversation it evicts "
+		         "there, under at most %d file names (toki-<settings>-n<k>.bin), and "
+		         "restores it when it comes back. With --slot-dir <that folder> toki "
+		         "would also check, compress and keep them across its restarts",
+		         b->rb->url, SLOT_REMOTE_NAMES_PER_SLOT * b->rb->n_slots);
+	b->rb->can_save = can;
 	b->health_call =
 	    backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
 	if (!b->health_call)

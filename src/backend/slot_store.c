@@ -46,7 +46,7 @@ static int hash_file(const char *path, char hex[33])
 	if (!buf || n < 0)
 		return -1;
 	snprintf(hex, 33, "%016llx%016llx", (unsigned long long)h.high64,
-		 (unsigned long long)h.low64);
+	         (unsigned long long)h.low64);
 	return 0;
 }
 
@@ -81,10 +81,10 @@ static int model_hash(const char *path, char hex[33])
 		return -1;
 	}
 	log_info("hashed %s (%lld bytes) in %.0f ms", path, (long long)st.st_size,
-		 (double)(clock_now_us() - t0) / 1000.0);
+	         (double)(clock_now_us() - t0) / 1000.0);
 	json_object_set_new(all, path,
-			    json_pack("{s:s, s:I, s:I}", "hash", hex, "size", (json_int_t)st.st_size,
-				      "mtime", (json_int_t)st.st_mtime));
+	                    json_pack("{s:s, s:I, s:I}", "hash", hex, "size",
+	                              (json_int_t)st.st_size, "mtime", (json_int_t)st.st_mtime));
 	char dir[4096], tmp[4200];
 	if (paths_state_dir(dir, sizeof dir) == 0 && paths_mkdir_p(dir, 0700) == 0) {
 		snprintf(tmp, sizeof tmp, "%s.%d.tmp", cache, (int)getpid());
@@ -105,9 +105,9 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 		/* A remote model file: its path is all that can be known. */
 		snprintf(model_id, sizeof model_id, "path:%s", model_path ? model_path : "?");
 	json_t *fp = json_pack("{s:s, s:s, s:i, s:i, s:s}", "model", model_id, "build",
-			       b->build_info ? b->build_info : "?", "n_ctx_slot", b->rb->n_ctx_slot,
-			       "n_ubatch", b->rb->n_ubatch, "kv_settings",
-			       d->cfg.kv_settings ? d->cfg.kv_settings : "");
+	                       b->build_info ? b->build_info : "?", "n_ctx_slot", b->rb->n_ctx_slot,
+	                       "n_ubatch", b->rb->n_ubatch, "kv_settings",
+	                       d->cfg.kv_settings ? d->cfg.kv_settings : "");
 	char *s = json_dumps(fp, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(fp);
 	unsigned char dig[SHA256_DIGEST_LENGTH];
@@ -164,8 +164,8 @@ static int zstd_copy(const char *src, const char *dst, int level, char hex[33])
 		for (;;) {
 			ZSTD_outBuffer zout = {ob, outz, 0};
 			size_t r = cc ? ZSTD_compressStream2(cc, &zout, &zin,
-							     last ? ZSTD_e_end : ZSTD_e_continue)
-				      : ZSTD_decompressStream(dc, &zout, &zin);
+			                                     last ? ZSTD_e_end : ZSTD_e_continue)
+			              : ZSTD_decompressStream(dc, &zout, &zin);
 			if (ZSTD_isError(r) || fwrite(ob, 1, zout.pos, out) != zout.pos) {
 				ok = 0;
 				break;
@@ -198,7 +198,7 @@ static int zstd_copy(const char *src, const char *dst, int level, char hex[33])
 	if (ok && hex) {
 		XXH128_hash_t h = XXH3_128bits_digest(st);
 		snprintf(hex, 33, "%016llx%016llx", (unsigned long long)h.high64,
-			 (unsigned long long)h.low64);
+		         (unsigned long long)h.low64);
 	}
 	XXH3_freeState(st);
 	ZSTD_freeCCtx(cc);
@@ -214,6 +214,12 @@ static int zstd_copy(const char *src, const char *dst, int level, char hex[33])
 
 void slot_store_delete(struct daemon *d, struct router_saved *e)
 {
+	if (!d->cfg.slot_dir) {
+		/* The server's own folder: the file stays until its name is
+		 * used again (slot_store_save), which bounds what it takes. */
+		router_saved_remove(d->router, e);
+		return;
+	}
 	char path[4200];
 	const char *exts[] = {".bin", ".zst", ".json"};
 	for (int i = 0; i < 3; i++) {
@@ -257,10 +263,10 @@ static int write_sidecar(struct daemon *d, struct router_saved *e, const char *c
 	json_t *toks = json_array();
 	for (size_t i = 0; i < e->n_tokens; i++)
 		json_array_append_new(toks, json_integer(e->tokens[i]));
-	json_t *o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:o}", "version", 1, "fingerprint",
-			      e->fingerprint, "xxh128", checksum, "bytes", (json_int_t)e->bytes,
-			      "n_tokens", (json_int_t)e->n_tokens, "aligned", (json_int_t)e->aligned,
-			      "hits", (int)e->hits, "tokens", toks);
+	json_t *o = json_pack("{s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:o}", "version", 1,
+	                      "fingerprint", e->fingerprint, "xxh128", checksum, "bytes",
+	                      (json_int_t)e->bytes, "n_tokens", (json_int_t)e->n_tokens, "aligned",
+	                      (json_int_t)e->aligned, "hits", (int)e->hits, "tokens", toks);
 	json_object_set_new(o, "compressed", json_boolean(e->compressed));
 	/* The schedule the rows were computed on (exact mode's chunk starts;
 	 * none: the grid). */
@@ -312,8 +318,38 @@ static void save_finish(struct save_op *op, struct router_saved *e)
 	free(op);
 }
 
+/* A save into the server's own folder (no --slot-dir): toki cannot see the
+ * file, so it keeps what the server said it wrote, and no index on disk. */
+static void save_remote_done(struct save_op *op, long long written, double ms)
+{
+	struct daemon *d = op->d;
+	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
+	struct router_saved *e =
+	    router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens, op->n_tokens,
+	                            op->aligned, (uint64_t)written, op->hits, clock_now_us());
+	if (e && router_saved_set_bounds(e, op->bounds, op->n_bounds) != 0)
+		e->aligned = 0; /* out of memory: the rows' schedule is unknown */
+	if (e) {
+		e->verified = 1;
+		snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->fingerprint);
+		struct router_slot *s = op->slot;
+		if (s->n_tokens == op->n_tokens &&
+		    !memcmp(s->tokens, op->tokens, op->n_tokens * sizeof *op->tokens))
+			s->saved = e;
+		d->stats.saves++;
+		log_info("saved slot %d as %s in the server's folder (%zu tokens, %lld bytes, "
+		         "%.1f ms)",
+		         op->slot->id, e->name, e->n_tokens, written,
+		         (double)(clock_now_us() - op->t0) / 1000.0);
+		e->pinned++;
+		daemon_saved_enforce_budget(d);
+		e->pinned--;
+	}
+	save_finish(op, e);
+}
+
 static void on_save_done(struct backend_call *call, int status, const char *body, size_t len,
-			 void *arg)
+                         void *arg)
 {
 	struct save_op *op = arg;
 	struct daemon *d = op->d;
@@ -322,17 +358,21 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	long long written = json_integer_value(json_object_get(o, "n_written"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "save_ms"));
 	json_decref(o);
+	if (o && !d->cfg.slot_dir) {
+		save_remote_done(op, written, ms);
+		return;
+	}
 	char part[4200], bin[4200];
 	dir_path(d, op->name, ".part", part, sizeof part);
 	dir_path(d, op->name, ".bin", bin, sizeof bin);
 	if (!o) {
 		if (status == 501) {
 			log_warn("backend %s has no --slot-save-path: slot files are off for it",
-				 op->b->rb->url);
+			         op->b->rb->url);
 			op->b->rb->can_save = 0;
 		} else {
 			log_warn("saving slot %d failed (%d): %.*s", op->slot->id, status,
-				 (int)(len > 200 ? 200 : len), body);
+			         (int)(len > 200 ? 200 : len), body);
 		}
 		unlink(part);
 		save_finish(op, NULL);
@@ -348,8 +388,8 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	ok = ok && hash_file(part, sum) == 0 && rename(part, bin) == 0;
 	if (!ok) {
 		log_warn("slot file %s could not be finished (%s); is --slot-dir the backend's "
-			 "--slot-save-path?",
-			 part, strerror(errno));
+		         "--slot-save-path?",
+		         part, strerror(errno));
 		unlink(part);
 		save_finish(op, NULL);
 		return;
@@ -370,9 +410,9 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	}
 	fsync_dir(d->cfg.slot_dir);
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
-	struct router_saved *e = router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens,
-							 op->n_tokens, op->aligned, stored, op->hits,
-							 clock_now_us());
+	struct router_saved *e =
+	    router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens, op->n_tokens,
+	                            op->aligned, stored, op->hits, clock_now_us());
 	if (e && router_saved_set_bounds(e, op->bounds, op->n_bounds) != 0)
 		e->aligned = 0; /* out of memory: the rows' schedule is unknown */
 	if (e) {
@@ -400,7 +440,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	fsync_dir(d->cfg.slot_dir);
 	d->stats.saves++;
 	log_info("saved slot %d as %s (%zu tokens, %lld bytes, %.1f ms)", op->slot->id, e->name,
-		 e->n_tokens, written, (double)(clock_now_us() - op->t0) / 1000.0);
+	         e->n_tokens, written, (double)(clock_now_us() - op->t0) / 1000.0);
 	/* Older states make room first; a state larger than the whole cap
 	 * does not stay. */
 	e->pinned++;
@@ -409,7 +449,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	if (d->router->saved_bytes > d->cfg.slot_disk_bytes) {
 		d->stats.saved_evictions++;
 		log_info("slot file %s evicted (%llu bytes): larger than the disk cap", e->name,
-			 (unsigned long long)e->bytes);
+		         (unsigned long long)e->bytes);
 		slot_store_delete(d, e);
 		e = NULL;
 	}
@@ -424,14 +464,43 @@ static void on_save_error(struct backend_call *call, enum backend_error err, voi
 }
 
 static const struct backend_call_handlers save_handlers = {
-	.on_done = on_save_done,
-	.on_error = on_save_error,
+    .on_done = on_save_done,
+    .on_error = on_save_error,
 };
 
-int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
-		    slot_store_done_fn done, void *arg)
+/* Without --slot-dir toki saves into the server's --slot-save-path, which
+ * it cannot list or clean: it uses at most SLOT_REMOTE_NAMES_PER_SLOT names
+ * a slot, per backend and settings, and a new save takes a free name or
+ * the least valuable state's (its file is then overwritten). A toki that
+ * starts again with the same settings uses the same names, so the folder
+ * never holds more than that many of toki's files. */
+static void remote_name(struct daemon *d, struct backend *b, char *out, size_t n)
 {
-	if (!d->cfg.slot_dir || !b->rb->can_save || !s->n_tokens)
+	int names = SLOT_REMOTE_NAMES_PER_SLOT * (b->rb->n_slots > 0 ? b->rb->n_slots : 1);
+	for (int k = 0; k < names; k++) {
+		snprintf(out, n, "toki-%.12s-n%d", b->fingerprint, k);
+		if (!router_saved_find(d->router, out))
+			return;
+	}
+	struct router_saved *victim = router_saved_victim_on(d->router, b->rb);
+	if (victim) {
+		snprintf(out, n, "%s", victim->name);
+		d->stats.saved_evictions++;
+		router_saved_remove(d->router, victim);
+		return;
+	}
+	/* Every name is being restored or written right now: take the first;
+	 * the state that had it is forgotten first, as its file changes. */
+	snprintf(out, n, "toki-%.12s-n0", b->fingerprint);
+	struct router_saved *e = router_saved_find(d->router, out);
+	if (e)
+		router_saved_remove(d->router, e);
+}
+
+int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
+                    slot_store_done_fn done, void *arg)
+{
+	if (!b->rb->can_save || !s->n_tokens)
 		return -1;
 	struct save_op *op = calloc(1, sizeof *op);
 	if (!op)
@@ -460,18 +529,22 @@ int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
 		}
 	}
 	op->hits = s->hits;
-	snprintf(op->name, sizeof op->name, "toki-%.12s-%llx-%llx", b->fingerprint,
-		 (unsigned long long)d->started_us, (unsigned long long)++d->save_counter);
+	if (d->cfg.slot_dir)
+		snprintf(op->name, sizeof op->name, "toki-%.12s-%llx-%llx", b->fingerprint,
+		         (unsigned long long)d->started_us, (unsigned long long)++d->save_counter);
+	else
+		remote_name(d, b, op->name, sizeof op->name);
 	char path[64], filename[128];
 	snprintf(path, sizeof path, "/slots/%d?action=save", s->id);
-	snprintf(filename, sizeof filename, "%s.part", op->name);
+	/* Into toki's own folder as a .part, renamed once checked; into the
+	 * server's, straight under its name (toki cannot rename it there). */
+	snprintf(filename, sizeof filename, "%s%s", op->name, d->cfg.slot_dir ? ".part" : ".bin");
 	json_t *req = json_pack("{s:s}", "filename", filename);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	struct backend_call *call =
-		body ? backend_call_start(b->http, "POST", path, body, strlen(body), &save_handlers,
-					  op)
-		     : NULL;
+	    body ? backend_call_start(b->http, "POST", path, body, strlen(body), &save_handlers, op)
+	         : NULL;
 	free(body);
 	if (!call) {
 		free(op->tokens);
@@ -499,6 +572,8 @@ static json_t *read_sidecar(struct daemon *d, const char *name)
 
 int slot_store_verify(struct daemon *d, struct router_saved *e)
 {
+	if (!d->cfg.slot_dir)
+		return 0; /* out of sight: the server's restore says if it is gone */
 	char bin[4200], stored[4200];
 	dir_path(d, e->name, ".bin", bin, sizeof bin);
 	dir_path(d, e->name, e->compressed ? ".zst" : ".bin", stored, sizeof stored);
@@ -531,7 +606,7 @@ int slot_store_verify(struct daemon *d, struct router_saved *e)
 
 void slot_store_restored(struct daemon *d, struct router_saved *e)
 {
-	if (!e->compressed)
+	if (!e->compressed || !d->cfg.slot_dir)
 		return;
 	char bin[4200];
 	dir_path(d, e->name, ".bin", bin, sizeof bin);
@@ -567,11 +642,12 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 		char data_path[4200];
 		struct stat ds;
 		dir_path(d, name, json_is_true(json_object_get(o, "compressed")) ? ".zst" : ".bin",
-			 data_path, sizeof data_path);
-		int fits = lstat(data_path, &ds) == 0 && S_ISREG(ds.st_mode) &&
-			   json_integer_value(json_object_get(o, "bytes")) == (json_int_t)ds.st_size &&
-			   json_integer_value(json_object_get(o, "aligned")) >= 0 &&
-			   (size_t)json_integer_value(json_object_get(o, "aligned")) <= n;
+		         data_path, sizeof data_path);
+		int fits =
+		    lstat(data_path, &ds) == 0 && S_ISREG(ds.st_mode) &&
+		    json_integer_value(json_object_get(o, "bytes")) == (json_int_t)ds.st_size &&
+		    json_integer_value(json_object_get(o, "aligned")) >= 0 &&
+		    (size_t)json_integer_value(json_object_get(o, "aligned")) <= n;
 		if (!o || !fp || strcmp(fp, b->fingerprint) != 0 || !n || !fits ||
 		    (size_t)json_integer_value(json_object_get(o, "n_tokens")) != n) {
 			/* Made under another model, build or KV setting (or
@@ -580,10 +656,10 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 			if (d->n_backends == 1) {
 				char path[4200];
 				log_warn("slot file %s does not match this backend (%s): discarded",
-					 name,
-					 !o    ? "unreadable index"
-					 : !fits ? "its index does not describe the file"
-						 : "fingerprint differs");
+				         name,
+				         !o      ? "unreadable index"
+				         : !fits ? "its index does not describe the file"
+				                 : "fingerprint differs");
 				dir_path(d, name, ".json", path, sizeof path);
 				unlink(path);
 				dir_path(d, name, ".bin", path, sizeof path);
@@ -601,11 +677,11 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 			for (size_t i = 0; i < n; i++)
 				t[i] = (token_t)json_integer_value(json_array_get(toks, i));
 			struct router_saved *e = router_saved_add_tokens(
-				d->router, b->rb, name, t, n,
-				(size_t)json_integer_value(json_object_get(o, "aligned")),
-				(uint64_t)json_integer_value(json_object_get(o, "bytes")),
-				(unsigned)json_integer_value(json_object_get(o, "hits")),
-				clock_now_us());
+			    d->router, b->rb, name, t, n,
+			    (size_t)json_integer_value(json_object_get(o, "aligned")),
+			    (uint64_t)json_integer_value(json_object_get(o, "bytes")),
+			    (unsigned)json_integer_value(json_object_get(o, "hits")),
+			    clock_now_us());
 			if (e && load_bounds(e, json_object_get(o, "bounds")) != 0)
 				e->aligned = 0;
 			if (e) {
@@ -620,28 +696,30 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 	closedir(dir);
 	if (loaded || dropped)
 		log_info("slot files: %d states indexed from %s, %d discarded", loaded,
-			 d->cfg.slot_dir, dropped);
+		         d->cfg.slot_dir, dropped);
 	daemon_saved_enforce_budget(d);
 }
 
 void slot_store_backend_ready(struct daemon *d, struct backend *b, const char *model_path)
 {
 	compute_fingerprint(d, b, model_path);
-	if (!d->cfg.slot_dir || !b->rb->can_save)
+	if (!b->rb->can_save)
 		return;
 	/* States of this backend made under other settings (it came back with
 	 * another model or context) are dropped. */
 	struct router_saved *e = d->router->saved_head;
 	while (e) {
 		struct router_saved *next = e->next;
-		if (e->backend == b->rb && strcmp(e->fingerprint, b->fingerprint) != 0 && !e->pinned) {
+		if (e->backend == b->rb && strcmp(e->fingerprint, b->fingerprint) != 0 &&
+		    !e->pinned) {
 			log_warn("slot file %s was made under other settings: discarded", e->name);
 			d->stats.discarded_files++;
 			slot_store_delete(d, e);
 		}
 		e = next;
 	}
-	load_from_disk(d, b);
+	if (d->cfg.slot_dir)
+		load_from_disk(d, b);
 }
 
 /* ---- idle and shutdown saves ---- */

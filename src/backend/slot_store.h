@@ -8,9 +8,18 @@
  * llama-server build, the context per slot, the micro-batch size and the KV
  * settings toki started the server with). A state is restored only into a
  * backend with the same fingerprint, after its size and (once per daemon
- * run) its checksum were checked; anything else is deleted, never loaded. */
+ * run) its checksum were checked; anything else is deleted, never loaded.
+ *
+ * Without --slot-dir toki cannot see the server's folder, but a server
+ * started with --slot-save-path still saves and restores by name: toki then
+ * saves a slot it evicts there under one of a bounded set of names (see
+ * slot_store.c, remote_name), keeps their index in memory only, and checks
+ * nothing but what the server answers. */
 #ifndef TOKI_SLOT_STORE_H
 #define TOKI_SLOT_STORE_H
+
+/* Names a slot may use in a server's folder toki cannot see. */
+#define SLOT_REMOTE_NAMES_PER_SLOT 2
 
 struct daemon;
 struct backend;
@@ -23,7 +32,7 @@ typedef void (*slot_store_done_fn)(struct router_saved *saved, void *arg);
  * new state, or NULL when the save failed. 0, or -1 when nothing started
  * (done is then not called). */
 int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
-		    slot_store_done_fn done, void *arg);
+                    slot_store_done_fn done, void *arg);
 /* Checks a state before it is restored (and expands a compressed one to
  * <name>.bin for the server). 0, or -1 after deleting it. */
 int slot_store_verify(struct daemon *d, struct router_saved *e);

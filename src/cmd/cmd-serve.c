@@ -643,12 +643,12 @@ int cmd_serve(int argc, char **argv)
 	         d.n_backends, d.n_backends == 1 ? "" : "s");
 	if (!d.cfg.slot_dir)
 		/* Said once: the one server flag that changes what toki can do. */
-		log_info(
-		    "no --slot-dir: a conversation whose slot another one takes is recomputed "
-		    "when it comes back (or loaded from llama-server's own --cache-ram, which toki "
-		    "cannot see into, so exact mode recomputes it). Start llama-server with "
-		    "--slot-save-path DIR and toki with --slot-dir DIR to save and restore them "
-		    "(docs/benchmarks.md, e)");
+		log_info("no --slot-dir: a conversation whose slot another one takes is recomputed "
+		         "when it comes back, unless its server has a --slot-save-path (toki then "
+		         "uses it within a few names) or loads it from its own --cache-ram (which "
+		         "toki cannot see into, so exact mode recomputes it). Start llama-server "
+		         "with -np N --slot-save-path DIR and toki with --slot-dir DIR to save, "
+		         "check and keep them (docs/benchmarks.md, e and n)");
 	if (m.model)
 		write_serve_info(&m, &d);
 	/* Tests and scripts read the chosen port from this line. */

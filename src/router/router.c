@@ -888,6 +888,11 @@ int router_slot_restored(struct router *r, struct router_slot *s, struct router_
 
 struct router_saved *router_saved_victim(struct router *r)
 {
+	return router_saved_victim_on(r, NULL);
+}
+
+struct router_saved *router_saved_victim_on(struct router *r, const struct router_backend *b)
+{
 	/* The least valuable goes first: value is the prefill a file saves per
 	 * byte it takes, more for a state that was restored before, halving
 	 * with every hour unused. A state in use is skipped. */
@@ -898,7 +903,7 @@ struct router_saved *router_saved_victim(struct router *r)
 		if (e->last_used_us > now)
 			now = e->last_used_us;
 	for (struct router_saved *e = r->saved_tail; e; e = e->prev) {
-		if (e->pinned)
+		if (e->pinned || (b && e->backend != b))
 			continue;
 		double age_h = (double)(now - e->last_used_us) / 3.6e9;
 		double value = (double)e->n_tokens / (double)(e->bytes ? e->bytes : 1) *

@@ -224,6 +224,8 @@ int router_slot_restored(struct router *r, struct router_slot *s, struct router_
 void router_saved_remove(struct router *r, struct router_saved *e);
 /* The least valuable saved state that may be evicted, or NULL. */
 struct router_saved *router_saved_victim(struct router *r);
+/* The same among one backend's states (b NULL: any backend's). */
+struct router_saved *router_saved_victim_on(struct router *r, const struct router_backend *b);
 void router_backend_note_restore(struct router_backend *b, uint64_t bytes, double ms);
 void router_backend_note_save(struct router_backend *b, uint64_t bytes, double ms);
 

@@ -173,6 +173,57 @@ class DefaultSlots(unittest.TestCase):
         self.assertGreater(r["timings"]["cache_n"], 200, r["timings"])
 
 
+class SlotSavePathOnly(unittest.TestCase):
+    """Item 10: a server started with --slot-save-path, toki without
+    --slot-dir. toki cannot see that folder, but the server saves and
+    restores by name: toki saves the conversations it evicts there, under a
+    bounded set of names, and restores them when they come back; the answer
+    is still the uncached one (exact mode). On main toki never saved."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="toki-server-slots-")
+        self.llama = th.LlamaServer(slots=1, extra=["--slot-save-path", self.dir])
+        self.toki = th.Toki([self.llama])
+
+    def tearDown(self):
+        self.toki.kill(signal.SIGTERM)
+        self.llama.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def conversation(self, i):
+        return [{"role": "system", "content": f"Story {i}: Lily and her dog Max, day {i}. " * 30},
+                {"role": "user", "content": "Tell me a story about Lily."}]
+
+    def test_evicted_conversations_come_back_from_the_servers_folder(self):
+        self.toki.wait_log("has a --slot-save-path")
+        st, first = self.toki.chat(self.conversation(0), max_tokens=4, logprobs=True)
+        self.assertEqual(st, 200, first)
+        saves = 0
+        # Each new conversation takes the only slot: the one before is saved.
+        for i in range(1, 6):
+            st, r = self.toki.chat(self.conversation(i), max_tokens=4)
+            self.assertEqual(st, 200, r)
+            saves += 1
+            deadline = time.time() + 30
+            while self.toki.stats()["saves"] < saves:
+                self.assertLess(time.time(), deadline, self.toki.log_text())
+                time.sleep(0.02)
+        # The last conversation comes back: restored, not recomputed.
+        st, again = self.toki.chat(self.conversation(4), max_tokens=4, logprobs=True)
+        self.assertEqual(st, 200, again)
+        self.assertEqual(again["cache"]["route"], "disk", again["cache"])
+        self.assertRegex(again["cache"]["restored"], r"^toki-[0-9a-f]+-n[01]$")
+        st, raw = self.toki.chat(self.conversation(4), max_tokens=4, logprobs=True,
+                                 cache_prompt=False)
+        self.assertEqual(st, 200, raw)
+        self.assertEqual(again["choices"][0], raw["choices"][0])
+        # Six saves, never more than two names (one slot) in the folder.
+        files = sorted(os.listdir(self.dir))
+        self.assertLessEqual(len(files), 2, files)
+        for f in files:
+            self.assertRegex(f, r"^toki-[0-9a-f]+-n[01]\.bin$")
+
+
 class Cors(unittest.TestCase):
     """Item 5: browsers' preflights, answered as llama-server answers them."""
 
