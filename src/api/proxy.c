@@ -791,6 +791,41 @@ static void end_slot(struct proxy_req *pr)
 
 static int start_tail_cut(struct proxy_req *pr);
 
+/* Fast mode leaves the slot to a server that loads states from its RAM
+ * cache only into a slot it picks itself (router.h, self_cached), and to
+ * one that has such a cache when toki has no slot files for it (ram_cache):
+ * what toki evicts goes to that RAM, which toki cannot see, so the server's
+ * own choice is the better one. Exact mode always picks: its steps need
+ * one slot. */
+static int server_picks_slot(const struct proxy_req *pr)
+{
+	const struct router_backend *b = pr->slot ? pr->slot->backend : NULL;
+	return b && !exact_mode(pr) && pr->routable &&
+	       (b->self_cached || (b->ram_cache && !b->can_save));
+}
+
+/* The server reused more of the prompt than the slot could lend (what it
+ * matched, and past a whole match the last answer's tokens): it loaded a
+ * state of its RAM cache into the slot. Said once per backend. */
+static void note_ram_load(struct proxy_req *pr, const struct router_slot *s)
+{
+	struct router_backend *b = s->backend;
+	size_t could = pr->choice.matched;
+	if (could && could >= s->n_tokens)
+		could = s->n_tokens + s->generated + 1;
+	/* A few tokens more (a BOS, a header toki did not count) are no load. */
+	if (b->ram_cache || pr->cache_n <= (long long)could + 32)
+		return;
+	b->ram_cache = 1;
+	log_info("backend %s loaded a state from its RAM cache into slot %d (it reused %lld "
+	         "tokens, the slot could lend %zu): it has --cache-ram on. %s",
+	         b->url, s->id, pr->cache_n, could,
+	         b->can_save ? "toki keeps choosing slots: its slot files do more"
+	                     : "Without slot files toki lets it pick slots from now on (fast "
+	                       "mode), as it does alone; --slot-save-path and --slot-dir would "
+	                       "let toki do better");
+}
+
 /* The slot's KV now holds what this request sent, if the backend's own count
  * agrees with ours; otherwise what it holds is unknown. */
 static void commit_slot(struct proxy_req *pr, int success)
@@ -810,13 +845,18 @@ static void commit_slot(struct proxy_req *pr, int success)
 			if ((size_t)pr->cache_n != pr->plan.final_cache)
 				log_warn("exact mode: backend reused %lld tokens, expected %zu",
 				         pr->cache_n, pr->plan.final_cache);
-		} else if (s->backend->self_cached) {
-			/* The server picked its own slot, and will empty it into
-			 * its RAM cache at the next task: nothing here to know. */
+		} else if (server_picks_slot(pr)) {
+			/* The server picked its own slot: nothing here to know. */
 			router_slot_forget(d->router, s);
 		} else if (n_server == (long long)pr->n_tokens) {
+			note_ram_load(pr, s);
+			if (pr->cache_n < (long long)pr->choice.reuse && pr->backend)
+				/* The slot held less than toki knew: emptied by the
+				 * server itself? (backend.c, self_cleared) */
+				backend_check_slots_now(pr->backend);
 			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens,
 			                   (size_t)pr->cache_n, now);
+			s->generated = pr->predicted_n > 0 ? (size_t)pr->predicted_n : 0;
 		} else {
 			log_warn("slot %d: backend counted %lld prompt tokens, toki %zu; "
 			         "forgetting slot",
@@ -1464,9 +1504,7 @@ static const struct backend_call_handlers forward_handlers = {
 static void forward(struct proxy_req *pr)
 {
 	pr->state = PS_FORWARD;
-	if (pr->slot && !exact_mode(pr) && pr->slot->backend->self_cached) {
-		/* The server loads from its RAM cache only into a slot it picks
-		 * itself (router.h, self_cached): let it. */
+	if (server_picks_slot(pr)) {
 		json_object_del(pr->body, "id_slot");
 	} else if (pr->slot) {
 		json_object_set_new(pr->body, "id_slot", json_integer(pr->slot->id));
@@ -2534,7 +2572,7 @@ static int local_chat(struct proxy_req *pr, struct backend *b)
 		return 0;
 	}
 	free(pr->bounds);
-	pr->n_bounds = sched_merge(st.pos, st.answer, st.n, SCHED_MIN_CHUNK);
+	pr->n_bounds = sched_chunks(&st.pos, st.answer, st.n);
 	pr->bounds = st.pos;
 	free(st.answer);
 	take_tokens(pr, b, &t, 1);
@@ -2790,6 +2828,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 		json_t *e = json_array_get(bs, (size_t)i);
 		json_object_set_new(e, "discoveries", json_integer(b->rb->discoveries));
 		json_object_set_new(e, "self_cached", json_boolean(b->rb->self_cached));
+		json_object_set_new(e, "ram_cache", json_boolean(b->rb->ram_cache));
 		struct prompt_engine_stats ps = {0};
 		if (b->prompt)
 			prompt_engine_get_stats(b->prompt, &ps);

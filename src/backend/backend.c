@@ -345,6 +345,8 @@ static int self_cleared(struct backend *b, json_t *slots)
 		return 0;
 	if (!b->rb->self_cached) {
 		b->rb->self_cached = 1;
+		/* toki cannot choose the slot there: no slot files either. */
+		b->rb->can_save = 0;
 		log_warn(
 		    "backend %s empties its idle slots into its RAM cache at every new task: "
 		    "its slots share one KV cache (llama-server started without -np). toki lets "
@@ -467,6 +469,13 @@ void backend_start(struct backend *b)
 {
 	b->health_timer = evtimer_new(b->d->base, health_tick, b);
 	health_tick(-1, 0, b);
+}
+
+void backend_check_slots_now(struct backend *b)
+{
+	if (b->health_call || b->discovering || !b->rb->up)
+		return; /* a check is out, or discovery will look anyway */
+	b->health_call = backend_call_start(b->http, "GET", "/slots", NULL, 0, &health_handlers, b);
 }
 
 void backend_expect_restart(struct backend *b)

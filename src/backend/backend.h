@@ -21,10 +21,10 @@ struct backend {
 	int discovering;
 	int ever_up;
 	char *build_info;
-	char *model_id;    /* id reported by /v1/models */
-	json_t *models;    /* the backend's /v1/models answer */
-	char *model_path;  /* /props model_path */
-	json_t *props;	   /* the last /props answer */
+	char *model_id;       /* id reported by /v1/models */
+	json_t *models;       /* the backend's /v1/models answer */
+	char *model_path;     /* /props model_path */
+	json_t *props;        /* the last /props answer */
 	char fingerprint[72]; /* what its saved states must match (slot_store) */
 	/* Prompts made in toki (backend/prompt_probe.h): the engine, what of it
 	 * matched the server, and how it has done since. */
@@ -55,5 +55,8 @@ void backend_mark_down(struct backend *b, const char *why);
 /* The process behind it died and is being restarted: down now, and polled
  * often until it is back. */
 void backend_expect_restart(struct backend *b);
+/* Looks at the server's slots now rather than at the next health check: a
+ * request found its slot holding less than toki thought. */
+void backend_check_slots_now(struct backend *b);
 
 #endif

@@ -16,34 +16,34 @@
 #include "tokenizer/vocab.h"
 
 static const char usage[] =
-	"usage: toki tokenize --model FILE [--no-add-special] [--no-parse-special]\n"
-	"                     [--pieces] [--lines] [TEXT]\n"
-	"       toki tokenize --model FILE --chat [--props PROPS.json] [--thinking on|off]\n"
-	"                     [--schedule] [--lines] [REQUEST]\n"
-	"\n"
-	"Prints the token ids of TEXT (or of standard input) as the llama-server\n"
-	"serving FILE gives them on /tokenize with add_special and parse_special,\n"
-	"using toki's own tokenizer (the one toki serve routes with).\n"
-	"\n"
-	"  --model FILE        the GGUF whose vocabulary to use\n"
-	"  --no-add-special    no BOS/EOS the vocabulary would add\n"
-	"  --no-parse-special  special-token text stays text\n"
-	"  --pieces            print [id, \"text\"] pairs instead of ids\n"
-	"  --lines             standard input holds one JSON string per line; print\n"
-	"                      one JSON array per line (or {\"error\": ...})\n"
-	"  --chat              the input is a chat completions request (JSON): print\n"
-	"                      {\"prompt\": ..., \"tokens\": [...]} as llama-server would\n"
-	"                      template and tokenize it, or {\"declined\": why} for what\n"
-	"                      toki leaves to the server\n"
-	"  --props FILE        the server's /props answer: its chat template, template\n"
-	"                      capabilities and BOS/EOS text (default: the model's own\n"
-	"                      template, a plain template's capabilities)\n"
-	"  --schedule          with --chat: also print \"chunks\", the token positions\n"
-	"                      where exact mode's schedule starts a chunk (message starts,\n"
-	"                      small chunks merged; the last is the generation prompt)\n"
-	"  --thinking on|off   the enable_thinking the server passes its template when\n"
-	"                      the request does not say (default on; llama-server turns\n"
-	"                      it off for templates it finds no reasoning in)\n";
+    "usage: toki tokenize --model FILE [--no-add-special] [--no-parse-special]\n"
+    "                     [--pieces] [--lines] [TEXT]\n"
+    "       toki tokenize --model FILE --chat [--props PROPS.json] [--thinking on|off]\n"
+    "                     [--schedule] [--lines] [REQUEST]\n"
+    "\n"
+    "Prints the token ids of TEXT (or of standard input) as the llama-server\n"
+    "serving FILE gives them on /tokenize with add_special and parse_special,\n"
+    "using toki's own tokenizer (the one toki serve routes with).\n"
+    "\n"
+    "  --model FILE        the GGUF whose vocabulary to use\n"
+    "  --no-add-special    no BOS/EOS the vocabulary would add\n"
+    "  --no-parse-special  special-token text stays text\n"
+    "  --pieces            print [id, \"text\"] pairs instead of ids\n"
+    "  --lines             standard input holds one JSON string per line; print\n"
+    "                      one JSON array per line (or {\"error\": ...})\n"
+    "  --chat              the input is a chat completions request (JSON): print\n"
+    "                      {\"prompt\": ..., \"tokens\": [...]} as llama-server would\n"
+    "                      template and tokenize it, or {\"declined\": why} for what\n"
+    "                      toki leaves to the server\n"
+    "  --props FILE        the server's /props answer: its chat template, template\n"
+    "                      capabilities and BOS/EOS text (default: the model's own\n"
+    "                      template, a plain template's capabilities)\n"
+    "  --schedule          with --chat: also print \"chunks\", the token positions\n"
+    "                      where exact mode's schedule starts a chunk (message starts,\n"
+    "                      small chunks merged; the last is the generation prompt)\n"
+    "  --thinking on|off   the enable_thinking the server passes its template when\n"
+    "                      the request does not say (default on; llama-server turns\n"
+    "                      it off for templates it finds no reasoning in)\n";
 
 struct opts {
 	int add_special, parse_special, pieces, schedule;
@@ -70,9 +70,10 @@ static int print_one(const struct vocab *v, const char *text, size_t len, const 
 {
 	struct token_list t = {0};
 	int rc = vocab_tokenize(v, text, len, o->add_special, o->parse_special, &t);
-	json_t *out = rc == 0 ? tokens_json(v, &t, o->pieces)
-				: json_pack("{s:s}", "error",
-					    rc == -2 ? "the server would refuse this text" : "out of memory");
+	json_t *out =
+	    rc == 0 ? tokens_json(v, &t, o->pieces)
+	            : json_pack("{s:s}", "error",
+	                        rc == -2 ? "the server would refuse this text" : "out of memory");
 	char *s = json_dumps(out, JSON_COMPACT);
 	if (s)
 		puts(s);
@@ -118,19 +119,20 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 		size_t plen = 0;
 		struct token_list t = {0};
 		struct prompt_starts st = {0};
-		enum chat_result r = prompt_engine_chat_starts(
-			pe, req, time(NULL), &prompt, &plen, &t, o->schedule ? &st : NULL, why,
-			sizeof why);
+		enum chat_result r =
+		    prompt_engine_chat_starts(pe, req, time(NULL), &prompt, &plen, &t,
+		                              o->schedule ? &st : NULL, why, sizeof why);
 		if (r == CHAT_OK) {
 			json_t *p = json_stringn(prompt, plen);
 			out = json_pack("{s:o, s:o}", "prompt",
-					p ? p : json_string("(not valid UTF-8)"), "tokens",
-					tokens_json(prompt_engine_vocab(pe), &t, o->pieces));
+			                p ? p : json_string("(not valid UTF-8)"), "tokens",
+			                tokens_json(prompt_engine_vocab(pe), &t, o->pieces));
 			if (o->schedule) {
-				st.n = sched_merge(st.pos, st.answer, st.n, SCHED_MIN_CHUNK);
+				st.n = sched_chunks(&st.pos, st.answer, st.n);
 				json_t *a = json_array();
 				for (size_t i = 0; i < st.n; i++)
-					json_array_append_new(a, json_integer((json_int_t)st.pos[i]));
+					json_array_append_new(a,
+					                      json_integer((json_int_t)st.pos[i]));
 				json_object_set_new(out, "chunks", a);
 				json_object_set_new(out, "header", json_boolean(st.header));
 			}
@@ -165,13 +167,14 @@ static struct prompt_engine *engine_for(const char *model, const char *props_fil
 		}
 	}
 	struct prompt_engine_config cfg = {
-		.model_path = model,
-		.chat_template = json_string_value(json_object_get(props, "chat_template")),
-		.tool_use_template = json_string_value(json_object_get(props, "chat_template_tool_use")),
-		.caps = json_object_get(props, "chat_template_caps"),
-		.bos_token = json_string_value(json_object_get(props, "bos_token")),
-		.eos_token = json_string_value(json_object_get(props, "eos_token")),
-		.enable_thinking = thinking,
+	    .model_path = model,
+	    .chat_template = json_string_value(json_object_get(props, "chat_template")),
+	    .tool_use_template =
+	        json_string_value(json_object_get(props, "chat_template_tool_use")),
+	    .caps = json_object_get(props, "chat_template_caps"),
+	    .bos_token = json_string_value(json_object_get(props, "bos_token")),
+	    .eos_token = json_string_value(json_object_get(props, "eos_token")),
+	    .enable_thinking = thinking,
 	};
 	char err[512];
 	struct prompt_engine *pe = prompt_engine_new(&cfg, err, sizeof err);
@@ -186,17 +189,17 @@ static struct prompt_engine *engine_for(const char *model, const char *props_fil
 int cmd_tokenize(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-		{"model", required_argument, NULL, 'm'},
-		{"no-add-special", no_argument, NULL, 'a'},
-		{"no-parse-special", no_argument, NULL, 'p'},
-		{"pieces", no_argument, NULL, 'P'},
-		{"lines", no_argument, NULL, 'l'},
-		{"chat", no_argument, NULL, 'c'},
-		{"props", required_argument, NULL, 'r'},
-		{"thinking", required_argument, NULL, 't'},
-		{"schedule", no_argument, NULL, 'S'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
+	    {"model", required_argument, NULL, 'm'},
+	    {"no-add-special", no_argument, NULL, 'a'},
+	    {"no-parse-special", no_argument, NULL, 'p'},
+	    {"pieces", no_argument, NULL, 'P'},
+	    {"lines", no_argument, NULL, 'l'},
+	    {"chat", no_argument, NULL, 'c'},
+	    {"props", required_argument, NULL, 'r'},
+	    {"thinking", required_argument, NULL, 't'},
+	    {"schedule", no_argument, NULL, 'S'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
 	struct opts o = {1, 1, 0, 0};
 	const char *model = NULL, *props = NULL;
@@ -204,14 +207,30 @@ int cmd_tokenize(int argc, char **argv)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
 		switch (c) {
-		case 'm': model = optarg; break;
-		case 'a': o.add_special = 0; break;
-		case 'p': o.parse_special = 0; break;
-		case 'P': o.pieces = 1; break;
-		case 'S': o.schedule = 1; break;
-		case 'l': lines = 1; break;
-		case 'c': chat = 1; break;
-		case 'r': props = optarg; break;
+		case 'm':
+			model = optarg;
+			break;
+		case 'a':
+			o.add_special = 0;
+			break;
+		case 'p':
+			o.parse_special = 0;
+			break;
+		case 'P':
+			o.pieces = 1;
+			break;
+		case 'S':
+			o.schedule = 1;
+			break;
+		case 'l':
+			lines = 1;
+			break;
+		case 'c':
+			chat = 1;
+			break;
+		case 'r':
+			props = optarg;
+			break;
 		case 't':
 			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
 				fputs(usage, stderr);
@@ -219,8 +238,12 @@ int cmd_tokenize(int argc, char **argv)
 			}
 			thinking = !strcmp(optarg, "on");
 			break;
-		case 'h': fputs(usage, stdout); return 0;
-		default: fputs(usage, stderr); return 2;
+		case 'h':
+			fputs(usage, stdout);
+			return 0;
+		default:
+			fputs(usage, stderr);
+			return 2;
 		}
 	}
 	if (!model || (lines && optind < argc) || optind + 1 < argc || (props && !chat)) {
@@ -257,7 +280,9 @@ int cmd_tokenize(int argc, char **argv)
 		if (!text)
 			rc = 1;
 		else
-			rc = (chat ? print_chat(pe, text, len, &o) : print_one(v, text, len, &o)) ? 1 : 0;
+			rc = (chat ? print_chat(pe, text, len, &o) : print_one(v, text, len, &o))
+			         ? 1
+			         : 0;
 		free(text);
 	} else {
 		char *line = NULL;
@@ -268,12 +293,14 @@ int cmd_tokenize(int argc, char **argv)
 				print_chat(pe, line, (size_t)n, &o);
 			} else {
 				json_error_t jerr;
-				json_t *s = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+				json_t *s = json_loadb(line, (size_t)n,
+				                       JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
 				if (!json_is_string(s)) {
 					puts("{\"error\":\"not a JSON string\"}");
 					rc = 1;
 				} else {
-					print_one(v, json_string_value(s), json_string_length(s), &o);
+					print_one(v, json_string_value(s), json_string_length(s),
+					          &o);
 				}
 				json_decref(s);
 			}

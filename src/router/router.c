@@ -549,6 +549,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->bounds = NULL;
 	s->n_bounds = 0;
 	s->junk_tail = 0;
+	s->generated = 0;
 	s->hits = 0;
 	s->saved = NULL;
 }

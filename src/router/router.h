@@ -57,6 +57,7 @@ struct router_slot {
 	/* The last token is a cut's throw-away one (router_slot_cut): a
 	 * request that matches all before it reuses all the slot can lend. */
 	int junk_tail;
+	size_t generated; /* tokens the last answer added after the prompt */
 	int busy;
 	int64_t last_used_us;
 	unsigned hits;         /* requests that reused this content */
@@ -111,6 +112,11 @@ struct router_backend {
 	 * picks itself. What toki knows of its slots is then gone by the next
 	 * request: fast mode lets the server pick (backend.c finds this out). */
 	int self_cached;
+	/* The server loaded a state from its RAM cache (--cache-ram) into a
+	 * slot: it reused more than that slot could hold. Without slot files
+	 * toki then lets it pick the slot in fast mode too, as it does alone:
+	 * its RAM holds what toki evicted, which toki cannot see. */
+	int ram_cache;
 	unsigned discoveries; /* times it was (re)discovered: each start or restart seen */
 	uint64_t evaluated_tokens, cached_tokens, requests;
 };

@@ -49,6 +49,34 @@ size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
  * kept. */
 size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_t min_chunk);
 
+/* The first chunk (the system message, with whatever was merged into it)
+ * also starts a chunk every SCHED_FIRST_STEP tokens from position 0.
+ * Sessions of one agent, and its sub-agents, share a long system prompt
+ * up to a point inside it (a date, a folder, a task appended to shared
+ * tool definitions): reuse between them is whole micro-batches of their
+ * common schedule, so a start every 128 tokens declines at most 128 of
+ * what they share, where one chunk declined up to a micro-batch (512).
+ * The starts depend only on the prompt, as every start must. */
+#define SCHED_FIRST_STEP 128
+
+/* Adds those starts: b[0..nb) (increasing, from sched_merge) with every
+ * multiple of step inside (0, b[0]) inserted before them, up to cap starts
+ * in all. No starts (the grid) stays so. Returns the new count. */
+size_t sched_split_first(size_t *b, size_t nb, size_t cap, size_t step);
+
+/* A prompt's chunk starts from its message starts *starts[0..n) (malloc'd,
+ * increasing; pinned[i]: an assistant message, or the generation prompt,
+ * starts there). Kept: the first message's end (when at least
+ * SCHED_MIN_CHUNK tokens), every SCHED_FIRST_STEP tokens inside the first
+ * message (sched_split_first), and the pinned starts. Other message starts
+ * (user turns, tool outputs) are not chunk starts: an agent's next turn
+ * appends to its conversation and reuses everything before the answer it
+ * continues (a pinned start), whatever lies between, and every start costs
+ * a round trip and a smaller batch when a prompt is evaluated cold (bench
+ * g). *starts may be reallocated. Returns how many, or 0 when out of
+ * memory (the grid: a schedule still, said as such). */
+size_t sched_chunks(size_t **starts, unsigned char *pinned, size_t n);
+
 /* Steps of a request's plan, in the order they run. */
 enum plan_step_kind {
 	STEP_SAVE,     /* save the slot's content to a file first */

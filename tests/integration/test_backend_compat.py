@@ -173,6 +173,40 @@ class DefaultSlots(unittest.TestCase):
         self.assertGreater(r["timings"]["cache_n"], 200, r["timings"])
 
 
+class RamCache(unittest.TestCase):
+    """Item 10: llama-server's own RAM cache (--cache-ram, on by default)
+    keeps what a slot held when another conversation takes it, and loads it
+    back into whichever slot the conversation lands on. toki, without slot
+    files, cannot see into it: once the server reuses more than a slot could
+    lend, toki says so and lets the server pick slots in fast mode (bench n:
+    -np 2 --cache-ram 8192, 10,854 evaluated, as llama-server alone; 12,408
+    before). A server without one is never taken for one."""
+
+    def run_three(self, cache_ram):
+        llama = th.LlamaServer(slots=1, cache_ram=cache_ram)
+        toki = th.Toki([llama], mode="fast")
+        try:
+            other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
+                     {"role": "user", "content": "Tell me a story about Tom."}]
+            for msgs in (LONG, other, LONG):
+                st, r = toki.chat(msgs, max_tokens=4)
+                self.assertEqual(st, 200, r)
+            return r, toki.stats()["backends"][0], toki.log_text()
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+
+    def test_loads_from_the_servers_ram_are_seen(self):
+        r, b, log = self.run_three(8192)
+        # The first conversation came back from the server's RAM.
+        self.assertGreater(r["timings"]["cache_n"], 200, r["timings"])
+        self.assertTrue(b["ram_cache"], b)
+        self.assertIn("loaded a state from its RAM cache", log)
+        r, b, log = self.run_three(0)
+        self.assertLess(r["timings"]["cache_n"], 32, r["timings"])
+        self.assertFalse(b["ram_cache"], b)
+
+
 class SlotSavePathOnly(unittest.TestCase):
     """Item 10: a server started with --slot-save-path, toki without
     --slot-dir. toki cannot see that folder, but the server saves and

@@ -109,6 +109,72 @@ static void test_merge(void **state)
 	assert_int_equal(v[1], 300);
 }
 
+static void test_split_first(void **state)
+{
+	/* The first chunk [0, 300) gains starts at 128 and 256. */
+	size_t b[8] = {300, 400, 1000};
+	assert_int_equal(sched_split_first(b, 3, 8, 128), 5);
+	size_t want[] = {128, 256, 300, 400, 1000};
+	for (size_t i = 0; i < N(want); i++)
+		assert_int_equal(b[i], want[i]);
+	/* A first chunk of exactly one step, or shorter, is left alone; so is
+	 * the grid (no starts). */
+	size_t c[4] = {128, 500};
+	assert_int_equal(sched_split_first(c, 2, 4, 128), 2);
+	assert_int_equal(c[0], 128);
+	size_t g[2] = {0};
+	assert_int_equal(sched_split_first(g, 0, 2, 128), 0);
+	/* No room: as many as fit. */
+	size_t d[3] = {1000};
+	assert_int_equal(sched_split_first(d, 1, 3, 128), 3);
+	assert_int_equal(d[0], 128);
+	assert_int_equal(d[1], 256);
+	assert_int_equal(d[2], 1000);
+}
+
+/* Two prompts that share a long first message up to a point inside it get
+ * the same starts up to there: what exact mode may reuse between them. */
+static void test_chunks_share_inside_the_first_message(void **state)
+{
+	size_t *a = malloc(3 * sizeof *a), *b = malloc(3 * sizeof *b);
+	assert_non_null(a);
+	assert_non_null(b);
+	a[0] = 1015, a[1] = 1100, a[2] = 1180; /* system ends at 1015 */
+	b[0] = 1090, b[1] = 1200, b[2] = 1290; /* a longer system message */
+	unsigned char pa[3] = {0, 1, 1}, pb[3] = {0, 1, 1};
+	size_t na = sched_chunks(&a, pa, 3), nb = sched_chunks(&b, pb, 3);
+	assert_int_equal(na, 7 + 3);
+	assert_int_equal(nb, 8 + 3);
+	for (size_t i = 0; i < 7; i++) {
+		assert_int_equal(a[i], (i + 1) * SCHED_FIRST_STEP);
+		assert_int_equal(b[i], a[i]);
+	}
+	/* What they share is whole micro-batches up to 896 (7 x 128), not 512. */
+	assert_int_equal(sched_common(a, na, 1185, b, nb, 1295, 1015, 512), 896);
+	free(a);
+	free(b);
+	/* A first message under SCHED_MIN_CHUNK is no start, and nothing is
+	 * split; user turns and tool outputs are no starts; assistant starts
+	 * and the generation prompt are, however short (a first start that is
+	 * the generation prompt too). */
+	size_t *c = malloc(5 * sizeof *c);
+	assert_non_null(c);
+	c[0] = 10, c[1] = 40, c[2] = 300, c[3] = 310, c[4] = 900;
+	unsigned char pc[5] = {0, 1, 0, 1, 1};
+	assert_int_equal(sched_chunks(&c, pc, 5), 3);
+	assert_int_equal(c[0], 40);
+	assert_int_equal(c[1], 310);
+	assert_int_equal(c[2], 900);
+	free(c);
+	size_t *h = malloc(sizeof *h);
+	assert_non_null(h);
+	h[0] = 7;
+	unsigned char ph[1] = {1};
+	assert_int_equal(sched_chunks(&h, ph, 1), 1);
+	assert_int_equal(h[0], 7);
+	free(h);
+}
+
 static void test_plan(void **state)
 {
 	size_t b[] = {900, 1000, 1100, 1180};
@@ -177,9 +243,14 @@ static void test_plan(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_grid),      cmocka_unit_test(test_message_chunks),
-	    cmocka_unit_test(test_symmetric), cmocka_unit_test(test_floor),
-	    cmocka_unit_test(test_merge),     cmocka_unit_test(test_plan),
+	    cmocka_unit_test(test_grid),
+	    cmocka_unit_test(test_message_chunks),
+	    cmocka_unit_test(test_symmetric),
+	    cmocka_unit_test(test_floor),
+	    cmocka_unit_test(test_merge),
+	    cmocka_unit_test(test_plan),
+	    cmocka_unit_test(test_split_first),
+	    cmocka_unit_test(test_chunks_share_inside_the_first_message),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
