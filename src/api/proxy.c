@@ -2183,14 +2183,25 @@ static int clamp_output(struct proxy_req *pr, int n_ctx_slot)
 	const char *field = !strcmp(pr->backend_path, "/completion")     ? "n_predict"
 	                    : !strcmp(pr->backend_path, "/v1/responses") ? "max_output_tokens"
 	                                                                 : "max_tokens";
-	json_t *v = json_object_get(pr->body, field);
-	if (!v && !strcmp(field, "max_tokens"))
-		v = json_object_get(pr->body, "max_completion_tokens");
-	long asked = json_is_integer(v) ? (long)json_integer_value(v) : -1;
+	/* The client's cap is the smallest it sent of the names llama-server
+	 * reads (n_predict, then max_tokens; max_completion_tokens on chat):
+	 * /completion takes max_tokens too, chat takes n_predict too. Where it
+	 * is over what fits, every one it sent is set to what fits. */
+	static const char *const names[] = {"n_predict", "max_tokens", "max_completion_tokens"};
+	int responses = !strcmp(field, "max_output_tokens");
+	long asked = -1;
+	for (size_t i = 0; i < (responses ? 1 : 3); i++) {
+		json_t *v = json_object_get(pr->body, responses ? field : names[i]);
+		long a = json_is_integer(v) ? (long)json_integer_value(v) : -1;
+		if (a >= 0 && (asked < 0 || a < asked))
+			asked = a; /* n_predict -1 is "no cap" */
+	}
 	pr->max_tokens = asked;
 	if (asked < 0 || asked > cap) {
 		json_object_set_new(pr->body, field, json_integer(cap));
-		json_object_del(pr->body, "max_completion_tokens");
+		for (size_t i = 0; !responses && i < 3; i++)
+			if (json_is_integer(json_object_get(pr->body, names[i])))
+				json_object_set_new(pr->body, names[i], json_integer(cap));
 		pr->max_tokens = cap;
 		pr->output_clamped = asked >= 0;
 	}
@@ -2436,6 +2447,7 @@ static void start_request(struct daemon *d, struct http_request *req, enum route
 		http_respond_error(req, 400, bad);
 		return;
 	}
+	request_drop_unset(body);
 	json_t *template_body = NULL;
 	char *client_model = NULL;
 	if (kind == KIND_ANTHROPIC || kind == KIND_RESPONSES) {
@@ -2907,9 +2919,10 @@ void proxy_handle(struct http_request *req, void *ctx)
 		return;
 	}
 	int post = !strcmp(method, "POST");
-	if (strcmp(path, "/health") != 0 &&
-	    !auth_check(d->cfg.token, http_request_header(req, "Authorization"),
-	                http_request_header(req, "x-api-key"))) {
+	/* /v1/health is llama-server's other name for it, public as well. */
+	int health = !strcmp(path, "/health") || !strcmp(path, "/v1/health");
+	if (!health && !auth_check(d->cfg.token, http_request_header(req, "Authorization"),
+	                           http_request_header(req, "x-api-key"))) {
 		http_response_header(req, "WWW-Authenticate", "Bearer realm=\"toki\"");
 		http_respond_error(
 		    req, 401,
@@ -2917,7 +2930,7 @@ void proxy_handle(struct http_request *req, void *ctx)
 		    "Bearer <token> or x-api-key (see $TOKI_STATE_DIR/token, or TOKI_TOKEN)");
 		return;
 	}
-	if (!strcmp(path, "/health")) {
+	if (health) {
 		handle_health(d, req);
 	} else if (!strcmp(path, "/toki/stats")) {
 		handle_stats(d, req);
@@ -2931,9 +2944,11 @@ void proxy_handle(struct http_request *req, void *ctx)
 		if (!post)
 			http_respond_error(req, 405, "use POST");
 		else
+			/* llama-server serves /completions with its own /completion
+			 * (native answers); only /v1/completions is OpenAI's. */
 			start_routed(d, req, KIND_COMPLETION,
-			             !strcmp(path, "/completion") ? "/completion"
-			                                          : "/v1/completions");
+			             strcmp(path, "/v1/completions") ? "/completion"
+			                                             : "/v1/completions");
 	} else if (!strcmp(path, "/anthropic/v1/messages") || !strcmp(path, "/v1/messages")) {
 		/* llama-server (and Ollama) serve the Messages API at the root: a
 		 * client pointed at toki instead of the server sends it there. */
@@ -2953,7 +2968,12 @@ void proxy_handle(struct http_request *req, void *ctx)
 		else
 			start_routed(d, req, KIND_RESPONSES, "/v1/responses");
 	} else if (!strcmp(path, "/v1/models") || !strcmp(path, "/models")) {
-		handle_models(d, req);
+		/* POST and DELETE /models are a router-mode server's downloads
+		 * and deletions, which toki does not pass on. */
+		if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+			http_respond_error(req, 405, "use GET");
+		else
+			handle_models(d, req);
 	} else if (is_passthrough(method, path)) {
 		pass_through(d, req);
 	} else {

@@ -12,13 +12,13 @@ const char *request_check_types(json_t *body, enum route_kind kind)
 	if ((v = json_object_get(body, "max_completion_tokens")) && !json_is_integer(v) &&
 	    !json_is_null(v))
 		return "'max_completion_tokens' must be an integer";
-	if ((v = json_object_get(body, "n_predict")) && !json_is_integer(v))
+	if ((v = json_object_get(body, "n_predict")) && !json_is_integer(v) && !json_is_null(v))
 		return "'n_predict' must be an integer";
 	if ((v = json_object_get(body, "temperature")) && !json_is_number(v) && !json_is_null(v))
 		return "'temperature' must be a number";
 	if ((v = json_object_get(body, "model")) && !json_is_string(v) && !json_is_null(v))
 		return "'model' must be a string";
-	if ((v = json_object_get(body, "id_slot")) && !json_is_integer(v))
+	if ((v = json_object_get(body, "id_slot")) && !json_is_integer(v) && !json_is_null(v))
 		return "'id_slot' must be an integer";
 	if (kind == KIND_ANTHROPIC || kind == KIND_RESPONSES)
 		return NULL; /* their converters check the rest */
@@ -41,4 +41,13 @@ const char *request_check_types(json_t *body, enum route_kind kind)
 			return "'prompt' must be a string or an array";
 	}
 	return NULL;
+}
+
+void request_drop_unset(json_t *body)
+{
+	json_t *v = json_object_get(body, "id_slot");
+	if (v && (json_is_null(v) || json_integer_value(v) < 0))
+		json_object_del(body, "id_slot");
+	if (json_is_null(json_object_get(body, "n_predict")))
+		json_object_del(body, "n_predict");
 }

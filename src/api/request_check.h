@@ -12,4 +12,8 @@ enum route_kind { KIND_CHAT, KIND_COMPLETION, KIND_ANTHROPIC, KIND_RESPONSES };
  * words for the client's 400. */
 const char *request_check_types(json_t *body, enum route_kind kind);
 
+/* Removes what llama-server reads as unset: id_slot null or negative (-1 is
+ * "any slot": the request is routed), n_predict null. */
+void request_drop_unset(json_t *body);
+
 #endif

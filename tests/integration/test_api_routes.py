@@ -159,6 +159,62 @@ class AnthropicAndResponses(unittest.TestCase):
         self.assertIn("message", err["error"])
 
 
+class LlamaServerFieldsAndRoutes(unittest.TestCase):
+    """Routes and fields as llama-server has them (issue 13; found by reading
+    every route and field of build 11669 against toki's): /v1/health is
+    public, /completions is the native /completion, id_slot -1 and null and
+    n_predict null mean unset, a /completion client's max_tokens and a chat
+    client's n_predict cap the answer, POST /models is not a model list."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.llama = th.LlamaServer(slots=2)
+        cls.toki = th.Toki([cls.llama], mode="fast")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.toki.kill(signal.SIGTERM)
+        cls.llama.kill()
+
+    def test_v1_health_needs_no_token(self):
+        st, body = th.request(self.toki.port, "GET", "/v1/health", auth=False)
+        self.assertEqual(st, 200, body)
+
+    def test_completions_is_the_native_route(self):
+        st, r = th.request(self.toki.port, "POST", "/completions",
+                           {"prompt": "Once upon a time", "max_tokens": 3})
+        self.assertEqual(st, 200, r)
+        self.assertIn("content", r)  # llama.cpp's own shape, not OpenAI's choices
+        self.assertNotIn("choices", r)
+        self.assertIn("cache", r)
+
+    def test_output_caps_under_every_name(self):
+        # /completion reads max_tokens when n_predict is absent.
+        st, r = th.request(self.toki.port, "POST", "/completion",
+                           {"prompt": "Once upon a time", "max_tokens": 3})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["tokens_predicted"], 3, r)
+        # Chat reads n_predict too; the smaller of two caps holds.
+        st, r = self.toki.chat([{"role": "user", "content": "Hello"}], n_predict=2,
+                               max_tokens=50)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["usage"]["completion_tokens"], 2, r)
+        st, r = self.toki.chat([{"role": "user", "content": "Hello"}], max_tokens=100000,
+                               max_completion_tokens=3)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["usage"]["completion_tokens"], 3, r)
+
+    def test_unset_values_are_unset(self):
+        for extra in ({"id_slot": -1}, {"id_slot": None}, {"n_predict": None}):
+            st, r = self.toki.chat([{"role": "user", "content": "Hello"}], max_tokens=2, **extra)
+            self.assertEqual(st, 200, (extra, r))
+            self.assertIn(r["cache"]["route"], ("miss", "hit", "partial"), (extra, r["cache"]))
+
+    def test_post_models_is_not_a_list(self):
+        st, r = th.request(self.toki.port, "POST", "/models", {"model": "x"})
+        self.assertEqual(st, 405, r)
+
+
 class PingsWhilePrefilling(unittest.TestCase):
     def test_pings_and_keepalives_during_a_slow_prefill(self):
         model = th.generated_model("ping", params="24M", ctx=8192)
