@@ -117,6 +117,7 @@ struct proxy_req {
 	double prompt_ms, predicted_ms;
 	struct evbuffer *errbuf; /* a non-200 backend body during a stream */
 	struct event *keepalive;
+	struct event *begin_timer; /* begins a streamed answer if the backend is slow to */
 	int64_t t_start_us, t_last_write_us, t_forward_us, t_first_byte_us;
 	int64_t t_first_data_us; /* the first body bytes of a 200 stream from the backend */
 	struct proxy_req *wait_next, *wait_prev;
@@ -126,6 +127,7 @@ struct proxy_req {
 static void pr_finish(struct proxy_req *pr);
 static void pr_try_route(struct proxy_req *pr);
 static void begin_client_stream(struct proxy_req *pr);
+static void arm_client_stream(struct proxy_req *pr);
 static void save_slot(struct proxy_req *pr);
 static void pr_begin(struct proxy_req *pr, struct backend *b);
 static void tokens_ready(struct proxy_req *pr);
@@ -899,6 +901,8 @@ static void pr_free(struct proxy_req *pr)
 		evbuffer_free(pr->errbuf);
 	if (pr->keepalive)
 		event_free(pr->keepalive);
+	if (pr->begin_timer)
+		event_free(pr->begin_timer);
 	if (pr->replan_ev)
 		event_free(pr->replan_ev);
 	if (pr->idle_ev)
@@ -1197,6 +1201,8 @@ static void on_forward_head(struct backend_call *call, int status, void *arg)
 	struct proxy_req *pr = arg;
 	pr->status = status;
 	pr->t_first_byte_us = clock_now_us();
+	if (status == 200)
+		begin_client_stream(pr);
 }
 
 static void on_forward_data(struct backend_call *call, const char *data, size_t len, void *arg)
@@ -1538,7 +1544,7 @@ static void forward(struct proxy_req *pr)
 		sse_parser_free(&pr->sse);
 		sse_parser_init(&pr->sse, 64 * 1024 * 1024);
 	}
-	begin_client_stream(pr);
+	arm_client_stream(pr);
 	/* Every request gets one line when it ends (log_done); this one, as it
 	 * starts, only when its prefill will be long enough to wait for. */
 	if (pr->routable)
@@ -1555,10 +1561,28 @@ static void forward(struct proxy_req *pr)
 		fail(pr, 500, "out of memory");
 }
 
-/* A streamed request's response begins as soon as its plan runs: exact
- * mode's chunks, a restore or a save come before the answer, and the client
- * must see the route, then keep-alives (Anthropic pings), rather than
- * silence. */
+/* A streamed request's response begins when the backend starts its answer
+ * (200), so that a refusal keeps its own status, as from llama-server
+ * alone; or, when the backend takes longer (a long prefill, exact mode's
+ * chunks, a restore or a save come first), after a moment: the client then
+ * sees the route, then keep-alives (Anthropic pings), rather than silence,
+ * and a later refusal comes as an error event. */
+static void begin_timer_fired(evutil_socket_t fd, short what, void *arg)
+{
+	begin_client_stream(arg);
+}
+
+static void arm_client_stream(struct proxy_req *pr)
+{
+	if (!pr->stream || !pr->client || pr->stream_begun || pr->begin_timer)
+		return;
+	int ms = pr->d->cfg.keepalive_ms / 2 < 1000 ? pr->d->cfg.keepalive_ms / 2 : 1000;
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	pr->begin_timer = evtimer_new(pr->d->base, begin_timer_fired, pr);
+	if (!pr->begin_timer || evtimer_add(pr->begin_timer, &tv) != 0)
+		begin_client_stream(pr); /* out of memory: now, as before */
+}
+
 static void begin_client_stream(struct proxy_req *pr)
 {
 	struct daemon *d = pr->d;
@@ -1969,7 +1993,7 @@ static void run_step(struct proxy_req *pr)
 		return;
 	}
 	struct plan_step *st = &pr->plan.steps[pr->plan.next++];
-	begin_client_stream(pr);
+	arm_client_stream(pr);
 	switch (st->kind) {
 	case STEP_SAVE:
 		save_slot(pr);
@@ -2898,9 +2922,31 @@ static void handle_models(struct daemon *d, struct http_request *req)
 static int is_passthrough(const char *method, const char *path)
 {
 	static const char *const routes[] = {
-	    "/tokenize",       "/detokenize", "/props",      "/slots",         "/metrics",
-	    "/apply-template", "/embedding",  "/embeddings", "/v1/embeddings", "/infill",
-	    "/rerank",         "/reranking",  "/v1/rerank",  "/lora-adapters",
+	    "/tokenize",
+	    "/detokenize",
+	    "/props",
+	    "/slots",
+	    "/metrics",
+	    "/apply-template",
+	    "/embedding",
+	    "/embeddings",
+	    "/v1/embeddings",
+	    "/infill",
+	    "/rerank",
+	    "/reranking",
+	    "/v1/rerank",
+	    "/v1/reranking",
+	    "/lora-adapters",
+	    /* A prompt's token count, without running it (llama-server 11669). */
+	    "/chat/completions/input_tokens",
+	    "/v1/chat/completions/input_tokens",
+	    "/responses/input_tokens",
+	    "/v1/responses/input_tokens",
+	    /* Ends a running request's reasoning: the request is on the backend
+	     * these go to when there is one backend. */
+	    "/v1/chat/completions/control",
+	    "/audio/transcriptions",
+	    "/v1/audio/transcriptions",
 	};
 	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
 		if (!strcmp(path, routes[i]))

@@ -210,6 +210,13 @@ class LlamaServerFieldsAndRoutes(unittest.TestCase):
             self.assertEqual(st, 200, (extra, r))
             self.assertIn(r["cache"]["route"], ("miss", "hit", "partial"), (extra, r["cache"]))
 
+    def test_input_tokens_as_the_server_counts_them(self):
+        body = {"messages": [{"role": "user", "content": "Hello there"}]}
+        direct = th.request(self.llama.port, "POST", "/v1/chat/completions/input_tokens", body,
+                            auth=False)
+        self.assertEqual(th.request(self.toki.port, "POST",
+                                    "/v1/chat/completions/input_tokens", body), direct)
+
     def test_post_models_is_not_a_list(self):
         st, r = th.request(self.toki.port, "POST", "/models", {"model": "x"})
         self.assertEqual(st, 405, r)

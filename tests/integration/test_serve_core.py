@@ -305,6 +305,12 @@ class ServeCore(unittest.TestCase):
         st2, err = self.toki.chat([image], max_tokens=2)
         self.assertEqual(st2, st, err)
         self.assertEqual(err["error"]["message"], direct["error"]["message"])
+        # Streamed too: the refusal comes before any answer, so it keeps its
+        # status, as from llama-server alone (toki began every stream with a
+        # 200 before the backend had answered).
+        st3, events = th.stream(self.toki.port, "/v1/chat/completions",
+                                {"messages": [image], "max_tokens": 2, "stream": True})
+        self.assertEqual(st3, st, events)
         st, r = self.toki.chat([{"role": "user", "content": "Filtered"}], max_tokens=2,
                                response_fields=["content"])
         self.assertEqual(st, 200, r)
