@@ -2023,6 +2023,23 @@ static void run_step(struct proxy_req *pr)
  * (Cutting here instead, off that path, was taken out on a wrong diagnosis:
  * the differences blamed on it were number rewriting, fixed in
  * whole_request_counts. docs/exact.md says so; it may come back.) */
+/* After the answer (or a cancel): the slot's content is unknown, it is
+ * free, and the request is over. */
+static void forget_and_finish(struct proxy_req *pr)
+{
+	router_slot_forget(pr->d->router, pr->slot);
+	end_slot(pr);
+	pr_finish(pr);
+}
+
+/* A call made after the answer failed: what the slot holds is unknown. */
+static void on_after_answer_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct proxy_req *pr = arg;
+	pr->call = NULL;
+	forget_and_finish(pr);
+}
+
 static void poll_idle(evutil_socket_t fd, short what, void *arg);
 
 static void on_idle_poll_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -2044,9 +2061,7 @@ static void on_idle_poll_done(struct backend_call *call, int status, const char 
 	}
 	json_decref(a);
 	if (!known) {
-		router_slot_forget(pr->d->router, pr->slot);
-		end_slot(pr);
-		pr_finish(pr);
+		forget_and_finish(pr);
 		return;
 	}
 	if (busy) {
@@ -2055,9 +2070,7 @@ static void on_idle_poll_done(struct backend_call *call, int status, const char 
 			pr->idle_ev = evtimer_new(pr->d->base, poll_idle, pr);
 		if (pr->idle_ev && evtimer_add(pr->idle_ev, &tv) == 0)
 			return;
-		router_slot_forget(pr->d->router, pr->slot);
-		end_slot(pr);
-		pr_finish(pr);
+		forget_and_finish(pr);
 		return;
 	}
 	/* Stopped after its whole prompt: its tail goes, as after an answer. */
@@ -2067,18 +2080,9 @@ static void on_idle_poll_done(struct backend_call *call, int status, const char 
 	pr_finish(pr);
 }
 
-static void on_idle_poll_error(struct backend_call *call, enum backend_error err, void *arg)
-{
-	struct proxy_req *pr = arg;
-	pr->call = NULL;
-	router_slot_forget(pr->d->router, pr->slot);
-	end_slot(pr);
-	pr_finish(pr);
-}
-
 static const struct backend_call_handlers idle_poll_handlers = {
     .on_done = on_idle_poll_done,
-    .on_error = on_idle_poll_error,
+    .on_error = on_after_answer_error,
 };
 
 static void poll_idle(evutil_socket_t fd, short what, void *arg)
@@ -2087,9 +2091,7 @@ static void poll_idle(evutil_socket_t fd, short what, void *arg)
 	pr->call = backend_call_start(pr->backend->http, "GET", "/slots", NULL, 0,
 	                              &idle_poll_handlers, pr);
 	if (!pr->call) {
-		router_slot_forget(pr->d->router, pr->slot);
-		end_slot(pr);
-		pr_finish(pr);
+		forget_and_finish(pr);
 	}
 }
 
@@ -2139,18 +2141,9 @@ static void on_tail_cut_done(struct backend_call *call, int status, const char *
 	pr_finish(pr);
 }
 
-static void on_tail_cut_error(struct backend_call *call, enum backend_error err, void *arg)
-{
-	struct proxy_req *pr = arg;
-	pr->call = NULL;
-	router_slot_forget(pr->d->router, pr->slot);
-	end_slot(pr);
-	pr_finish(pr);
-}
-
 static const struct backend_call_handlers tail_cut_handlers = {
     .on_done = on_tail_cut_done,
-    .on_error = on_tail_cut_error,
+    .on_error = on_after_answer_error,
 };
 
 /* Returns 1 when the cut is out (it ends the slot and the request), 0 when

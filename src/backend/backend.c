@@ -207,6 +207,15 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 		discovery_failed(b, "out of memory");
 }
 
+/* Discovery's last step: the model's name. */
+static void discover_models(struct backend *b)
+{
+	b->health_call =
+	    backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
+	if (!b->health_call)
+		discovery_failed(b, "out of memory");
+}
+
 static void on_slots_done(struct backend_call *call, int status, const char *body, size_t len,
                           void *arg)
 {
@@ -244,12 +253,11 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 		b->health_call =
 		    backend_call_start(b->http, "POST", "/slots/0?action=restore", probe,
 		                       sizeof probe - 1, &save_probe_handlers, b);
+		if (!b->health_call)
+			discovery_failed(b, "out of memory");
 	} else {
-		b->health_call =
-		    backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
+		discover_models(b);
 	}
-	if (!b->health_call)
-		discovery_failed(b, "out of memory");
 }
 
 static void on_save_probe_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -265,10 +273,7 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
 		         "would also check, compress and keep them across its restarts",
 		         b->rb->url, SLOT_REMOTE_NAMES_PER_SLOT * b->rb->n_slots);
 	b->rb->can_save = can;
-	b->health_call =
-	    backend_call_start(b->http, "GET", "/v1/models", NULL, 0, &models_handlers, b);
-	if (!b->health_call)
-		discovery_failed(b, "out of memory");
+	discover_models(b);
 }
 
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
