@@ -1564,7 +1564,7 @@ static void forward(struct proxy_req *pr)
 /* A streamed request's response begins when the backend starts its answer
  * (200), so that a refusal keeps its own status, as from llama-server
  * alone; or, when the backend takes longer (a long prefill, exact mode's
- * chunks, a restore or a save come first), after a moment: the client then
+ * chunks, a restore or a save come first), after 250 ms: the client then
  * sees the route, then keep-alives (Anthropic pings), rather than silence,
  * and a later refusal comes as an error event. */
 static void begin_timer_fired(evutil_socket_t fd, short what, void *arg)
@@ -1576,7 +1576,10 @@ static void arm_client_stream(struct proxy_req *pr)
 {
 	if (!pr->stream || !pr->client || pr->stream_begun || pr->begin_timer)
 		return;
-	int ms = pr->d->cfg.keepalive_ms / 2 < 1000 ? pr->d->cfg.keepalive_ms / 2 : 1000;
+	/* llama-server refuses a request as it takes it (milliseconds): a
+	 * quarter second keeps those statuses and costs a waiting client
+	 * nothing it would see. */
+	int ms = pr->d->cfg.keepalive_ms / 2 < 250 ? pr->d->cfg.keepalive_ms / 2 : 250;
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
 	pr->begin_timer = evtimer_new(pr->d->base, begin_timer_fired, pr);
 	if (!pr->begin_timer || evtimer_add(pr->begin_timer, &tv) != 0)
