@@ -268,10 +268,12 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
 	int can = status == 400;
 	if (can && !b->rb->can_save)
 		log_info("backend %s has a --slot-save-path: toki saves a conversation it evicts "
-		         "there, under at most %d file names (toki-<settings>-n<k>.bin), and "
-		         "restores it when it comes back. With --slot-dir <that folder> toki "
-		         "would also check, compress and keep them across its restarts",
-		         b->rb->url, SLOT_REMOTE_NAMES_PER_SLOT * b->rb->n_slots);
+		         "there (toki-<settings>-n<k>.bin, at most %d files and %llu MiB of "
+		         "them), and restores it when it comes back. With --slot-dir <that "
+		         "folder> toki would also check, compress and keep them across its "
+		         "restarts",
+		         b->rb->url, SLOT_REMOTE_MAX_NAMES,
+		         (unsigned long long)(b->d->cfg.slot_disk_bytes >> 20));
 	b->rb->can_save = can;
 	discover_models(b);
 }

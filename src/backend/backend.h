@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "backend/backend_http.h"
+#include "backend/slot_store.h"
 #include "router/router.h"
 
 struct daemon;
@@ -26,6 +27,9 @@ struct backend {
 	char *model_path;     /* /props model_path */
 	json_t *props;        /* the last /props answer */
 	char fingerprint[72]; /* what its saved states must match (slot_store) */
+	/* Without --slot-dir: bytes written under each name toki used in the
+	 * server's own folder (0: never used), what that folder holds of toki's. */
+	uint64_t remote_bytes[SLOT_REMOTE_MAX_NAMES];
 	/* Prompts made in toki (backend/prompt_probe.h): the engine, what of it
 	 * matched the server, and how it has done since. */
 	struct prompt_engine *prompt;

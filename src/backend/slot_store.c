@@ -304,6 +304,7 @@ struct save_op {
 	size_t *bounds, n_bounds;
 	unsigned hits;
 	char name[96];
+	int remote_k; /* without --slot-dir: the name's number (remote_name) */
 	slot_store_done_fn done;
 	void *arg;
 	int64_t t0;
@@ -323,6 +324,7 @@ static void save_finish(struct save_op *op, struct router_saved *e)
 static void save_remote_done(struct save_op *op, long long written, double ms)
 {
 	struct daemon *d = op->d;
+	op->b->remote_bytes[op->remote_k] = written > 0 ? (uint64_t)written : 1;
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
 	struct router_saved *e =
 	    router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens, op->n_tokens,
@@ -469,32 +471,43 @@ static const struct backend_call_handlers save_handlers = {
 };
 
 /* Without --slot-dir toki saves into the server's --slot-save-path, which
- * it cannot list or clean: it uses at most SLOT_REMOTE_NAMES_PER_SLOT names
- * a slot, per backend and settings, and a new save takes a free name or
- * the least valuable state's (its file is then overwritten). A toki that
- * starts again with the same settings uses the same names, so the folder
- * never holds more than that many of toki's files. */
-static void remote_name(struct daemon *d, struct backend *b, char *out, size_t n)
+ * it cannot list or clean. Its files there are toki-<settings>-n<k>.bin,
+ * k < SLOT_REMOTE_MAX_NAMES; toki remembers what it wrote under each, and
+ * takes, in this order: a name whose file it no longer keeps a state for
+ * (overwriting it costs no room), a new name while everything it wrote
+ * there, and this state, stay within the byte cap, the least valuable
+ * state's name. A toki started again with the same settings uses the same
+ * names, so the folder never holds more of toki's than that. Returns the
+ * name's number, or -1 when every name is in use right now. */
+static int remote_name(struct daemon *d, struct backend *b, const struct router_slot *s, char *out,
+                       size_t n)
 {
-	int names = SLOT_REMOTE_NAMES_PER_SLOT * (b->rb->n_slots > 0 ? b->rb->n_slots : 1);
-	for (int k = 0; k < names; k++) {
-		snprintf(out, n, "toki-%.12s-n%d", b->fingerprint, k);
-		if (!router_saved_find(d->router, out))
-			return;
+	uint64_t total = 0;
+	for (int k = 0; k < SLOT_REMOTE_MAX_NAMES; k++)
+		total += b->remote_bytes[k];
+	uint64_t est = (uint64_t)(b->rb->kv_bytes_per_token * (double)s->n_tokens);
+	for (int pass = 0; pass < 2; pass++) {
+		for (int k = 0; k < SLOT_REMOTE_MAX_NAMES; k++) {
+			snprintf(out, n, "toki-%.12s-n%d", b->fingerprint, k);
+			int used = b->remote_bytes[k] != 0;
+			if (router_saved_find(d->router, out) || used != (pass == 0))
+				continue;
+			if (pass == 1 && total + est > d->cfg.slot_disk_bytes)
+				break;
+			return k;
+		}
 	}
 	struct router_saved *victim = router_saved_victim_on(d->router, b->rb);
-	if (victim) {
-		snprintf(out, n, "%s", victim->name);
-		d->stats.saved_evictions++;
-		router_saved_remove(d->router, victim);
-		return;
-	}
-	/* Every name is being restored or written right now: take the first;
-	 * the state that had it is forgotten first, as its file changes. */
-	snprintf(out, n, "toki-%.12s-n0", b->fingerprint);
-	struct router_saved *e = router_saved_find(d->router, out);
-	if (e)
-		router_saved_remove(d->router, e);
+	if (!victim)
+		return -1;
+	const char *num = strrchr(victim->name, 'n');
+	int k = num ? atoi(num + 1) : -1;
+	if (k < 0 || k >= SLOT_REMOTE_MAX_NAMES)
+		return -1;
+	snprintf(out, n, "%s", victim->name);
+	d->stats.saved_evictions++;
+	router_saved_remove(d->router, victim);
+	return k;
 }
 
 int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
@@ -532,8 +545,14 @@ int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
 	if (d->cfg.slot_dir)
 		snprintf(op->name, sizeof op->name, "toki-%.12s-%llx-%llx", b->fingerprint,
 		         (unsigned long long)d->started_us, (unsigned long long)++d->save_counter);
-	else
-		remote_name(d, b, op->name, sizeof op->name);
+	else if ((op->remote_k = remote_name(d, b, s, op->name, sizeof op->name)) < 0) {
+		free(op->tokens);
+		free(op->bounds);
+		free(op);
+		return -1;
+	} else if (!b->remote_bytes[op->remote_k]) {
+		b->remote_bytes[op->remote_k] = 1; /* taken: no other save picks it */
+	}
 	char path[64], filename[128];
 	snprintf(path, sizeof path, "/slots/%d?action=save", s->id);
 	/* Into toki's own folder as a .part, renamed once checked; into the

@@ -13,13 +13,14 @@
  * Without --slot-dir toki cannot see the server's folder, but a server
  * started with --slot-save-path still saves and restores by name: toki then
  * saves a slot it evicts there under one of a bounded set of names (see
- * slot_store.c, remote_name), keeps their index in memory only, and checks
- * nothing but what the server answers. */
+ * slot_store.c, remote_name), as many as the byte cap allows, keeps their
+ * index in memory only, and checks nothing but what the server answers. */
 #ifndef TOKI_SLOT_STORE_H
 #define TOKI_SLOT_STORE_H
 
-/* Names a slot may use in a server's folder toki cannot see. */
-#define SLOT_REMOTE_NAMES_PER_SLOT 2
+/* Names toki may use in a server's folder it cannot see, per backend; the
+ * byte cap (--slot-disk-mb, 8 GiB by default there) decides how many. */
+#define SLOT_REMOTE_MAX_NAMES 64
 
 struct daemon;
 struct backend;

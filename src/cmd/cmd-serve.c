@@ -581,6 +581,10 @@ int cmd_serve(int argc, char **argv)
 			uint64_t quarter = (uint64_t)vfs.f_bavail * vfs.f_frsize / 4;
 			d.cfg.slot_disk_bytes = quarter < (32ull << 30) ? quarter : (32ull << 30);
 		}
+	} else if (!d.cfg.slot_disk_bytes) {
+		/* A server's own --slot-save-path, whose free space toki cannot
+		 * see (slot_store.h). */
+		d.cfg.slot_disk_bytes = 8ull << 30;
 	}
 	char terr[512];
 	if (auth_load_token(d.cfg.token, sizeof d.cfg.token, terr, sizeof terr) != 0) {

@@ -217,7 +217,8 @@ class SlotSavePathOnly(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="toki-server-slots-")
         self.llama = th.LlamaServer(slots=1, extra=["--slot-save-path", self.dir])
-        self.toki = th.Toki([self.llama])
+        # A cap of 1 MiB: about one of these states (stories260K, ~300 tokens).
+        self.toki = th.Toki([self.llama], extra=["--slot-disk-mb", "1"])
 
     def tearDown(self):
         self.toki.kill(signal.SIGTERM)
@@ -246,16 +247,19 @@ class SlotSavePathOnly(unittest.TestCase):
         st, again = self.toki.chat(self.conversation(4), max_tokens=4, logprobs=True)
         self.assertEqual(st, 200, again)
         self.assertEqual(again["cache"]["route"], "disk", again["cache"])
-        self.assertRegex(again["cache"]["restored"], r"^toki-[0-9a-f]+-n[01]$")
+        self.assertRegex(again["cache"]["restored"], r"^toki-[0-9a-f]+-n[0-9]+$")
         st, raw = self.toki.chat(self.conversation(4), max_tokens=4, logprobs=True,
                                  cache_prompt=False)
         self.assertEqual(st, 200, raw)
         self.assertEqual(again["choices"][0], raw["choices"][0])
-        # Six saves, never more than two names (one slot) in the folder.
+        # Six saves, within the cap: names were used again, and the folder
+        # holds no more than the cap and the one state that may overrun it.
         files = sorted(os.listdir(self.dir))
-        self.assertLessEqual(len(files), 2, files)
+        sizes = [os.path.getsize(os.path.join(self.dir, f)) for f in files]
+        self.assertLess(len(files), 6, files)
+        self.assertLessEqual(sum(sizes), (1 << 20) + max(sizes), list(zip(files, sizes)))
         for f in files:
-            self.assertRegex(f, r"^toki-[0-9a-f]+-n[01]\.bin$")
+            self.assertRegex(f, r"^toki-[0-9a-f]+-n[0-9]+\.bin$")
 
 
 class Cors(unittest.TestCase):
