@@ -319,6 +319,25 @@ static void save_finish(struct save_op *op, struct router_saved *e)
 	free(op);
 }
 
+/* The router's record of what a finished save holds (written by this
+ * daemon, so checked), and the slot's link to it while it holds the same. */
+static struct router_saved *index_saved(struct save_op *op, uint64_t bytes)
+{
+	struct router_saved *e =
+	    router_saved_add_tokens(op->d->router, op->b->rb, op->name, op->tokens, op->n_tokens,
+	                            op->aligned, bytes, op->hits, clock_now_us());
+	if (!e)
+		return NULL;
+	if (router_saved_set_bounds(e, op->bounds, op->n_bounds) != 0)
+		e->aligned = 0; /* out of memory: the rows' schedule is unknown */
+	e->verified = 1;
+	struct router_slot *s = op->slot;
+	if (s->n_tokens == op->n_tokens &&
+	    !memcmp(s->tokens, op->tokens, op->n_tokens * sizeof *op->tokens))
+		s->saved = e;
+	return e;
+}
+
 /* A save into the server's own folder (no --slot-dir): toki cannot see the
  * file, so it keeps what the server said it wrote, and no index on disk. */
 static void save_remote_done(struct save_op *op, long long written, double ms)
@@ -326,18 +345,9 @@ static void save_remote_done(struct save_op *op, long long written, double ms)
 	struct daemon *d = op->d;
 	op->b->remote_bytes[op->remote_k] = written > 0 ? (uint64_t)written : 1;
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
-	struct router_saved *e =
-	    router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens, op->n_tokens,
-	                            op->aligned, (uint64_t)written, op->hits, clock_now_us());
-	if (e && router_saved_set_bounds(e, op->bounds, op->n_bounds) != 0)
-		e->aligned = 0; /* out of memory: the rows' schedule is unknown */
+	struct router_saved *e = index_saved(op, (uint64_t)written);
 	if (e) {
-		e->verified = 1;
 		snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->fingerprint);
-		struct router_slot *s = op->slot;
-		if (s->n_tokens == op->n_tokens &&
-		    !memcmp(s->tokens, op->tokens, op->n_tokens * sizeof *op->tokens))
-			s->saved = e;
 		d->stats.saves++;
 		log_info("saved slot %d as %s in the server's folder (%zu tokens, %lld bytes, "
 		         "%.1f ms)",
@@ -412,19 +422,9 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	}
 	fsync_dir(d->cfg.slot_dir);
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
-	struct router_saved *e =
-	    router_saved_add_tokens(d->router, op->b->rb, op->name, op->tokens, op->n_tokens,
-	                            op->aligned, stored, op->hits, clock_now_us());
-	if (e && router_saved_set_bounds(e, op->bounds, op->n_bounds) != 0)
-		e->aligned = 0; /* out of memory: the rows' schedule is unknown */
-	if (e) {
-		e->verified = 1; /* written and checked by this daemon */
+	struct router_saved *e = index_saved(op, stored);
+	if (e)
 		e->compressed = compressed;
-		struct router_slot *s = op->slot;
-		if (s->n_tokens == op->n_tokens &&
-		    !memcmp(s->tokens, op->tokens, op->n_tokens * sizeof *op->tokens))
-			s->saved = e;
-	}
 	if (!e) {
 		unlink(bin);
 		dir_path(d, op->name, ".zst", bin, sizeof bin);
