@@ -856,6 +856,8 @@ static void commit_slot(struct proxy_req *pr, int success)
 				/* The slot held less than toki knew: emptied by the
 				 * server itself? (backend.c, self_cleared) */
 				backend_check_slots_now(pr->backend);
+			else if (pr->backend)
+				backend_answer_ended(pr->backend);
 			router_slot_commit(d->router, s, pr->tokens, pr->n_tokens,
 			                   (size_t)pr->cache_n, now);
 			s->generated = pr->predicted_n > 0 ? (size_t)pr->predicted_n : 0;

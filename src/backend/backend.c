@@ -297,6 +297,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	prompt_probe_start(b, b->props);
 	b->rb->discoveries++;
 	b->ever_up = 1;
+	b->early_checks = 8;
 	b->last_failure[0] = '\0'; /* a later failure is news again */
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
 	         b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
@@ -483,6 +484,14 @@ void backend_check_slots_now(struct backend *b)
 	if (b->health_call || b->discovering || !b->rb->up)
 		return; /* a check is out, or discovery will look anyway */
 	b->health_call = backend_call_start(b->http, "GET", "/slots", NULL, 0, &health_handlers, b);
+}
+
+void backend_answer_ended(struct backend *b)
+{
+	if (b->early_checks > 0 && !b->rb->self_cached) {
+		b->early_checks--;
+		backend_check_slots_now(b);
+	}
 }
 
 void backend_expect_restart(struct backend *b)

@@ -30,6 +30,10 @@ struct backend {
 	/* Without --slot-dir: bytes written under each name toki used in the
 	 * server's own folder (0: never used), what that folder holds of toki's. */
 	uint64_t remote_bytes[SLOT_REMOTE_MAX_NAMES];
+	/* Answers after which toki looks at /slots at once (the first few of a
+	 * discovery): a server that empties its idle slots shows it after its
+	 * second request, before toki has pinned many (router.h, self_cached). */
+	int early_checks;
 	/* Prompts made in toki (backend/prompt_probe.h): the engine, what of it
 	 * matched the server, and how it has done since. */
 	struct prompt_engine *prompt;
@@ -62,5 +66,8 @@ void backend_expect_restart(struct backend *b);
 /* Looks at the server's slots now rather than at the next health check: a
  * request found its slot holding less than toki thought. */
 void backend_check_slots_now(struct backend *b);
+/* An answer ended: one of the first few of a discovery makes toki look at
+ * the slots at once (early_checks). */
+void backend_answer_ended(struct backend *b);
 
 #endif
