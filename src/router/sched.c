@@ -47,23 +47,6 @@ size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub)
 	return pos;
 }
 
-size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_t min_chunk)
-{
-	size_t kept = 0, prev = 0;
-	for (size_t i = 0; i < n_starts; i++) {
-		int pin = pinned && pinned[i];
-		if (starts[i] <= prev)
-			continue; /* not increasing: never a chunk of no rows */
-		if (!pin && starts[i] - prev < min_chunk)
-			continue;
-		if (pinned)
-			pinned[kept] = pinned[i];
-		starts[kept++] = starts[i];
-		prev = starts[i];
-	}
-	return kept;
-}
-
 size_t sched_split_first(size_t *b, size_t nb, size_t cap, size_t step)
 {
 	if (!nb || !step || b[0] <= step)

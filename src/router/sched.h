@@ -33,33 +33,19 @@ size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, si
  * at most x: what of a computed prefix survives a cut at x. */
 size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
 
-/* Chunks shorter than this are merged into the next (sched_merge): a
- * round trip and a small batch cost more than they save. */
+/* A first message shorter than this is no chunk of its own (sched_chunks):
+ * a round trip and a small batch cost more than they save. */
 #define SCHED_MIN_CHUNK 64
 
-/* Merges small chunks, in place, left to right: a start is kept when at least
- * min_chunk tokens follow the previous kept start (or 0), or when pinned[i]
- * is set. A kept start so depends only on the starts before it, and a
- * later, longer prompt with the same beginning keeps the same ones. The
- * caller pins where assistant messages start and the generation prompt (the
- * last start): a resent prompt then evaluates only the generation prompt,
- * and the next turn reuses everything before the answer it continues (that
- * answer's start was the generation prompt's). pinned may be NULL. Starts
- * must be increasing; pinned is compacted alongside. Returns how many are
- * kept. */
-size_t sched_merge(size_t *starts, unsigned char *pinned, size_t n_starts, size_t min_chunk);
-
-/* The first chunk (the system message, with whatever was merged into it)
- * also starts a chunk every SCHED_FIRST_STEP tokens from position 0.
- * Sessions of one agent, and its sub-agents, share a long system prompt
- * up to a point inside it (a date, a folder, a task appended to shared
- * tool definitions): reuse between them is whole micro-batches of their
- * common schedule, so a start every 128 tokens declines at most 128 of
+/* The first chunk (the system message) also starts a chunk every SCHED_FIRST_STEP tokens from
+ * position 0. Sessions of one agent, and its sub-agents, share a long system prompt up to a point
+ * inside it (a date, a folder, a task appended to shared tool definitions): reuse between them is
+ * whole micro-batches of their common schedule, so a start every 128 tokens declines at most 128 of
  * what they share, where one chunk declined up to a micro-batch (512).
  * The starts depend only on the prompt, as every start must. */
 #define SCHED_FIRST_STEP 128
 
-/* Adds those starts: b[0..nb) (increasing, from sched_merge) with every
+/* Adds those starts: b[0..nb) (increasing) with every
  * multiple of step inside (0, b[0]) inserted before them, up to cap starts
  * in all. No starts (the grid) stays so. Returns the new count. */
 size_t sched_split_first(size_t *b, size_t nb, size_t cap, size_t step);

@@ -75,38 +75,43 @@ static void test_floor(void **state)
 	assert_int_equal(sched_floor(NULL, 0, 1117, 10, 512), 0);
 }
 
-/* Merging is left to right and content-defined: a longer prompt with the
+/* The rule is left to right and content-defined: a longer prompt with the
  * same beginning keeps the same starts there. */
-static void test_merge(void **state)
+static void test_chunks_left_to_right(void **state)
 {
-	size_t s[] = {30, 50, 120, 130, 200, 205};
+	size_t *s = malloc(6 * sizeof *s);
+	assert_non_null(s);
+	size_t s0[] = {30, 50, 120, 130, 200, 205};
+	memcpy(s, s0, sizeof s0);
 	unsigned char pin[] = {0, 0, 0, 1, 0, 1};
-	size_t n = sched_merge(s, pin, N(s), 64);
-	size_t want[] = {120, 130, 200, 205};
+	size_t n = sched_chunks(&s, pin, N(s0));
+	size_t want[] = {128, 130, 205}; /* 130 splits at 128 */
 	assert_int_equal(n, N(want));
 	assert_memory_equal(s, want, sizeof want);
-	assert_int_equal(pin[0], 0);
-	assert_int_equal(pin[1], 1);
-	assert_int_equal(pin[3], 1);
+	free(s);
 
 	/* The same starts, extended: the kept ones up to 205 are the same. */
-	size_t t[] = {30, 50, 120, 130, 200, 205, 230, 400, 410};
+	size_t *t = malloc(9 * sizeof *t);
+	assert_non_null(t);
+	size_t t0[] = {30, 50, 120, 130, 200, 205, 230, 400, 410};
+	memcpy(t, t0, sizeof t0);
 	unsigned char tp[] = {0, 0, 0, 1, 0, 1, 0, 0, 1};
-	size_t m = sched_merge(t, tp, N(t), 64);
-	assert_true(m >= 4);
+	size_t m = sched_chunks(&t, tp, N(t0));
+	assert_int_equal(m, 4);
 	assert_memory_equal(t, want, sizeof want);
-
-	/* Without pins, only distance keeps a start. */
-	size_t u[] = {10, 70, 100, 140};
-	assert_int_equal(sched_merge(u, NULL, N(u), 64), 2);
-	assert_int_equal(u[0], 70);
-	assert_int_equal(u[1], 140);
+	assert_int_equal(t[3], 410);
+	free(t);
 
 	/* Starts that do not increase are dropped. */
-	size_t v[] = {100, 100, 90, 300};
+	size_t *v = malloc(4 * sizeof *v);
+	assert_non_null(v);
+	size_t v0[] = {100, 100, 90, 300};
+	memcpy(v, v0, sizeof v0);
 	unsigned char vp[] = {1, 1, 1, 1};
-	assert_int_equal(sched_merge(v, vp, N(v), 64), 2);
+	assert_int_equal(sched_chunks(&v, vp, N(v0)), 2);
+	assert_int_equal(v[0], 100);
 	assert_int_equal(v[1], 300);
+	free(v);
 }
 
 static void test_split_first(void **state)
@@ -247,7 +252,7 @@ int main(void)
 	    cmocka_unit_test(test_message_chunks),
 	    cmocka_unit_test(test_symmetric),
 	    cmocka_unit_test(test_floor),
-	    cmocka_unit_test(test_merge),
+	    cmocka_unit_test(test_chunks_left_to_right),
 	    cmocka_unit_test(test_plan),
 	    cmocka_unit_test(test_split_first),
 	    cmocka_unit_test(test_chunks_share_inside_the_first_message),
