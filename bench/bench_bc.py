@@ -1,6 +1,7 @@
 """Benchmarks b (evaluated tokens over the prefix limit on the interleaved
 agent workload) and c (exact vs fast: evaluated tokens and identity with an
 uncached run, at two micro-batch sizes)."""
+import os
 import time
 
 import workload
@@ -30,93 +31,143 @@ def toki_log_lines(toki):
     return out
 
 
-def run_config(quick, requests, tokens, np, cram, target, ubatch):
-    """Replays the request list through one fresh server (and toki), streamed.
+class Target:
+    """One path of a run: a fresh llama-server (and toki in front of it).
     target: direct, fast, exact, or fast+slots / exact+slots (toki with slot
     files: --slot-dir on toki, --slot-save-path on llama-server, same folder),
     or fast+server / exact+server (--slot-save-path on llama-server only)."""
-    import shutil
-    import tempfile
-    th = harness()
-    p = workload.params(quick)
-    tag = f"np{np}-cram{cram}-ub{ubatch}-{target}"
-    mode, _, slots = target.partition("+")
-    slot_dir = tempfile.mkdtemp(prefix="toki-bench-slots-") if slots else None
-    # np "auto": no -np, llama-server's default (4 slots, unified KV cache).
-    ls = th.LlamaServer(model=model_path(), slots=4 if np == "auto" else np,
-                        ctx=p["per_slot_ctx"], ubatch=ubatch, cache_ram=cram,
-                        name=f"bench-{tag}", np_flag=np != "auto",
-                        extra=["--slot-save-path", slot_dir] if slot_dir else [])
-    toki = None
+
+    def __init__(self, quick, np, cram, target, ubatch):
+        import tempfile
+        th = harness()
+        p = workload.params(quick)
+        self.np, self.cram, self.target, self.ubatch = np, cram, target, ubatch
+        self.tag = f"np{np}-cram{cram}-ub{ubatch}-{target}"
+        self.mode, _, slots = target.partition("+")
+        self.slot_dir = tempfile.mkdtemp(prefix="toki-bench-slots-") if slots else None
+        self.toki = self.client = None
+        self.recs, self.wall = [], 0.0
+        # np "auto": no -np, llama-server's default (4 slots, unified KV cache).
+        self.ls = th.LlamaServer(model=model_path(), slots=4 if np == "auto" else np,
+                                 ctx=p["per_slot_ctx"], ubatch=ubatch, cache_ram=cram,
+                                 name=f"bench-{self.tag}", np_flag=np != "auto",
+                                 extra=["--slot-save-path", self.slot_dir] if self.slot_dir
+                                 else [])
+        try:
+            if target != "direct":
+                # +server: the server has a --slot-save-path, toki no --slot-dir
+                # (toki then saves into it under a bounded set of names).
+                self.toki = th.Toki([self.ls], mode=self.mode, ubatch=ubatch,
+                                    name=f"toki-bench-{self.tag}",
+                                    extra=["--slot-dir", self.slot_dir, "--slot-save-idle-ms", "0"]
+                                    if self.slot_dir and slots == "slots" else [])
+            self.client = Client(self.toki.port if self.toki else self.ls.port)
+        except Exception:
+            self.close()
+            raise
+
+    def send(self, r, toks):
+        """One request of the workload, recorded against its reference."""
+        t0 = time.perf_counter()
+        res = stream_chat_retrying(self.client, workload.body_of(r))
+        self.wall += time.perf_counter() - t0
+        if res["status"] != 200 or not res["timings"]:
+            raise RuntimeError(f"{self.tag}: request {r['i']} failed: {res}")
+        t = res["timings"]
+        if self.mode == "exact":  # toki's own uncached answer (exact mode's schedule)
+            ref_text, ref_lp = r["toki_reply"], r["toki_reply_logprobs"]
+        else:  # llama-server's uncached answer (grid is its schedule)
+            ref_text, ref_lp = r["reply"], r.get("reply_logprobs")
+        self.recs.append({"i": r["i"], "kind": r["kind"], "session": r["session"],
+                          "prompt_tokens": len(toks), "prompt_n": t["prompt_n"],
+                          "cache_n": t["cache_n"], "ttft": res["ttft"], "total": res["total"],
+                          "predicted_n": t.get("predicted_n"),
+                          "identical": res["text"] == ref_text,
+                          "lp_identical": res["text"] == ref_text and res["logprobs"] == ref_lp,
+                          "cache": res["cache"],
+                          "route": res["route"], "failures": res["failures"],
+                          "text": res["text"][:120]})
+        if self.mode == "exact" and not self.recs[-1]["lp_identical"]:
+            log(f"  {self.tag}: request {r['i']} ({r['kind']} s{r['session']} t{r['turn']}) "
+                f"differs from toki's uncached answer: cache {res['cache']}, timings "
+                f"cache_n {t['cache_n']} prompt_n {t['prompt_n']}; reference cache "
+                f"{r.get('toki_ref_cache')}; text {res['text'][:60]!r} vs "
+                f"{ref_text[:60]!r}")
+
+    def finish(self):
+        """Stops the servers; returns the run's summary."""
+        toki, recs = self.toki, self.recs
+        try:
+            if toki and toki.proc.poll() is not None:
+                raise RuntimeError(f"{self.tag}: toki exited with status {toki.proc.returncode}")
+            stats = toki.stats() if toki else None
+            lines = toki_log_lines(toki) if toki else []
+            log_path = toki.log_path if toki else None
+        finally:
+            self.close()
+        ev = sum(r["prompt_n"] for r in recs)
+        res = {"np": self.np, "cram": self.cram, "target": self.target, "ubatch": self.ubatch,
+               "think_s": THINK_S, "evaluated": ev,
+               "cached": sum(r["cache_n"] for r in recs), "wall_s": self.wall,
+               "ttft_p50": median([r["ttft"] for r in recs]),
+               "ttft_p95": pct([r["ttft"] for r in recs], 95),
+               "identical": sum(r["identical"] for r in recs), "n": len(recs),
+               "lp_identical": sum(r["lp_identical"] for r in recs),
+               "failed_attempts": sum(len(r["failures"]) for r in recs),
+               "count_mismatch": sum(r["prompt_n"] + r["cache_n"] != r["prompt_tokens"]
+                                     for r in recs),
+               "cache_block_mismatch": sum(bool(r["cache"]) and
+                                           r["cache"].get("evaluated") != r["prompt_n"]
+                                           for r in recs),
+               "tail_cut_tokens": (stats or {}).get("tail_cut_tokens"),
+               "prefill_steps": (stats or {}).get("prefill_steps"),
+               "reference": "toki uncached" if self.mode == "exact" else "llama-server uncached",
+               "requests": recs, "toki_stats": stats, "toki_log": lines,
+               "toki_log_path": log_path, "server_log_path": self.ls.log_path}
+        log(f"  {self.tag}: evaluated {ev}, wall {self.wall:.1f} s, identical "
+            f"{res['identical']}/{res['n']}, logprobs too {res['lp_identical']}/{res['n']}, "
+            f"failed attempts {res['failed_attempts']}")
+        return res
+
+    def close(self):
+        import shutil
+        if self.client:
+            self.client.close()
+            self.client = None
+        stop(self.toki, self.ls)
+        if self.slot_dir:
+            shutil.rmtree(self.slot_dir, ignore_errors=True)
+
+
+def run_lockstep(quick, requests, tokens, np, cram, targets, ubatch):
+    """Replays the request list through every target at once, each on its own
+    fresh server: request i goes to each target in turn (the order rotating
+    with i), one request in flight at a time, so the targets see the same
+    machine at the same moments and their times pair up request by request.
+    Returns {target: summary}."""
+    opened = []
     try:
-        if target != "direct":
-            # +server: the server has a --slot-save-path, toki no --slot-dir
-            # (toki then saves into it under a bounded set of names).
-            toki = th.Toki([ls], mode=mode, ubatch=ubatch, name=f"toki-bench-{tag}",
-                           extra=["--slot-dir", slot_dir, "--slot-save-idle-ms", "0"]
-                           if slot_dir and slots == "slots" else [])
-        c = Client(toki.port if toki else ls.port)
-        recs = []
-        wall = 0.0
-        for r, toks in zip(requests, tokens):
-            if THINK_S and recs:
-                time.sleep(THINK_S)
-            t0 = time.perf_counter()
-            res = stream_chat_retrying(c, workload.body_of(r))
-            wall += time.perf_counter() - t0
-            if res["status"] != 200 or not res["timings"]:
-                raise RuntimeError(f"{tag}: request {r['i']} failed: {res}")
-            t = res["timings"]
-            if mode == "exact":  # toki's own uncached answer (exact mode's schedule)
-                ref_text, ref_lp = r["toki_reply"], r["toki_reply_logprobs"]
-            else:  # llama-server's uncached answer (grid is its schedule)
-                ref_text, ref_lp = r["reply"], r.get("reply_logprobs")
-            recs.append({"i": r["i"], "kind": r["kind"], "session": r["session"],
-                         "prompt_tokens": len(toks), "prompt_n": t["prompt_n"],
-                         "cache_n": t["cache_n"], "ttft": res["ttft"], "total": res["total"],
-                         "predicted_n": t.get("predicted_n"),
-                         "identical": res["text"] == ref_text,
-                         "lp_identical": res["text"] == ref_text and res["logprobs"] == ref_lp,
-                         "cache": res["cache"],
-                         "route": res["route"], "failures": res["failures"],
-                         "text": res["text"][:120]})
-            if mode == "exact" and not recs[-1]["lp_identical"]:
-                log(f"  {tag}: request {r['i']} ({r['kind']} s{r['session']} t{r['turn']}) "
-                    f"differs from toki's uncached answer: cache {res['cache']}, timings "
-                    f"cache_n {t['cache_n']} prompt_n {t['prompt_n']}; reference cache "
-                    f"{r.get('toki_ref_cache')}; text {res['text'][:60]!r} vs "
-                    f"{ref_text[:60]!r}")
-        c.close()
-        if toki and toki.proc.poll() is not None:
-            raise RuntimeError(f"{tag}: toki exited with status {toki.proc.returncode}")
-        stats = toki.stats() if toki else None
-        lines = toki_log_lines(toki) if toki else []
-        log_path = toki.log_path if toki else None
+        for t in targets:
+            opened.append(Target(quick, np, cram, t, ubatch))
+        for k, (r, toks) in enumerate(zip(requests, tokens)):
+            j = k % len(opened)
+            for tg in opened[j:] + opened[:j]:
+                if THINK_S:
+                    time.sleep(THINK_S)
+                tg.send(r, toks)
+        out = {}
+        while opened:
+            tg = opened.pop(0)
+            out[tg.target] = tg.finish()
+        return out
     finally:
-        stop(toki, ls)
-        if slot_dir:
-            shutil.rmtree(slot_dir, ignore_errors=True)
-    ev = sum(r["prompt_n"] for r in recs)
-    res = {"np": np, "cram": cram, "target": target, "ubatch": ubatch, "think_s": THINK_S,
-           "evaluated": ev,
-           "cached": sum(r["cache_n"] for r in recs), "wall_s": wall,
-           "ttft_p50": median([r["ttft"] for r in recs]),
-           "ttft_p95": pct([r["ttft"] for r in recs], 95),
-           "identical": sum(r["identical"] for r in recs), "n": len(recs),
-           "lp_identical": sum(r["lp_identical"] for r in recs),
-           "failed_attempts": sum(len(r["failures"]) for r in recs),
-           "count_mismatch": sum(r["prompt_n"] + r["cache_n"] != r["prompt_tokens"] for r in recs),
-           "cache_block_mismatch": sum(bool(r["cache"]) and
-                                       r["cache"].get("evaluated") != r["prompt_n"]
-                                       for r in recs),
-           "tail_cut_tokens": (stats or {}).get("tail_cut_tokens"),
-           "prefill_steps": (stats or {}).get("prefill_steps"),
-           "reference": "toki uncached" if mode == "exact" else "llama-server uncached",
-           "requests": recs, "toki_stats": stats, "toki_log": lines, "toki_log_path": log_path,
-           "server_log_path": ls.log_path}
-    log(f"  {tag}: evaluated {ev}, wall {wall:.1f} s, identical {res['identical']}/{res['n']}, "
-        f"logprobs too {res['lp_identical']}/{res['n']}, failed attempts {res['failed_attempts']}")
-    return res
+        for tg in opened:
+            tg.close()
+
+
+def run_config(quick, requests, tokens, np, cram, target, ubatch):
+    """Replays the request list through one fresh server (and toki), streamed."""
+    return run_lockstep(quick, requests, tokens, np, cram, (target,), ubatch)[target]
 
 
 _runs = {}
@@ -367,39 +418,73 @@ NW_TARGETS = ("direct", "fast", "exact", "fast+server", "exact+server", "fast+sl
               "exact+slots")
 
 
+def n_configs():
+    """-np x --cache-ram of bench n; TOKI_BENCH_N_CONFIGS="2:8192,1:0" runs
+    only those (a rerun of one configuration)."""
+    only = os.environ.get("TOKI_BENCH_N_CONFIGS")
+    if only:
+        out = []
+        for c in only.split(","):
+            np, cram = c.split(":")
+            out.append((np if np == "auto" else int(np), int(cram)))
+        return out
+    return [(np, cram) for np in (1, 2, 4, "auto") for cram in (0, 8192)]
+
+
+def paired_ttft(a, b):
+    """b's TTFT minus a's, request by request (both runs in lockstep): the
+    median difference in ms and how many of b's were no later than a's."""
+    d = [(y["ttft"] - x["ttft"]) * 1000 for x, y in zip(a["requests"], b["requests"])]
+    return (median(d) if d else float("nan")), sum(v <= 0 for v in d), len(d)
+
+
+def failed_run(np, cram, target, ubatch, e):
+    log(f"  np{np}-cram{cram}-ub{ubatch}-{target}: FAILED: {e!r}")
+    nan = float("nan")
+    return {"np": np, "cram": cram, "target": target, "ubatch": ubatch,
+            "error": repr(e)[:300], "evaluated": nan, "cached": nan,
+            "wall_s": nan, "ttft_p50": nan, "ttft_p95": nan, "identical": 0,
+            "n": 0, "lp_identical": 0, "failed_attempts": "run failed",
+            "requests": []}
+
+
 def bench_n(quick):
     """Never worse than llama-server alone (issue 13, item 10): b's workload in
     every -np (1, 2, 4, and llama-server's own default: no -np, 4 slots on a
     unified KV cache) x --cache-ram (0, 8192) configuration, llama-server
     alone beside toki fast and toki exact, each with and without slot files
-    (llama-server --slot-save-path and toki --slot-dir)."""
+    (llama-server --slot-save-path and toki --slot-dir). The seven paths of a
+    configuration run in lockstep (run_lockstep), so TTFTs pair up."""
     requests, tokens, _ = references(quick)
     limit, _ = prefix_limit(tokens)
     pivot, rows, runs = [], [], []
-    for np in (1, 2, 4, "auto"):
-        for cram in (0, 8192):
-            by = {}
-            for target in NW_TARGETS:
-                r = cached_run(quick, requests, tokens, np, cram, target, 512)
-                by[target] = r
-                runs.append(r)
-                rows.append([np, cram, label(target), r["evaluated"], r["evaluated"] / limit,
-                             r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
-                             r.get("reference", ""), *ident(r), r["failed_attempts"]])
-            a = by["direct"]
-            row = [np, cram, a["evaluated"]]
-            for target in NW_TARGETS[1:]:
-                row.append(f"{by[target]['evaluated']} ({by[target]['evaluated'] / a['evaluated']:.2f})")
-            row += [a["ttft_p50"] * 1000, by["fast"]["ttft_p50"] * 1000,
-                    by["fast+slots"]["ttft_p50"] * 1000,
-                    "yes" if max(by[t]["evaluated"] for t in ("fast", "fast+server",
-                                                              "fast+slots")) <= a["evaluated"]
-                    else "no"]
-            pivot.append(row)
+    for np, cram in n_configs():
+        try:
+            by = run_lockstep(quick, requests, tokens, np, cram, NW_TARGETS, 512)
+        except Exception as e:
+            by = {t: failed_run(np, cram, t, 512, e) for t in NW_TARGETS}
+        for target in NW_TARGETS:
+            r = by[target]
+            runs.append(r)
+            rows.append([np, cram, label(target), r["evaluated"], r["evaluated"] / limit,
+                         r["ttft_p50"] * 1000, r["ttft_p95"] * 1000, r["wall_s"],
+                         r.get("reference", ""), *ident(r), r["failed_attempts"]])
+        a = by["direct"]
+        row = [np, cram, a["evaluated"]]
+        for target in NW_TARGETS[1:]:
+            row.append(f"{by[target]['evaluated']} ({by[target]['evaluated'] / a['evaluated']:.2f})")
+        for target in ("fast", "fast+slots"):
+            d, le, n = paired_ttft(a, by[target])
+            by[target]["ttft_vs_alone_ms"] = d
+            row.append(f"{d:+.1f} ({le}/{n})")
+        row.append("yes" if max(by[t]["evaluated"] for t in ("fast", "fast+server", "fast+slots"))
+                   <= a["evaluated"] else "no")
+        pivot.append(row)
     t1 = table(["-np", "--cache-ram", "llama-server alone", "toki fast", "toki exact",
                 "toki fast, server's folder", "toki exact, server's folder",
                 "toki fast + slot files", "toki exact + slot files",
-                "TTFT p50 ms alone", "TTFT p50 ms fast", "TTFT p50 ms fast + slot files",
+                "TTFT fast - alone, median ms (fast no later)",
+                "TTFT fast + slot files - alone, median ms (no later)",
                 "every fast <= alone"], pivot)
     t2 = table(["-np", "--cache-ram", "path", "evaluated", "eval/limit", "TTFT p50 ms",
                 "TTFT p95 ms", "wall s", "reference", "text = reference",
@@ -409,5 +494,8 @@ def bench_n(quick):
           f"configuration; \"auto\" is llama-server without -np (4 slots, unified KV cache, "
           f"idle slots moved to its RAM cache when --cache-ram is on). Slot files: "
           f"llama-server --slot-save-path DIR and toki --slot-dir DIR; server's folder: "
-          f"llama-server --slot-save-path DIR, toki without --slot-dir.\n\n{t1}\n\n{t2}\n")
+          f"llama-server --slot-save-path DIR, toki without --slot-dir. The seven paths of a "
+          f"configuration run in lockstep, each on its own server: request i goes to each "
+          f"in turn, the order rotating, so TTFTs are compared request by request.\n\n"
+          f"{t1}\n\n{t2}\n")
     return {"limit": limit, "pivot": pivot, "runs": runs, "markdown": md}

@@ -165,6 +165,12 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
                                void *arg);
 static const struct backend_call_handlers save_probe_handlers = {.on_done = on_save_probe_done,
                                                                  .on_error = on_discovery_error};
+static void ram_probe(struct backend *b);
+static void on_ram_probe_done(struct backend_call *call, int status, const char *body, size_t len,
+                              void *arg);
+static void on_ram_probe_error(struct backend_call *call, enum backend_error err, void *arg);
+static const struct backend_call_handlers ram_probe_handlers = {.on_done = on_ram_probe_done,
+                                                                .on_error = on_ram_probe_error};
 
 static void on_props_done(struct backend_call *call, int status, const char *body, size_t len,
                           void *arg)
@@ -235,6 +241,19 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 	}
 	int n = (int)json_array_size(slots);
 	int n_ctx = (int)json_integer_value(json_object_get(json_array_get(slots, 0), "n_ctx"));
+	/* The RAM probe's slot: the one whose last prompt was the shortest,
+	 * which loses least if the server has no RAM cache to keep it in. */
+	b->ram_probe_slot = 0;
+	json_int_t fewest = -1;
+	for (int i = 0; i < n; i++) {
+		json_t *js = json_array_get(slots, (size_t)i);
+		json_int_t k = json_integer_value(json_object_get(js, "n_prompt_tokens"));
+		if (!json_is_true(json_object_get(js, "is_processing")) &&
+		    (fewest < 0 || k < fewest)) {
+			fewest = k;
+			b->ram_probe_slot = (int)json_integer_value(json_object_get(js, "id"));
+		}
+	}
 	json_decref(slots);
 	if (router_backend_set_slots(b->d->router, b->rb, n, n_ctx, b->d->cfg.n_ubatch) != 0) {
 		discovery_failed(b, "out of memory");
@@ -275,6 +294,132 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
 		         b->rb->url, SLOT_REMOTE_MAX_NAMES,
 		         (unsigned long long)(b->d->cfg.slot_disk_bytes >> 20));
 	b->rb->can_save = can;
+	ram_probe(b);
+}
+
+/* Does the server keep slot states in its RAM (--cache-ram, on by default)?
+ * toki cannot see that cache, and in fast mode without slot files the
+ * server's own slot choice is then the better one (api/proxy.c,
+ * server_picks_slot): replacing a slot's content whole saves it there, where
+ * a partial reuse that toki would pick cuts it and loses the rest. Learning
+ * it only from the first load out of that RAM came too late: the requests
+ * pinned before it had already cut what the server would have kept (bench
+ * n, -np 2 --cache-ram 8192: 12,408 evaluated against 10,854 alone).
+ *
+ * So three tiny prompts ask it directly, in one slot: A, then B (nothing in
+ * common after the first token), then A again. A server with a RAM cache
+ * saved A when B replaced it and loads it back: the third reuses all of A
+ * but the token it must evaluate. One without reuses what A and B share, a
+ * token or two. The slot is the one that held least; only its content is
+ * at stake, and only on a server without a RAM cache. Asked only where the
+ * answer changes what toki does: fast mode, no slot files, two slots or
+ * more (with one, the server and toki pick the same slot). */
+static const char *const ram_probe_bodies[3] = {
+    "toki probe: does this server keep the states of its slots in a cache in RAM? "
+    "one two three four five six seven eight nine ten eleven twelve",
+    "Zebra quartz violin: an unrelated second prompt to take the same slot, "
+    "with nothing in common after its first token; red green blue",
+    "toki probe: does this server keep the states of its slots in a cache in RAM? "
+    "one two three four five six seven eight nine ten eleven twelve",
+};
+
+static int ram_probe_send(struct backend *b)
+{
+	if (b->ram_probe_step < 0) {
+		/* First, without touching a slot: a server started with
+		 * --embeddings answers this with 400, any other with 501. The
+		 * prompts are not sent to the former: llama-server 11669 crashes
+		 * on a completion there. */
+		b->health_call = backend_call_start(b->http, "POST", "/embeddings", "{}", 2,
+		                                    &ram_probe_handlers, b);
+		return b->health_call ? 0 : -1;
+	}
+	json_t *req =
+	    json_pack("{s:s, s:i, s:i, s:b}", "prompt", ram_probe_bodies[b->ram_probe_step],
+	              "n_predict", 0, "id_slot", b->ram_probe_slot, "cache_prompt", 1);
+	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+	json_decref(req);
+	if (!body)
+		return -1;
+	b->health_call = backend_call_start(b->http, "POST", "/completion", body, strlen(body),
+	                                    &ram_probe_handlers, b);
+	free(body);
+	return b->health_call ? 0 : -1;
+}
+
+static void ram_probe(struct backend *b)
+{
+	b->ram_probe_step = -1;
+	if (reuse_mode_is_exact(b->d->router->mode) || b->rb->can_save || b->rb->n_slots < 2 ||
+	    ram_probe_send(b) != 0)
+		discover_models(b);
+}
+
+/* The probe could not tell (an error, a refusal): toki goes on without
+ * knowing, and learns of a RAM cache at its first load instead
+ * (note_ram_load). */
+static void ram_probe_unknown(struct backend *b, const char *why)
+{
+	log_info("backend %s: could not tell whether it has a RAM cache (%s); toki will see it "
+	         "at its first load from it",
+	         b->rb->url, why);
+	discover_models(b);
+}
+
+static void on_ram_probe_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	discovery_failed(b, backend_error_text(err));
+}
+
+static void on_ram_probe_done(struct backend_call *call, int status, const char *body, size_t len,
+                              void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	if (b->ram_probe_step < 0) {
+		if (status != 501) {
+			ram_probe_unknown(b, "it serves embeddings");
+			return;
+		}
+		b->ram_probe_step = 0;
+		if (ram_probe_send(b) != 0)
+			discovery_failed(b, "out of memory");
+		return;
+	}
+	json_error_t jerr;
+	json_t *r = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *t = json_object_get(r, "timings");
+	json_int_t cache_n = json_integer_value(json_object_get(t, "cache_n"));
+	json_int_t prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
+	int ok = json_is_object(t);
+	json_decref(r);
+	if (!ok) {
+		char why[64];
+		snprintf(why, sizeof why, "POST /completion answered %d", status);
+		ram_probe_unknown(b, why);
+		return;
+	}
+	if (b->ram_probe_step == 0)
+		b->ram_probe_tokens = (int)(cache_n + prompt_n);
+	if (++b->ram_probe_step < 3) {
+		if (ram_probe_send(b) != 0)
+			discovery_failed(b, "out of memory");
+		return;
+	}
+	if (b->ram_probe_tokens < 16) {
+		ram_probe_unknown(b, "its probe prompt was too short");
+		return;
+	}
+	int ram = cache_n + 2 >= b->ram_probe_tokens;
+	if (ram && !b->rb->ram_cache)
+		log_info(
+		    "backend %s keeps the states of its slots in RAM (--cache-ram): without slot "
+		    "files toki lets it pick slots (fast mode), as it does alone; "
+		    "--slot-save-path and --slot-dir would let toki do better",
+		    b->rb->url);
+	b->rb->ram_cache = ram;
 	discover_models(b);
 }
 

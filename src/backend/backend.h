@@ -34,6 +34,9 @@ struct backend {
 	 * discovery): a server that empties its idle slots shows it after its
 	 * second request, before toki has pinned many (router.h, self_cached). */
 	int early_checks;
+	/* The RAM cache probe (backend.c, ram_probe): its slot, its step, and
+	 * how many tokens its first prompt has. */
+	int ram_probe_slot, ram_probe_step, ram_probe_tokens;
 	/* Prompts made in toki (backend/prompt_probe.h): the engine, what of it
 	 * matched the server, and how it has done since. */
 	struct prompt_engine *prompt;

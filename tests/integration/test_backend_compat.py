@@ -207,6 +207,58 @@ class RamCache(unittest.TestCase):
         self.assertFalse(b["ram_cache"], b)
 
 
+class RamCacheProbe(unittest.TestCase):
+    """Item 10: learning of the RAM cache at its first load came too late:
+    the requests toki pinned before it had cut states the server would have
+    kept (bench n, -np 2 --cache-ram 8192: fast 12,408 against 10,854
+    alone). In fast mode without slot files, on a server with two slots or
+    more, toki now asks at start (three tiny prompts in one slot). Exact
+    mode and slot files need no answer, so they do not ask."""
+
+    def started(self, cache_ram, mode="fast", slots=2):
+        llama = th.LlamaServer(slots=slots, cache_ram=cache_ram)
+        toki = th.Toki([llama], mode=mode)
+        try:
+            log = toki.wait_log(" up: ")
+            return toki.stats()["backends"][0], log, llama.log_text()
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+
+    def test_fast_mode_asks_at_start(self):
+        b, log, server_log = self.started(8192)
+        self.assertTrue(b["ram_cache"], log)
+        self.assertIn("keeps the states of its slots in RAM", log)
+        b, log, server_log = self.started(0)
+        self.assertFalse(b["ram_cache"], log)
+        self.assertNotIn("keeps the states of its slots in RAM", log)
+        self.assertNotIn("could not tell", log)
+        # The three prompts ran on the server, in one slot.
+        self.assertEqual(server_log.count("selected slot by id"), 3, server_log[-3000:])
+
+    def test_an_embeddings_server_gets_no_prompts(self):
+        # llama-server 11669 crashes on a completion under --embeddings: the
+        # probe asks /embeddings first, which such a server answers (400
+        # here), and sends it no prompt.
+        llama = th.LlamaServer(slots=2, cache_ram=8192, extra=["--embeddings", "--pooling", "mean"])
+        toki = th.Toki([llama], mode="fast")
+        try:
+            log = toki.wait_log(" up: ")
+            self.assertIn("could not tell whether it has a RAM cache (it serves embeddings)", log)
+            st, r = th.request(toki.port, "POST", "/v1/embeddings", {"input": "Tom has a ball."})
+            self.assertEqual(st, 200, r)
+            self.assertIsNone(llama.proc.poll(), llama.log_text()[-2000:])
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+
+    def test_exact_mode_and_one_slot_do_not_ask(self):
+        for mode, slots in (("exact", 2), ("fast", 1)):
+            b, log, server_log = self.started(8192, mode=mode, slots=slots)
+            self.assertFalse(b["ram_cache"], log)
+            self.assertNotIn("selected slot by id", server_log)
+
+
 class SlotSavePathOnly(unittest.TestCase):
     """Item 10: a server started with --slot-save-path, toki without
     --slot-dir. toki cannot see that folder, but the server saves and
