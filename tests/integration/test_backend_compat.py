@@ -178,9 +178,9 @@ class RamCache(unittest.TestCase):
     keeps what a slot held when another conversation takes it, and loads it
     back into whichever slot the conversation lands on. toki, without slot
     files, cannot see into it: once the server reuses more than a slot could
-    lend, toki says so and lets the server pick slots in fast mode (bench n:
-    -np 2 --cache-ram 8192, 10,854 evaluated, as llama-server alone; 12,408
-    before). A server without one is never taken for one."""
+    lend, toki says so and lets the server pick slots in fast mode. (On a
+    server with one slot, as here, toki does not ask at start: RamCacheProbe.)
+    A server without one is never taken for one."""
 
     def run_three(self, cache_ram):
         llama = th.LlamaServer(slots=1, cache_ram=cache_ram)
