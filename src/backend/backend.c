@@ -297,6 +297,24 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
 	ram_probe(b);
 }
 
+/* The server empties its idle slots into its RAM at every new task
+ * (router.h, self_cached): said once. */
+static void mark_self_cached(struct backend *b)
+{
+	if (b->rb->self_cached)
+		return;
+	b->rb->self_cached = 1;
+	/* toki cannot choose the slot there: no slot files either. */
+	b->rb->can_save = 0;
+	log_warn("backend %s empties its idle slots into its RAM cache at every new task: "
+	         "its slots share one KV cache (llama-server started without -np). toki lets "
+	         "it pick the slot from now on (fast mode), which is all the caching it "
+	         "allows. In such a cache an answer also depends on what the other slots "
+	         "hold (measured), so exact mode cannot promise the same answer. Start "
+	         "llama-server with -np N (and --slot-save-path DIR, toki --slot-dir DIR)",
+	         b->rb->url);
+}
+
 /* Does the server keep slot states in its RAM (--cache-ram, on by default)?
  * toki cannot see that cache, and in fast mode without slot files the
  * server's own slot choice is then the better one (api/proxy.c,
@@ -311,7 +329,11 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
  * saved A when B replaced it and loads it back: the third reuses all of A
  * but the token it must evaluate. One without reuses what A and B share, a
  * token or two. The slot is the one that held least; only its content is
- * at stake, and only on a server without a RAM cache. Asked only where the
+ * at stake, and only on a server without a RAM cache. A server with one is
+ * then sent B into another slot: if that empties the first slot (its idle
+ * A went to RAM), its slots share one KV cache and are emptied at every new
+ * task, llama-server's default without -np (self_cached), which /slots
+ * shows. Asked only where the
  * answer changes what toki does: fast mode, no slot files, two slots or
  * more (with one, the server and toki pick the same slot). */
 static const char *const ram_probe_bodies[3] = {
@@ -334,9 +356,16 @@ static int ram_probe_send(struct backend *b)
 		                                    &ram_probe_handlers, b);
 		return b->health_call ? 0 : -1;
 	}
-	json_t *req =
-	    json_pack("{s:s, s:i, s:i, s:b}", "prompt", ram_probe_bodies[b->ram_probe_step],
-	              "n_predict", 0, "id_slot", b->ram_probe_slot, "cache_prompt", 1);
+	if (b->ram_probe_step == 4) {
+		b->health_call =
+		    backend_call_start(b->http, "GET", "/slots", NULL, 0, &ram_probe_handlers, b);
+		return b->health_call ? 0 : -1;
+	}
+	int step = b->ram_probe_step, slot = b->ram_probe_slot;
+	if (step == 3) /* B, into another slot */
+		step = 1, slot = (slot + 1) % b->rb->n_slots;
+	json_t *req = json_pack("{s:s, s:i, s:i, s:b}", "prompt", ram_probe_bodies[step],
+	                        "n_predict", 0, "id_slot", slot, "cache_prompt", 1);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	if (!body)
@@ -366,6 +395,20 @@ static void ram_probe_unknown(struct backend *b, const char *why)
 	discover_models(b);
 }
 
+static void ram_probe_found(struct backend *b, int ram, int self_cleared)
+{
+	if (self_cleared)
+		mark_self_cached(b);
+	else if (ram && !b->rb->ram_cache)
+		log_info(
+		    "backend %s keeps the states of its slots in RAM (--cache-ram): without slot "
+		    "files toki lets it pick slots (fast mode), as it does alone; "
+		    "--slot-save-path and --slot-dir would let toki do better",
+		    b->rb->url);
+	b->rb->ram_cache = ram;
+	discover_models(b);
+}
+
 static void on_ram_probe_error(struct backend_call *call, enum backend_error err, void *arg)
 {
 	struct backend *b = arg;
@@ -390,6 +433,21 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 	}
 	json_error_t jerr;
 	json_t *r = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	if (b->ram_probe_step == 4) {
+		/* Is the first slot, idle since A, empty now? */
+		size_t i;
+		json_t *js;
+		int emptied = 0;
+		json_array_foreach(r, i, js)
+		{
+			if (json_integer_value(json_object_get(js, "id")) == b->ram_probe_slot)
+				emptied =
+				    json_integer_value(json_object_get(js, "n_prompt_tokens")) <= 0;
+		}
+		json_decref(r);
+		ram_probe_found(b, 1, emptied);
+		return;
+	}
 	json_t *t = json_object_get(r, "timings");
 	json_int_t cache_n = json_integer_value(json_object_get(t, "cache_n"));
 	json_int_t prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
@@ -403,24 +461,19 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 	}
 	if (b->ram_probe_step == 0)
 		b->ram_probe_tokens = (int)(cache_n + prompt_n);
-	if (++b->ram_probe_step < 3) {
-		if (ram_probe_send(b) != 0)
-			discovery_failed(b, "out of memory");
-		return;
+	else if (b->ram_probe_step == 2) {
+		if (b->ram_probe_tokens < 16) {
+			ram_probe_unknown(b, "its probe prompt was too short");
+			return;
+		}
+		if (cache_n + 2 < b->ram_probe_tokens) {
+			ram_probe_found(b, 0, 0);
+			return;
+		}
 	}
-	if (b->ram_probe_tokens < 16) {
-		ram_probe_unknown(b, "its probe prompt was too short");
-		return;
-	}
-	int ram = cache_n + 2 >= b->ram_probe_tokens;
-	if (ram && !b->rb->ram_cache)
-		log_info(
-		    "backend %s keeps the states of its slots in RAM (--cache-ram): without slot "
-		    "files toki lets it pick slots (fast mode), as it does alone; "
-		    "--slot-save-path and --slot-dir would let toki do better",
-		    b->rb->url);
-	b->rb->ram_cache = ram;
-	discover_models(b);
+	b->ram_probe_step++;
+	if (ram_probe_send(b) != 0)
+		discovery_failed(b, "out of memory");
 }
 
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -496,19 +549,7 @@ static int self_cleared(struct backend *b, json_t *slots)
 	 * erasing a slot by hand). */
 	if (!cleared || kept)
 		return 0;
-	if (!b->rb->self_cached) {
-		b->rb->self_cached = 1;
-		/* toki cannot choose the slot there: no slot files either. */
-		b->rb->can_save = 0;
-		log_warn(
-		    "backend %s empties its idle slots into its RAM cache at every new task: "
-		    "its slots share one KV cache (llama-server started without -np). toki lets "
-		    "it pick the slot from now on (fast mode), which is all the caching it "
-		    "allows. In such a cache an answer also depends on what the other slots "
-		    "hold (measured), so exact mode cannot promise the same answer. Start "
-		    "llama-server with -np N (and --slot-save-path DIR, toki --slot-dir DIR)",
-		    b->rb->url);
-	}
+	mark_self_cached(b);
 	json_array_foreach(slots, i, js)
 	{
 		struct router_slot *s = &b->rb->slots[i];

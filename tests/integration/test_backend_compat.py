@@ -141,36 +141,55 @@ class DefaultSlots(unittest.TestCase):
     a slot it picks itself. toki finds that out, says so once, and lets the
     server pick (fast mode): a conversation that comes back is loaded from
     the server's RAM. On main toki kept sending it to the slot it had
-    filled, which the server had emptied: every such turn was a full miss."""
+    filled, which the server had emptied: every such turn was a full miss.
+    Fast mode without slot files asks at start (backend.c, ram_probe); exact
+    mode, which does not ask, sees it on /slots after its second answer."""
+
+    other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
+             {"role": "user", "content": "Tell me a story about Tom."}]
 
     def setUp(self):
         self.llama = th.LlamaServer(slots=4, cache_ram=8192, np_flag=False)
-        self.toki = th.Toki([self.llama], mode="fast")
+        self.toki = None
 
     def tearDown(self):
-        self.toki.kill(signal.SIGTERM)
+        if self.toki:
+            self.toki.kill(signal.SIGTERM)
         self.llama.kill()
 
-    def test_a_conversation_comes_back_from_the_servers_ram(self):
-        other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
-                 {"role": "user", "content": "Tell me a story about Tom."}]
+    def test_fast_mode_knows_at_start_and_the_conversation_comes_back(self):
+        self.toki = th.Toki([self.llama], mode="fast")
+        log = self.toki.wait_log(" up: ")
+        b = self.toki.stats()["backends"][0]
+        self.assertTrue(b["self_cached"] and b["ram_cache"], log)
+        self.assertIn("empties its idle slots into its RAM cache", log)
+        self.assertIn("-np N", log)
         st, r = self.toki.chat(LONG, max_tokens=4)
         self.assertEqual(st, 200, r)
-        st, r = self.toki.chat(other, max_tokens=4)
+        st, r = self.toki.chat(self.other, max_tokens=4)
         self.assertEqual(st, 200, r)
-        # The other conversation's task emptied the first one's slot: toki
-        # sees it at its next look at the server's slots.
-        deadline = time.time() + 30
-        while not self.toki.stats()["backends"][0].get("self_cached"):
-            self.assertLess(time.time(), deadline, self.toki.log_text())
-            time.sleep(0.05)
-        self.assertIn("empties its idle slots into its RAM cache", self.toki.log_text())
-        self.assertIn("-np N", self.toki.log_text())
         st, r = self.toki.chat(LONG + [{"role": "assistant", "content": "Once upon a time"},
                                        {"role": "user", "content": "And then?"}], max_tokens=4)
         self.assertEqual(st, 200, r)
         # Loaded from the server's RAM cache: the first turn's prompt.
         self.assertGreater(r["timings"]["cache_n"], 200, r["timings"])
+
+    def test_exact_mode_sees_it_on_the_slots(self):
+        self.toki = th.Toki([self.llama], mode="exact")
+        st, r = self.toki.chat(LONG, max_tokens=4)
+        self.assertEqual(st, 200, r)
+        self.assertFalse(self.toki.stats()["backends"][0]["self_cached"])
+        st, r = self.toki.chat(self.other, max_tokens=4)
+        self.assertEqual(st, 200, r)
+        # The other conversation's task emptied the first one's slot: toki
+        # sees it at its look at the server's slots after that answer.
+        deadline = time.time() + 30
+        while not self.toki.stats()["backends"][0].get("self_cached"):
+            self.assertLess(time.time(), deadline, self.toki.log_text())
+            time.sleep(0.05)
+        log = self.toki.log_text()
+        self.assertIn("exact mode cannot promise the same answer", log)
+        self.assertIn("-np N", log)
 
 
 class RamCache(unittest.TestCase):
@@ -229,6 +248,8 @@ class RamCacheProbe(unittest.TestCase):
         b, log, server_log = self.started(8192)
         self.assertTrue(b["ram_cache"], log)
         self.assertIn("keeps the states of its slots in RAM", log)
+        # -np 2: its own KV cache a slot, not emptied at other tasks.
+        self.assertFalse(b["self_cached"], log)
         b, log, server_log = self.started(0)
         self.assertFalse(b["ram_cache"], log)
         self.assertNotIn("keeps the states of its slots in RAM", log)
