@@ -413,7 +413,9 @@ static void on_ram_probe_error(struct backend_call *call, enum backend_error err
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	discovery_failed(b, backend_error_text(err));
+	/* Not discovery's failure: the server answered everything discovery
+	 * needs. If it is gone, the next step says so. */
+	ram_probe_unknown(b, backend_error_text(err));
 }
 
 static void on_ram_probe_done(struct backend_call *call, int status, const char *body, size_t len,
