@@ -333,16 +333,17 @@ static void mark_self_cached(struct backend *b)
  * then sent B into another slot: if that empties the first slot (its idle
  * A went to RAM), its slots share one KV cache and are emptied at every new
  * task, llama-server's default without -np (self_cached), which /slots
- * shows. Asked only where the
- * answer changes what toki does: fast mode, no slot files, two slots or
- * more (with one, the server and toki pick the same slot). */
-static const char *const ram_probe_bodies[3] = {
+ * shows. Asked only where the answer changes what toki does: fast mode, no
+ * slot files, two slots or more (with one, the server and toki pick the
+ * same slot).
+ *
+ * Steps (ram_probe_step): -1 the /embeddings check, 0 A, 1 B, 2 A again,
+ * 3 B in another slot, 4 the look at /slots. */
+static const char *const ram_probe_bodies[2] = {
     "toki probe: does this server keep the states of its slots in a cache in RAM? "
     "one two three four five six seven eight nine ten eleven twelve",
     "Zebra quartz violin: an unrelated second prompt to take the same slot, "
     "with nothing in common after its first token; red green blue",
-    "toki probe: does this server keep the states of its slots in a cache in RAM? "
-    "one two three four five six seven eight nine ten eleven twelve",
 };
 
 static int ram_probe_send(struct backend *b)
@@ -361,10 +362,9 @@ static int ram_probe_send(struct backend *b)
 		    backend_call_start(b->http, "GET", "/slots", NULL, 0, &ram_probe_handlers, b);
 		return b->health_call ? 0 : -1;
 	}
-	int step = b->ram_probe_step, slot = b->ram_probe_slot;
-	if (step == 3) /* B, into another slot */
-		step = 1, slot = (slot + 1) % b->rb->n_slots;
-	json_t *req = json_pack("{s:s, s:i, s:i, s:b}", "prompt", ram_probe_bodies[step],
+	int step = b->ram_probe_step;
+	int slot = step == 3 ? (b->ram_probe_slot + 1) % b->rb->n_slots : b->ram_probe_slot;
+	json_t *req = json_pack("{s:s, s:i, s:i, s:b}", "prompt", ram_probe_bodies[step % 2],
 	                        "n_predict", 0, "id_slot", slot, "cache_prompt", 1);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
