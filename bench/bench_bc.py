@@ -173,6 +173,16 @@ def run_config(quick, requests, tokens, np, cram, target, ubatch):
 _runs = {}
 
 
+def failed_run(np, cram, target, ubatch, e):
+    log(f"  np{np}-cram{cram}-ub{ubatch}-{target}: FAILED: {e!r}")
+    nan = float("nan")
+    return {"np": np, "cram": cram, "target": target, "ubatch": ubatch,
+            "error": repr(e)[:300], "evaluated": nan, "cached": nan,
+            "wall_s": nan, "ttft_p50": nan, "ttft_p95": nan, "identical": 0,
+            "n": 0, "lp_identical": 0, "failed_attempts": "run failed",
+            "requests": []}
+
+
 def cached_run(quick, requests, tokens, np, cram, target, ubatch):
     """run_config once per configuration (b and c share runs). A run that
     fails is recorded with its error (and reported as such), not fatal."""
@@ -181,13 +191,7 @@ def cached_run(quick, requests, tokens, np, cram, target, ubatch):
         try:
             _runs[key] = run_config(quick, requests, tokens, np, cram, target, ubatch)
         except Exception as e:
-            log(f"  np{np}-cram{cram}-ub{ubatch}-{target}: FAILED: {e!r}")
-            nan = float("nan")
-            _runs[key] = {"np": np, "cram": cram, "target": target, "ubatch": ubatch,
-                          "error": repr(e)[:300], "evaluated": nan, "cached": nan,
-                          "wall_s": nan, "ttft_p50": nan, "ttft_p95": nan, "identical": 0,
-                          "n": 0, "lp_identical": 0, "failed_attempts": "run failed",
-                          "requests": []}
+            _runs[key] = failed_run(np, cram, target, ubatch, e)
     return _runs[key]
 
 
@@ -443,16 +447,6 @@ def paired_ttft(a, b):
     nan = float("nan")
     return (median(d) if d else nan), sum(v <= 0 for v in d), len(d), (median(rest) if rest
                                                                          else nan)
-
-
-def failed_run(np, cram, target, ubatch, e):
-    log(f"  np{np}-cram{cram}-ub{ubatch}-{target}: FAILED: {e!r}")
-    nan = float("nan")
-    return {"np": np, "cram": cram, "target": target, "ubatch": ubatch,
-            "error": repr(e)[:300], "evaluated": nan, "cached": nan,
-            "wall_s": nan, "ttft_p50": nan, "ttft_p95": nan, "identical": 0,
-            "n": 0, "lp_identical": 0, "failed_attempts": "run failed",
-            "requests": []}
 
 
 def bench_n(quick):
