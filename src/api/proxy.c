@@ -2602,13 +2602,13 @@ static int local_chat(struct proxy_req *pr, struct backend *b)
 		log_debug("prompt by the server: %s", why);
 		token_list_free(&t);
 		free(st.pos);
-		free(st.answer);
+		free(st.kind);
 		return 0;
 	}
 	free(pr->bounds);
-	pr->n_bounds = sched_chunks(&st.pos, st.answer, st.n);
+	pr->n_bounds = sched_chunks(st.pos, st.kind, st.n);
 	pr->bounds = st.pos;
-	free(st.answer);
+	free(st.kind);
 	take_tokens(pr, b, &t, 1);
 	tokens_ready(pr);
 	return 1;

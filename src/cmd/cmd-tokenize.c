@@ -128,7 +128,7 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 			                p ? p : json_string("(not valid UTF-8)"), "tokens",
 			                tokens_json(prompt_engine_vocab(pe), &t, o->pieces));
 			if (o->schedule) {
-				st.n = sched_chunks(&st.pos, st.answer, st.n);
+				st.n = sched_chunks(st.pos, st.kind, st.n);
 				json_t *a = json_array();
 				for (size_t i = 0; i < st.n; i++)
 					json_array_append_new(a,
@@ -137,7 +137,7 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 				json_object_set_new(out, "header", json_boolean(st.header));
 			}
 			free(st.pos);
-			free(st.answer);
+			free(st.kind);
 		} else {
 			out = json_pack("{s:s}", r == CHAT_DECLINED ? "declined" : "error", why);
 			rc = r == CHAT_DECLINED ? 0 : 1;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "router/sched.h"
 #include "template/jinja.h"
 #include "util/dtoa.h"
 #include "util/strbuf.h"
@@ -499,12 +500,34 @@ static char *render_prefix(const struct chat_env *env, const struct jinja_templa
 	return text;
 }
 
+/* Byte offsets in prompt[0, end) where a paragraph starts: the first byte
+ * of a line that follows an empty line ("\n\n", "\r\n\r\n"). Writes them to
+ * out (when not NULL) and returns how many. */
+static size_t paragraph_starts(const char *prompt, size_t end, size_t *out)
+{
+	size_t n = 0, newlines = 0;
+	for (size_t i = 0; i < end; i++) {
+		char c = prompt[i];
+		if (c == '\n') {
+			newlines++;
+		} else if (c != '\r') {
+			if (newlines >= 2) {
+				if (out)
+					out[n] = i;
+				n++;
+			}
+			newlines = 0;
+		}
+	}
+	return n;
+}
+
 int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt,
-			size_t len, size_t **offsets, unsigned char **answer, size_t *n,
+			size_t len, size_t **offsets, unsigned char **kind, size_t *n,
 			int *last_is_header)
 {
 	*offsets = NULL;
-	*answer = NULL;
+	*kind = NULL;
 	*n = 0;
 	*last_is_header = 0;
 	if (env->add_eos)
@@ -521,8 +544,8 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 	json_object_set_new(g, "add_generation_prompt", json_false());
 	size_t m = json_array_size(msgs);
 	size_t *offs = calloc(m ? m : 1, sizeof *offs);
-	unsigned char *ans = calloc(m ? m : 1, 1);
-	int rc = offs && ans ? 0 : -1;
+	unsigned char *kinds = calloc(m ? m : 1, 1);
+	int rc = offs && kinds ? 0 : -1;
 	size_t count = 0, last = 0;
 	/* Message k starts where the rendering of the first k ends, if that
 	 * rendering is a prefix of the whole: a template that renders earlier
@@ -538,7 +561,8 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 			const char *role = k < m ? json_string_value(json_object_get(
 							   json_array_get(msgs, k), "role"))
 						 : "assistant";
-			ans[count] = role && !strcmp(role, "assistant");
+			kinds[count] = role && !strcmp(role, "assistant") ? SCHED_START_ANSWER
+									 : SCHED_START_MESSAGE;
 			offs[count++] = tl;
 			last = tl;
 			if (k == m)
@@ -548,13 +572,34 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 	}
 	json_decref(msgs);
 	json_decref(g);
+	/* The paragraphs of the first message (as far as the first start):
+	 * agents build a system prompt from sections, and sessions that share
+	 * one differ from a section on. */
+	size_t np = !rc && count ? paragraph_starts(prompt, offs[0], NULL) : 0;
+	if (np) {
+		size_t *o = realloc(offs, (count + np) * sizeof *o);
+		if (o)
+			offs = o;
+		unsigned char *k = o ? realloc(kinds, count + np) : NULL;
+		if (k)
+			kinds = k;
+		if (!o || !k) {
+			rc = -1;
+		} else {
+			memmove(offs + np, offs, count * sizeof *offs);
+			memmove(kinds + np, kinds, count);
+			paragraph_starts(prompt, offs[np], offs);
+			memset(kinds, SCHED_START_SECTION, np);
+			count += np;
+		}
+	}
 	if (rc || !count) {
 		free(offs);
-		free(ans);
+		free(kinds);
 		return rc;
 	}
 	*offsets = offs;
-	*answer = ans;
+	*kind = kinds;
 	*n = count;
 	return 0;
 }

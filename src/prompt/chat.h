@@ -72,13 +72,16 @@ enum chat_result chat_render(const struct chat_env *env, json_t *request, char *
 /* Where each message after the first starts in request's prompt (the text
  * chat_render gave, len bytes), as byte offsets in increasing order, and
  * where the generation prompt starts (the last offset, *last_is_header
- * set); (*answer)[i] is 1 where an assistant message (or the generation
- * prompt) starts. A start is known only where rendering the messages before it gives a
- * prefix of the prompt; a template that is not prefix-stable there gives
- * none. Returns 0 (perhaps with no offsets) or -1 when out of memory;
- * *offsets is malloc'd. */
+ * set); (*kind)[i] says what starts there (enum sched_start,
+ * router/sched.h): an assistant message or the generation prompt, another
+ * message, or a paragraph of the first message (a line after an empty
+ * line, before the first message start found). A message start is known
+ * only where rendering the messages before it gives a prefix of the
+ * prompt; a template that is not prefix-stable there gives none. Returns
+ * 0 (perhaps with no offsets) or -1 when out of memory; *offsets and *kind
+ * are malloc'd. */
 int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt,
-			size_t len, size_t **offsets, unsigned char **answer, size_t *n,
+			size_t len, size_t **offsets, unsigned char **kind, size_t *n,
 			int *last_is_header);
 
 /* The template variables chat_render would use (for tests and toki

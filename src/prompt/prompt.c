@@ -372,9 +372,9 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 	if (r != CHAT_OK)
 		return r;
 	size_t *cuts = NULL, n_cuts = 0;
-	unsigned char *answer = NULL;
+	unsigned char *kind = NULL;
 	int header = 0;
-	if (starts && chat_message_starts(&pe->env, request, *prompt, *prompt_len, &cuts, &answer,
+	if (starts && chat_message_starts(&pe->env, request, *prompt, *prompt_len, &cuts, &kind,
 					  &n_cuts, &header) != 0) {
 		snprintf(why, whylen, "out of memory");
 		return CHAT_ERROR;
@@ -382,7 +382,7 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 	size_t *pos = n_cuts ? malloc(n_cuts * sizeof *pos) : NULL;
 	if (n_cuts && !pos) {
 		free(cuts);
-		free(answer);
+		free(kind);
 		snprintf(why, whylen, "out of memory");
 		return CHAT_ERROR;
 	}
@@ -393,7 +393,7 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 		for (size_t i = 0; i < n_cuts; i++) {
 			int last = i + 1 == n_cuts;
 			if (pos[i] != (size_t)-1 && pos[i] > prev && pos[i] < out->n) {
-				answer[k] = answer[i];
+				kind[k] = kind[i];
 				pos[k++] = pos[i];
 				prev = pos[i];
 				if (last && header)
@@ -401,15 +401,15 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 			}
 		}
 		starts->pos = pos;
-		starts->answer = answer;
-		answer = NULL;
+		starts->kind = kind;
+		kind = NULL;
 		starts->n = k;
 		starts->messages = n_cuts;
 		pos = NULL;
 	}
 	free(pos);
 	free(cuts);
-	free(answer);
+	free(kind);
 	if (rc == -2) {
 		snprintf(why, whylen, "text the server's tokenizer rejects");
 		return CHAT_DECLINED;

@@ -60,13 +60,13 @@ enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, t
  * a token boundary). */
 struct prompt_starts {
 	size_t *pos, n;
-	unsigned char *answer; /* answer[i]: an assistant message starts at pos[i] */
+	unsigned char *kind; /* kind[i]: what starts at pos[i] (enum sched_start) */
 	size_t messages;
 	int header;
 };
 
 /* prompt_engine_chat, and with starts non-NULL the message starts too
- * (starts->pos and starts->answer malloc'd; free them). */
+ * (starts->pos and starts->kind malloc'd; free them). */
 enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *request, time_t now,
 					   char **prompt, size_t *prompt_len, struct token_list *out,
 					   struct prompt_starts *starts, char *why, size_t whylen);

@@ -47,42 +47,26 @@ size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub)
 	return pos;
 }
 
-size_t sched_split_first(size_t *b, size_t nb, size_t cap, size_t step)
+size_t sched_chunks(size_t *b, const unsigned char *kind, size_t n)
 {
-	if (!nb || !step || b[0] <= step)
-		return nb; /* no starts: the grid, which stays as it is */
-	size_t end = b[0];
-	size_t add = (end - 1) / step; /* multiples of step in (0, end) */
-	if (nb + add > cap)
-		add = cap - nb;
-	memmove(b + add, b, nb * sizeof *b);
-	for (size_t k = 0; k < add; k++)
-		b[k] = (k + 1) * step;
-	return nb + add;
-}
-
-size_t sched_chunks(size_t **starts, unsigned char *pinned, size_t n)
-{
-	size_t *b = *starts;
-	if (!n)
-		return 0;
-	/* The first message's end, then the pinned starts after it. */
 	size_t kept = 0, prev = 0;
+	int first = 1; /* inside the first message */
 	for (size_t i = 0; i < n; i++) {
+		int keep = 0;
 		if (b[i] <= prev)
-			continue; /* not increasing: never a chunk of no rows */
-		if (!pinned[i] && (i > 0 || b[i] < SCHED_MIN_CHUNK))
-			continue;
-		b[kept++] = prev = b[i];
+			keep = 0; /* not increasing: never a chunk of no rows */
+		else if (kind[i] == SCHED_START_ANSWER)
+			keep = 1;
+		else if (kind[i] == SCHED_START_SECTION)
+			keep = first && b[i] - prev >= SCHED_MIN_SECTION;
+		else
+			keep = first && b[i] - prev >= SCHED_MIN_CHUNK;
+		if (kind[i] != SCHED_START_SECTION)
+			first = 0;
+		if (keep)
+			b[kept++] = prev = b[i];
 	}
-	if (!kept || b[0] <= SCHED_FIRST_STEP)
-		return kept;
-	size_t cap = kept + (b[0] - 1) / SCHED_FIRST_STEP;
-	size_t *grown = realloc(b, cap * sizeof *grown);
-	if (!grown)
-		return 0;
-	*starts = grown;
-	return sched_split_first(grown, kept, cap, SCHED_FIRST_STEP);
+	return kept;
 }
 
 size_t sched_max_step(int ub)

@@ -33,35 +33,41 @@ size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, si
  * at most x: what of a computed prefix survives a cut at x. */
 size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
 
-/* A first message shorter than this is no chunk of its own (sched_chunks):
- * a round trip and a small batch cost more than they save. */
+/* What starts at a position of a chat prompt (prompt/chat.h gives them;
+ * sched_chunks keeps some as chunk starts). */
+enum sched_start {
+	SCHED_START_MESSAGE = 0, /* a message: the first one's end, or a user turn or tool output */
+	SCHED_START_ANSWER = 1,  /* an assistant message, or the generation prompt */
+	SCHED_START_SECTION = 2, /* a paragraph (after an empty line) of the first message */
+};
+
+/* The first message's end is a chunk start when the chunk it ends has at
+ * least this many tokens: a round trip and a small batch cost more than
+ * reusing fewer tokens saves. */
 #define SCHED_MIN_CHUNK 64
 
-/* The first chunk (the system message) also starts a chunk every SCHED_FIRST_STEP tokens from
- * position 0. Sessions of one agent, and its sub-agents, share a long system prompt up to a point
- * inside it (a date, a folder, a task appended to shared tool definitions): reuse between them is
- * whole micro-batches of their common schedule, so a start every 128 tokens declines at most 128 of
- * what they share, where one chunk declined up to a micro-batch (512).
- * The starts depend only on the prompt, as every start must. */
-#define SCHED_FIRST_STEP 128
+/* A section start inside the first message is a chunk start when the chunk
+ * it ends has at least this many tokens. Sessions of one agent, and its
+ * sub-agents, share a long system prompt up to a section where they differ
+ * (the environment, the date, a task after shared tool definitions); a start
+ * there lets them share all of it. Short sections merge, so a first message
+ * never has more starts than one per SCHED_MIN_SECTION tokens: each start
+ * costs a decode call when the prompt is evaluated cold (bench g). */
+#define SCHED_MIN_SECTION 128
 
-/* Adds those starts: b[0..nb) (increasing) with every
- * multiple of step inside (0, b[0]) inserted before them, up to cap starts
- * in all. No starts (the grid) stays so. Returns the new count. */
-size_t sched_split_first(size_t *b, size_t nb, size_t cap, size_t step);
-
-/* A prompt's chunk starts from its message starts *starts[0..n) (malloc'd,
- * increasing; pinned[i]: an assistant message, or the generation prompt,
- * starts there). Kept: the first message's end (when at least
- * SCHED_MIN_CHUNK tokens), every SCHED_FIRST_STEP tokens inside the first
- * message (sched_split_first), and the pinned starts. Other message starts
- * (user turns, tool outputs) are not chunk starts: an agent's next turn
- * appends to its conversation and reuses everything before the answer it
- * continues (a pinned start), whatever lies between, and every start costs
- * a round trip and a smaller batch when a prompt is evaluated cold (bench
- * g). *starts may be reallocated. Returns how many, or 0 when out of
- * memory (the grid: a schedule still, said as such). */
-size_t sched_chunks(size_t **starts, unsigned char *pinned, size_t n);
+/* A prompt's chunk starts from its starts *starts[0..n) (malloc'd,
+ * increasing; kind[i] an enum sched_start), left to right: every
+ * SCHED_START_ANSWER; the first message's end (its first
+ * SCHED_START_MESSAGE) and the section starts before it, each where the
+ * chunk it ends has at least SCHED_MIN_CHUNK or SCHED_MIN_SECTION tokens.
+ * Later message starts (user turns, tool outputs) are not chunk starts: an
+ * agent's next turn appends to its conversation and reuses everything before
+ * the answer it continues (a SCHED_START_ANSWER), whatever lies between, and
+ * every start costs a decode call when a prompt is evaluated cold. Each
+ * decision looks only at what comes before the start, so a longer prompt
+ * that begins the same way keeps the same starts there. Returns how many
+ * (in *starts). */
+size_t sched_chunks(size_t *starts, const unsigned char *kind, size_t n);
 
 /* Steps of a request's plan, in the order they run. */
 enum plan_step_kind {

@@ -8,9 +8,11 @@ own uncached run on a separate server.
 On a random-weight model logits nearly tie, so any numeric difference shows
 in the text. Fast mode's identity rate on the same conversations is measured
 and printed, not asserted (it is a property of llama.cpp, not of toki)."""
+import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -152,6 +154,48 @@ class ExactIdentity(unittest.TestCase):
         prefill(step, False)
         prefill(2 * step, True)
         self.assertEqual(generate(toks, True), whole)
+
+    def test_sessions_share_the_system_prompt_up_to_the_section_they_differ_in(self):
+        """Sessions of one agent share a system prompt up to a section (a
+        paragraph) where they differ, as "Session context:" here. The section
+        start is a chunk start in both prompts, so the second session reuses
+        all that it shares with the first (with a start every 128 tokens it
+        reused up to the last multiple of 128), and its answer is still its
+        uncached answer."""
+        llama = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=self.UBATCH)
+        toki = th.Toki([llama], mode="exact", ubatch=self.UBATCH)
+        ref = th.Toki([self.baseline], mode="exact", ubatch=self.UBATCH, name="reference")
+        try:
+            rng = random.Random(11)
+            base = "You are a coding agent. " + " ".join(sentence(rng, 12) for _ in range(45))
+            for i, tail in enumerate(("Working in /src/alpha today.", "Working in /src/beta.")):
+                msgs = [{"role": "system", "content": base + "\n\nSession context: " + tail},
+                        {"role": "user", "content": sentence(rng, 9)}]
+                out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model, "--chat",
+                                      "--schedule"], input=json.dumps({"messages": msgs}),
+                                     capture_output=True, text=True, check=True)
+                sched = json.loads(out.stdout)
+                # The section's start in tokens: the tokens of the text before it.
+                head = sched["prompt"][:sched["prompt"].index("Session context:")]
+                out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model, head],
+                                     capture_output=True, text=True, check=True)
+                section, chunks = len(json.loads(out.stdout)), sched["chunks"]
+                self.assertNotEqual(section % 128, 0)
+                self.assertIn(section, chunks)
+                body = {"messages": msgs, "temperature": 0, "max_tokens": 12,
+                        "logprobs": True, "top_logprobs": 2}
+                st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
+                self.assertEqual(st, 200, got)
+                st, want = th.request(ref.port, "POST", "/v1/chat/completions",
+                                      dict(body, cache_prompt=False))
+                self.assertEqual(st, 200, want)
+                self.assertEqual(answer(got), answer(want))
+                if i:
+                    self.assertEqual(got["cache"]["cached"], section, (chunks, got["cache"]))
+        finally:
+            toki.kill(signal.SIGTERM)
+            ref.kill(signal.SIGTERM)
+            llama.kill()
 
     def test_grid_mode_is_llama_servers_own_answer(self):
         ident, total, evald = self.run_mode("grid", 3, check=True)

@@ -75,109 +75,84 @@ static void test_floor(void **state)
 	assert_int_equal(sched_floor(NULL, 0, 1117, 10, 512), 0);
 }
 
+enum { M = SCHED_START_MESSAGE, A = SCHED_START_ANSWER, S = SCHED_START_SECTION };
+
 /* The rule is left to right and content-defined: a longer prompt with the
  * same beginning keeps the same starts there. */
 static void test_chunks_left_to_right(void **state)
 {
-	size_t *s = malloc(6 * sizeof *s);
-	assert_non_null(s);
-	size_t s0[] = {30, 50, 120, 130, 200, 205};
-	memcpy(s, s0, sizeof s0);
-	unsigned char pin[] = {0, 0, 0, 1, 0, 1};
-	size_t n = sched_chunks(&s, pin, N(s0));
-	size_t want[] = {128, 130, 205}; /* 130 splits at 128 */
+	/* Sections at 30 and 150 (the first under SCHED_MIN_SECTION, merged),
+	 * the first message ends at 200; a user turn at 230 is no start. */
+	size_t s[] = {30, 150, 200, 230, 300, 305};
+	unsigned char k[] = {S, S, M, M, A, A};
+	size_t n = sched_chunks(s, k, N(s));
+	size_t want[] = {150, 300, 305}; /* 200 is 50 after 150: merged */
 	assert_int_equal(n, N(want));
 	assert_memory_equal(s, want, sizeof want);
-	free(s);
 
-	/* The same starts, extended: the kept ones up to 205 are the same. */
-	size_t *t = malloc(9 * sizeof *t);
-	assert_non_null(t);
-	size_t t0[] = {30, 50, 120, 130, 200, 205, 230, 400, 410};
-	memcpy(t, t0, sizeof t0);
-	unsigned char tp[] = {0, 0, 0, 1, 0, 1, 0, 0, 1};
-	size_t m = sched_chunks(&t, tp, N(t0));
-	assert_int_equal(m, 4);
+	/* The same starts, extended: the kept ones up to 305 are the same. */
+	size_t t[] = {30, 150, 200, 230, 300, 305, 330, 400, 410};
+	unsigned char tk[] = {S, S, M, M, A, A, M, M, A};
+	assert_int_equal(sched_chunks(t, tk, N(t)), 4);
 	assert_memory_equal(t, want, sizeof want);
 	assert_int_equal(t[3], 410);
-	free(t);
 
 	/* Starts that do not increase are dropped. */
-	size_t *v = malloc(4 * sizeof *v);
-	assert_non_null(v);
-	size_t v0[] = {100, 100, 90, 300};
-	memcpy(v, v0, sizeof v0);
-	unsigned char vp[] = {1, 1, 1, 1};
-	assert_int_equal(sched_chunks(&v, vp, N(v0)), 2);
+	size_t v[] = {100, 100, 90, 300};
+	unsigned char vk[] = {A, A, A, A};
+	assert_int_equal(sched_chunks(v, vk, N(v)), 2);
 	assert_int_equal(v[0], 100);
 	assert_int_equal(v[1], 300);
-	free(v);
 }
 
-static void test_split_first(void **state)
-{
-	/* The first chunk [0, 300) gains starts at 128 and 256. */
-	size_t b[8] = {300, 400, 1000};
-	assert_int_equal(sched_split_first(b, 3, 8, 128), 5);
-	size_t want[] = {128, 256, 300, 400, 1000};
-	for (size_t i = 0; i < N(want); i++)
-		assert_int_equal(b[i], want[i]);
-	/* A first chunk of exactly one step, or shorter, is left alone; so is
-	 * the grid (no starts). */
-	size_t c[4] = {128, 500};
-	assert_int_equal(sched_split_first(c, 2, 4, 128), 2);
-	assert_int_equal(c[0], 128);
-	size_t g[2] = {0};
-	assert_int_equal(sched_split_first(g, 0, 2, 128), 0);
-	/* No room: as many as fit. */
-	size_t d[3] = {1000};
-	assert_int_equal(sched_split_first(d, 1, 3, 128), 3);
-	assert_int_equal(d[0], 128);
-	assert_int_equal(d[1], 256);
-	assert_int_equal(d[2], 1000);
-}
-
-/* Two prompts that share a long first message up to a point inside it get
- * the same starts up to there: what exact mode may reuse between them. */
+/* Two prompts that share a long first message up to a section where they
+ * differ get the same starts up to there, the section's start included:
+ * exact mode reuses all they share. */
 static void test_chunks_share_inside_the_first_message(void **state)
 {
-	size_t *a = malloc(3 * sizeof *a), *b = malloc(3 * sizeof *b);
-	assert_non_null(a);
-	assert_non_null(b);
-	a[0] = 1015, a[1] = 1100, a[2] = 1180; /* system ends at 1015 */
-	b[0] = 1090, b[1] = 1200, b[2] = 1290; /* a longer system message */
-	unsigned char pa[3] = {0, 1, 1}, pb[3] = {0, 1, 1};
-	size_t na = sched_chunks(&a, pa, 3), nb = sched_chunks(&b, pb, 3);
-	assert_int_equal(na, 7 + 3);
-	assert_int_equal(nb, 8 + 3);
-	for (size_t i = 0; i < 7; i++) {
-		assert_int_equal(a[i], (i + 1) * SCHED_FIRST_STEP);
-		assert_int_equal(b[i], a[i]);
-	}
-	/* What they share is whole micro-batches up to 896 (7 x 128), not 512. */
-	assert_int_equal(sched_common(a, na, 1185, b, nb, 1295, 1015, 512), 896);
-	free(a);
-	free(b);
-	/* A first message under SCHED_MIN_CHUNK is no start, and nothing is
-	 * split; user turns and tool outputs are no starts; assistant starts
-	 * and the generation prompt are, however short (a first start that is
-	 * the generation prompt too). */
-	size_t *c = malloc(5 * sizeof *c);
-	assert_non_null(c);
-	c[0] = 10, c[1] = 40, c[2] = 300, c[3] = 310, c[4] = 900;
-	unsigned char pc[5] = {0, 1, 0, 1, 1};
-	assert_int_equal(sched_chunks(&c, pc, 5), 3);
+	/* Sections at 700 and 1010 ("Session context:"); system ends at 1015
+	 * in a, at 1090 in b. */
+	size_t a[] = {700, 1010, 1015, 1100, 1180};
+	size_t b[] = {700, 1010, 1090, 1200, 1290};
+	unsigned char ka[] = {S, S, M, A, A}, kb[] = {S, S, M, A, A};
+	size_t na = sched_chunks(a, ka, N(a)), nb = sched_chunks(b, kb, N(b));
+	size_t wa[] = {700, 1010, 1100, 1180}; /* 1015 is 5 after 1010: merged */
+	size_t wb[] = {700, 1010, 1090, 1200, 1290};
+	assert_int_equal(na, N(wa));
+	assert_memory_equal(a, wa, sizeof wa);
+	assert_int_equal(nb, N(wb));
+	assert_memory_equal(b, wb, sizeof wb);
+	/* What they share is everything before the section they differ in. */
+	assert_int_equal(sched_common(a, na, 1185, b, nb, 1295, 1010, 512), 1010);
+
+	/* A first message under SCHED_MIN_CHUNK is no start, nor is a section
+	 * in it; user turns and tool outputs are no starts; assistant starts
+	 * and the generation prompt are, however short. */
+	size_t c[] = {5, 10, 40, 300, 310, 900};
+	unsigned char kc[] = {S, M, A, M, A, A};
+	assert_int_equal(sched_chunks(c, kc, N(c)), 3);
 	assert_int_equal(c[0], 40);
 	assert_int_equal(c[1], 310);
 	assert_int_equal(c[2], 900);
-	free(c);
-	size_t *h = malloc(sizeof *h);
-	assert_non_null(h);
-	h[0] = 7;
-	unsigned char ph[1] = {1};
-	assert_int_equal(sched_chunks(&h, ph, 1), 1);
+	/* A first start that is the generation prompt too. */
+	size_t h[] = {7};
+	unsigned char kh[] = {A};
+	assert_int_equal(sched_chunks(h, kh, 1), 1);
 	assert_int_equal(h[0], 7);
-	free(h);
+	/* A long first message of short sections: never more than one start
+	 * per SCHED_MIN_SECTION tokens. */
+	size_t l[64];
+	unsigned char kl[64];
+	for (size_t i = 0; i < 63; i++)
+		l[i] = (i + 1) * 20, kl[i] = S;
+	l[63] = 1300, kl[63] = M;
+	size_t nl = sched_chunks(l, kl, 64);
+	assert_true(nl <= 1300 / SCHED_MIN_SECTION);
+	for (size_t i = 0; i + 1 < nl; i++)
+		assert_true(l[i + 1] - l[i] >= SCHED_MIN_SECTION);
+	/* Sections every 140 tokens; the message's end, 40 after the last, merges. */
+	assert_int_equal(nl, 9);
+	assert_int_equal(l[nl - 1], 1260);
 }
 
 static void test_plan(void **state)
@@ -254,7 +229,6 @@ int main(void)
 	    cmocka_unit_test(test_floor),
 	    cmocka_unit_test(test_chunks_left_to_right),
 	    cmocka_unit_test(test_plan),
-	    cmocka_unit_test(test_split_first),
 	    cmocka_unit_test(test_chunks_share_inside_the_first_message),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
