@@ -18,8 +18,8 @@ void chat_caps_from_json(json_t *caps, struct chat_caps *out)
 	out->supports_tool_calls = 0;
 	out->supports_object_arguments = 0;
 	json_t *v;
-#define CAP(name)                                                                         \
-	if ((v = json_object_get(caps, #name)) && json_is_boolean(v))                     \
+#define CAP(name)                                                                                  \
+	if ((v = json_object_get(caps, #name)) && json_is_boolean(v))                              \
 		out->name = json_is_true(v);
 	CAP(supports_string_content)
 	CAP(supports_typed_content)
@@ -32,7 +32,8 @@ void chat_caps_from_json(json_t *caps, struct chat_caps *out)
 int chat_template_needs_server(const char *src)
 {
 #define HAS(s) (strstr(src, s) != NULL)
-	return (HAS("[SYSTEM_PROMPT]") && HAS("[TOOL_CALLS]") && HAS("[ARGS]") && !HAS("[CALL_ID]")) ||
+	return (HAS("[SYSTEM_PROMPT]") && HAS("[TOOL_CALLS]") && HAS("[ARGS]") &&
+	        !HAS("[CALL_ID]")) ||
 	       HAS("<|channel|>") || (HAS(">>>all") && HAS(">>>${recipient}")) ||
 	       (HAS("<|tool_calls_section_begin|>") && HAS("<|tool_call_begin|>")) ||
 	       (HAS("<|tool_list_start|>") && HAS("<|tool_list_end|>")) ||
@@ -58,13 +59,27 @@ static void dump_string(struct strbuf *o, const char *s, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)s[i];
 		switch (c) {
-		case '"': puts_(o, "\\\""); break;
-		case '\\': puts_(o, "\\\\"); break;
-		case '\b': puts_(o, "\\b"); break;
-		case '\f': puts_(o, "\\f"); break;
-		case '\n': puts_(o, "\\n"); break;
-		case '\r': puts_(o, "\\r"); break;
-		case '\t': puts_(o, "\\t"); break;
+		case '"':
+			puts_(o, "\\\"");
+			break;
+		case '\\':
+			puts_(o, "\\\\");
+			break;
+		case '\b':
+			puts_(o, "\\b");
+			break;
+		case '\f':
+			puts_(o, "\\f");
+			break;
+		case '\n':
+			puts_(o, "\\n");
+			break;
+		case '\r':
+			puts_(o, "\\r");
+			break;
+		case '\t':
+			puts_(o, "\\t");
+			break;
 		default:
 			if (c < 0x20) {
 				char esc[8];
@@ -81,9 +96,15 @@ static void dump_string(struct strbuf *o, const char *s, size_t n)
 static void dump(struct strbuf *o, json_t *v)
 {
 	switch (json_typeof(v)) {
-	case JSON_NULL: puts_(o, "null"); return;
-	case JSON_TRUE: puts_(o, "true"); return;
-	case JSON_FALSE: puts_(o, "false"); return;
+	case JSON_NULL:
+		puts_(o, "null");
+		return;
+	case JSON_TRUE:
+		puts_(o, "true");
+		return;
+	case JSON_FALSE:
+		puts_(o, "false");
+		return;
 	case JSON_INTEGER: {
 		char num[32];
 		snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
@@ -148,11 +169,11 @@ char *chat_dump_like_nlohmann(json_t *v)
 
 /* ---- messages ---- */
 
-#define DECLINE(...)                                                  \
-	do {                                                          \
-		snprintf(why, whylen, __VA_ARGS__);                   \
-		*res = CHAT_DECLINED;                                  \
-		goto fail;                                            \
+#define DECLINE(...)                                                                               \
+	do {                                                                                       \
+		snprintf(why, whylen, __VA_ARGS__);                                                \
+		*res = CHAT_DECLINED;                                                              \
+		goto fail;                                                                         \
 	} while (0)
 
 static const char *str_or_null(json_t *o, const char *key, int *bad)
@@ -169,7 +190,7 @@ static const char *str_or_null(json_t *o, const char *key, int *bad)
 
 /* One message as common_chat_msg::to_json_oaicompat writes it back. */
 static json_t *normalize_message(const struct chat_env *env, json_t *m, enum chat_result *res,
-				 char *why, size_t whylen)
+                                 char *why, size_t whylen)
 {
 	json_t *out = json_object();
 	json_t *calls_out = NULL;
@@ -189,8 +210,9 @@ static json_t *normalize_message(const struct chat_env *env, json_t *m, enum cha
 	int only_typed = !env->caps.supports_string_content && env->caps.supports_typed_content;
 	if (json_is_string(content) && json_string_length(content)) {
 		if (only_typed)
-			json_object_set_new(out, "content",
-					    json_pack("[{s:s, s:O}]", "type", "text", "text", content));
+			json_object_set_new(
+			    out, "content",
+			    json_pack("[{s:s, s:O}]", "type", "text", "text", content));
 		else
 			json_object_set(out, "content", content);
 	} else if (json_is_array(content) && json_array_size(content)) {
@@ -209,7 +231,8 @@ static json_t *normalize_message(const struct chat_env *env, json_t *m, enum cha
 				free(joined);
 				DECLINE("a content part other than text");
 			}
-			json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
+			json_array_append_new(
+			    parts, json_pack("{s:s, s:O}", "type", "text", "text", text));
 			/* Parts joined by newlines, none before the first text. */
 			size_t tl = json_string_length(text);
 			char *nj = realloc(joined, jl + tl + 2);
@@ -233,12 +256,12 @@ static json_t *normalize_message(const struct chat_env *env, json_t *m, enum cha
 		}
 		free(joined);
 	} else if (content && !json_is_null(content) && !json_is_string(content) &&
-		   !json_is_array(content)) {
+	           !json_is_array(content)) {
 		DECLINE("content that is neither a string nor an array");
 	} else {
 		if (only_typed)
 			json_object_set_new(out, "content",
-					    json_pack("[{s:s, s:s}]", "type", "text", "text", ""));
+			                    json_pack("[{s:s, s:s}]", "type", "text", "text", ""));
 		else
 			json_object_set_new(out, "content", json_string(""));
 	}
@@ -281,14 +304,15 @@ static json_t *normalize_message(const struct chat_env *env, json_t *m, enum cha
 			}
 			if (env->caps.supports_object_arguments) {
 				json_error_t jerr;
-				json_t *parsed = json_loads(json_string_value(a), JSON_DECODE_ANY, &jerr);
+				json_t *parsed =
+				    json_loads(json_string_value(a), JSON_DECODE_ANY, &jerr);
 				json_decref(a);
 				if (!parsed)
 					DECLINE("tool-call arguments that are not JSON");
 				a = parsed;
 			}
-			json_t *tc = json_pack("{s:s, s:{s:O, s:o}}", "type", "function", "function",
-					       "name", fname, "arguments", a);
+			json_t *tc = json_pack("{s:s, s:{s:O, s:o}}", "type", "function",
+			                       "function", "name", fname, "arguments", a);
 			if (!tc)
 				goto oom;
 			if (id && json_string_length(id))
@@ -349,7 +373,7 @@ static void format_time(time_t now, const char *fmt, char *out, size_t n)
 }
 
 json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum chat_result *res,
-			      char *why, size_t whylen)
+                              char *why, size_t whylen)
 {
 	*res = CHAT_OK;
 	json_t *g = NULL, *msgs = NULL, *tools = NULL;
@@ -374,8 +398,8 @@ json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum 
 		json_t *nm = normalize_message(env, m, res, why, whylen);
 		if (!nm)
 			goto fail;
-		if (!env->template_is_gpt_oss && !strcmp(json_string_value(json_object_get(nm, "role")),
-							   "developer"))
+		if (!env->template_is_gpt_oss &&
+		    !strcmp(json_string_value(json_object_get(nm, "role")), "developer"))
 			json_object_set_new(nm, "role", json_string("system"));
 		json_array_append_new(msgs, nm);
 	}
@@ -395,7 +419,8 @@ json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum 
 				memcpy(joined, json_string_value(c1), l1);
 				joined[l1] = '\n';
 				memcpy(joined + l1 + 1, json_string_value(c2), l2);
-				json_object_set_new(second, "content", json_stringn(joined, l1 + l2 + 1));
+				json_object_set_new(second, "content",
+				                    json_stringn(joined, l1 + l2 + 1));
 				free(joined);
 			}
 			json_array_remove(msgs, 0);
@@ -451,14 +476,14 @@ fail:
 }
 
 enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
-			     size_t *len, char *why, size_t whylen)
+                             size_t *len, char *why, size_t whylen)
 {
 	enum chat_result res;
 	json_t *g = chat_template_globals(env, request, &res, why, whylen);
 	if (!g)
 		return res;
 	const struct jinja_template *t =
-		json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
+	    json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
 	char err[512];
 	char *text = jinja_render(t, g, env->now, len, err, sizeof err);
 	json_decref(g);
@@ -483,7 +508,7 @@ enum chat_result chat_render(const struct chat_env *env, json_t *request, char *
 /* Renders g (the template globals) with only its first k messages and no
  * generation prompt; NULL when the template fails on that prefix. */
 static char *render_prefix(const struct chat_env *env, const struct jinja_template *t, json_t *g,
-			   json_t *msgs, size_t k, size_t *len)
+                           json_t *msgs, size_t k, size_t *len)
 {
 	json_t *sub = json_array();
 	for (size_t i = 0; sub && i < k; i++)
@@ -522,9 +547,8 @@ static size_t paragraph_starts(const char *prompt, size_t end, size_t *out)
 	return n;
 }
 
-int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt,
-			size_t len, size_t **offsets, unsigned char **kind, size_t *n,
-			int *last_is_header)
+int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt, size_t len,
+                        size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header)
 {
 	*offsets = NULL;
 	*kind = NULL;
@@ -539,7 +563,7 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 		return res == CHAT_ERROR ? -1 : 0;
 	json_t *msgs = json_incref(json_object_get(g, "messages"));
 	const struct jinja_template *t =
-		json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
+	    json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
 	int add_gen = json_is_true(json_object_get(g, "add_generation_prompt"));
 	json_object_set_new(g, "add_generation_prompt", json_false());
 	size_t m = json_array_size(msgs);
@@ -559,10 +583,10 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 		char *text = render_prefix(env, t, g, msgs, k, &tl);
 		if (text && tl > last && tl < len && !memcmp(text, prompt, tl)) {
 			const char *role = k < m ? json_string_value(json_object_get(
-							   json_array_get(msgs, k), "role"))
-						 : "assistant";
+			                               json_array_get(msgs, k), "role"))
+			                         : "assistant";
 			kinds[count] = role && !strcmp(role, "assistant") ? SCHED_START_ANSWER
-									 : SCHED_START_MESSAGE;
+			                                                  : SCHED_START_MESSAGE;
 			offs[count++] = tl;
 			last = tl;
 			if (k == m)

@@ -39,7 +39,7 @@ void chat_caps_from_json(json_t *caps, struct chat_caps *out);
 struct chat_env {
 	const struct jinja_template *tmpl;
 	const struct jinja_template *tmpl_tool_use; /* for requests with tools; may be NULL */
-	int template_is_gpt_oss;		    /* "<|channel|>" in the source */
+	int template_is_gpt_oss;                    /* "<|channel|>" in the source */
 	struct chat_caps caps;
 	const char *bos_token, *eos_token;
 	int add_bos, add_eos; /* the vocabulary adds them when tokenizing */
@@ -67,7 +67,7 @@ enum chat_result { CHAT_OK = 0, CHAT_DECLINED = 1, CHAT_ERROR = -1 };
  * out of memory or the template failed (the server will say why, in its
  * own words). */
 enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
-			     size_t *len, char *why, size_t whylen);
+                             size_t *len, char *why, size_t whylen);
 
 /* Where each message after the first starts in request's prompt (the text
  * chat_render gave, len bytes), as byte offsets in increasing order, and
@@ -80,14 +80,13 @@ enum chat_result chat_render(const struct chat_env *env, json_t *request, char *
  * prompt; a template that is not prefix-stable there gives none. Returns
  * 0 (perhaps with no offsets) or -1 when out of memory; *offsets and *kind
  * are malloc'd. */
-int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt,
-			size_t len, size_t **offsets, unsigned char **kind, size_t *n,
-			int *last_is_header);
+int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt, size_t len,
+                        size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header);
 
 /* The template variables chat_render would use (for tests and toki
  * tokenize --chat), or NULL with why. */
 json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum chat_result *res,
-			      char *why, size_t whylen);
+                              char *why, size_t whylen);
 
 /* JSON written as nlohmann::json::dump() writes it (no spaces; control
  * characters as \u00xx, no other escapes; floats as util/dtoa.h); NULL for

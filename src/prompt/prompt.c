@@ -83,7 +83,8 @@ static size_t slot_of(const struct frag_cache *c, XXH128_hash_t k)
 
 static struct cache_entry *cache_find(struct frag_cache *c, XXH128_hash_t k)
 {
-	for (size_t i = slot_of(c, k), probes = 0; probes <= c->mask; i = (i + 1) & c->mask, probes++) {
+	for (size_t i = slot_of(c, k), probes = 0; probes <= c->mask;
+	     i = (i + 1) & c->mask, probes++) {
 		struct cache_entry *e = &c->slots[i];
 		if (!e->used)
 			return NULL;
@@ -169,7 +170,7 @@ static char *token_piece(const struct vocab *v, token_t id)
 }
 
 struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, char *err,
-					size_t errlen)
+                                        size_t errlen)
 {
 	struct gguf_error gerr;
 	struct gguf *g = gguf_open(cfg->model_path, &gerr);
@@ -189,7 +190,7 @@ struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, 
 	char *src_copy = src ? strdup(src) : NULL;
 	gguf_close(g);
 	if (!pe->vocab || cache_init(&pe->cache, cfg->cache_tokens ? cfg->cache_tokens
-								   : DEFAULT_CACHE_TOKENS) != 0) {
+	                                                           : DEFAULT_CACHE_TOKENS) != 0) {
 		if (pe->vocab)
 			snprintf(err, errlen, "out of memory");
 		free(src_copy);
@@ -204,8 +205,9 @@ struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, 
 		pe->has_chat = pe->tmpl && (!cfg->tool_use_template || pe->tmpl_tool_use);
 	}
 	token_t bos = vocab_bos(pe->vocab);
-	pe->bos = cfg->bos_token ? strdup(cfg->bos_token) : bos >= 0 ? token_piece(pe->vocab, bos)
-								     : strdup("");
+	pe->bos = cfg->bos_token ? strdup(cfg->bos_token)
+	          : bos >= 0     ? token_piece(pe->vocab, bos)
+	                         : strdup("");
 	pe->eos = cfg->eos_token ? strdup(cfg->eos_token) : strdup("");
 	pe->env.tmpl = pe->tmpl;
 	pe->env.tmpl_tool_use = pe->tmpl_tool_use;
@@ -266,7 +268,7 @@ void prompt_engine_get_stats(const struct prompt_engine *pe, struct prompt_engin
 }
 
 static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t len,
-			     int after_special, struct token_list *out)
+                             int after_special, struct token_list *out)
 {
 	pe->stats.fragments++;
 	if (len < CACHE_MIN_BYTES)
@@ -295,7 +297,7 @@ static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t 
  * token is that; one inside text is checked by tokenizing the text before it
  * (llama.cpp's tokenizers may merge across it). */
 static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
-			 struct token_list *out, const size_t *cuts, size_t n_cuts, size_t *pos)
+                         struct token_list *out, const size_t *cuts, size_t n_cuts, size_t *pos)
 {
 	const struct vocab *v = pe->vocab;
 	struct fragment_list f = {0};
@@ -325,12 +327,12 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 			if (f.v[i].token >= 0)
 				continue; /* inside a special token's text */
 			struct token_list head = {0};
-			int hr = vocab_tokenize_fragment(v, text + off, cuts[ci] - off, after_special,
-							 &head);
+			int hr = vocab_tokenize_fragment(v, text + off, cuts[ci] - off,
+			                                 after_special, &head);
 			if (hr == -1)
 				rc = -1;
 			else if (hr == 0 && before + head.n < out->n &&
-				 !memcmp(head.v, out->v + before, head.n * sizeof *head.v))
+			         !memcmp(head.v, out->v + before, head.n * sizeof *head.v))
 				pos[ci] = before + head.n;
 			token_list_free(&head);
 		}
@@ -343,22 +345,23 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 }
 
 int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
-			   struct token_list *out)
+                           struct token_list *out)
 {
 	return tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
 }
 
 enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
-				    char **prompt, size_t *prompt_len, struct token_list *out,
-				    char *why, size_t whylen)
+                                    char **prompt, size_t *prompt_len, struct token_list *out,
+                                    char *why, size_t whylen)
 {
 	return prompt_engine_chat_starts(pe, request, now, prompt, prompt_len, out, NULL, why,
-					 whylen);
+	                                 whylen);
 }
 
 enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *request, time_t now,
-					   char **prompt, size_t *prompt_len, struct token_list *out,
-					   struct prompt_starts *starts, char *why, size_t whylen)
+                                           char **prompt, size_t *prompt_len,
+                                           struct token_list *out, struct prompt_starts *starts,
+                                           char *why, size_t whylen)
 {
 	if (starts)
 		*starts = (struct prompt_starts){0};
@@ -375,7 +378,7 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 	unsigned char *kind = NULL;
 	int header = 0;
 	if (starts && chat_message_starts(&pe->env, request, *prompt, *prompt_len, &cuts, &kind,
-					  &n_cuts, &header) != 0) {
+	                                  &n_cuts, &header) != 0) {
 		snprintf(why, whylen, "out of memory");
 		return CHAT_ERROR;
 	}

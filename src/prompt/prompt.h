@@ -23,10 +23,10 @@
 struct prompt_engine;
 
 struct prompt_engine_config {
-	const char *model_path;	     /* the GGUF the server runs */
-	const char *chat_template;   /* /props chat_template (NULL: the model's own) */
-	const char *tool_use_template; /* NULL when none */
-	json_t *caps;		     /* /props chat_template_caps (NULL: defaults) */
+	const char *model_path;            /* the GGUF the server runs */
+	const char *chat_template;         /* /props chat_template (NULL: the model's own) */
+	const char *tool_use_template;     /* NULL when none */
+	json_t *caps;                      /* /props chat_template_caps (NULL: defaults) */
 	const char *bos_token, *eos_token; /* /props (NULL: from the vocabulary) */
 	int enable_thinking;
 	size_t cache_tokens; /* fragment cache budget (0: default) */
@@ -35,7 +35,7 @@ struct prompt_engine_config {
 /* NULL with the reason when the model's tokenizer or template is one toki
  * does not reproduce (the caller then asks the server). */
 struct prompt_engine *prompt_engine_new(const struct prompt_engine_config *cfg, char *err,
-					size_t errlen);
+                                        size_t errlen);
 void prompt_engine_free(struct prompt_engine *pe);
 
 const struct vocab *prompt_engine_vocab(const struct prompt_engine *pe);
@@ -46,12 +46,12 @@ int prompt_engine_has_chat(const struct prompt_engine *pe);
 /* llama_tokenize(text, add_special=true, parse_special=true), through the
  * fragment cache. 0, -1 (out of memory), -2 (leave it to the server). */
 int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
-			   struct token_list *out);
+                           struct token_list *out);
 
 /* A chat request's prompt text (*prompt, malloc'd) and its tokens. */
 enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
-				    char **prompt, size_t *prompt_len, struct token_list *out,
-				    char *why, size_t whylen);
+                                    char **prompt, size_t *prompt_len, struct token_list *out,
+                                    char *why, size_t whylen);
 
 /* Where a chat prompt's messages start, in tokens: the chunk boundaries of
  * exact mode's schedule (router/sched.h). pos[0..n) increasing, each in
@@ -68,8 +68,9 @@ struct prompt_starts {
 /* prompt_engine_chat, and with starts non-NULL the message starts too
  * (starts->pos and starts->kind malloc'd; free them). */
 enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *request, time_t now,
-					   char **prompt, size_t *prompt_len, struct token_list *out,
-					   struct prompt_starts *starts, char *why, size_t whylen);
+                                           char **prompt, size_t *prompt_len,
+                                           struct token_list *out, struct prompt_starts *starts,
+                                           char *why, size_t whylen);
 
 /* The enable_thinking llama-server passes when the request does not say. */
 void prompt_engine_set_thinking(struct prompt_engine *pe, int on);
