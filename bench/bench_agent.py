@@ -11,7 +11,9 @@
      client during generation, then sent again; a turn cancelled during its
      prefill, then sent again: evaluated tokens of the resends, llama-server
      alone vs toki fast vs toki exact"""
+import json
 import random
+import subprocess
 import threading
 import time
 
@@ -64,21 +66,58 @@ def agent_prompt(seed, n_messages, tokens, nonce=""):
 
 # ---- g ----
 
+def exact_chunks(model, msgs):
+    """The prompt tokens toki makes for a chat request and exact mode's chunk
+    starts (the last is the generation prompt), from `toki tokenize`."""
+    th = harness()
+    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--schedule"],
+                         input=json.dumps({"messages": msgs}), capture_output=True, text=True,
+                         check=True)
+    j = json.loads(out.stdout)
+    return j["tokens"], j["chunks"]
+
+
+def prefill_in_steps(client, toks, starts):
+    """Evaluates toks on an emptied 1-slot server in one request per chunk
+    (n_predict 0, as toki's prefill steps) and a last one that generates a
+    token; checks that every step reused the one before. Returns the time
+    to that token and the server's prompt time summed."""
+    t0 = time.perf_counter()
+    prompt_ms, prev = 0.0, 0
+    for i, end in enumerate(list(starts) + [len(toks)]):
+        st, r = client.json("POST", "/completion",
+                            {"prompt": toks[:end], "n_predict": 1 if end == len(toks) else 0,
+                             "cache_prompt": i > 0, "temperature": 0})
+        if st != 200 or r["timings"]["cache_n"] != prev or r["timings"]["prompt_n"] != end - prev:
+            raise RuntimeError(f"g steps: {st} {r.get('timings') if st == 200 else r}")
+        prompt_ms += r["timings"]["prompt_ms"]
+        prev = end
+    return {"ttft_ms": (time.perf_counter() - t0) * 1000, "prompt_n": len(toks), "cache_n": 0,
+            "prompt_ms": prompt_ms, "cache": {"steps": len(starts) + 1,
+                                              "chunks": len(starts) + 1}, "route": None}
+
+
 def bench_g(quick):
     th = harness()
     model = th.generated_model(*G_MODEL)
     n_msgs, n_tok, ctx = (12, 2000, 4096) if quick else (40, 8000, 10240)
     reps = 2 if quick else 3
-    order = ("direct", "exact", "fast")
+    # Two more rows without toki, on a server of their own: llama-server fed
+    # exact mode's chunks itself ("steps"), and the same prompt in steps of
+    # 512 tokens, its own micro-batch grid ("steps512"). They tell the cost
+    # of the schedule on the backend from toki's hops, and the cost of the
+    # number of requests from that of the micro-batches.
+    order = ("direct", "exact", "fast", "steps", "steps512")
     servers, tokis, clients = {}, {}, {}
     recs = {t: [] for t in order}
     try:
-        for t in order:
+        for t in order[:4]:
             servers[t] = th.LlamaServer(model=model, slots=1, ctx=ctx, ubatch=512, cache_ram=0,
                                         name=f"bench-g-{t}")
-            if t != "direct":
+            if t in ("exact", "fast"):
                 tokis[t] = th.Toki([servers[t]], mode=t, ubatch=512, name=f"toki-bench-g-{t}")
             clients[t] = Client((tokis.get(t) or servers[t]).port)
+        clients["steps512"] = Client(servers["steps"].port)
         lc = Client(servers["direct"].port)
         n_tokens = []
         for rep in range(reps):
@@ -86,9 +125,18 @@ def bench_g(quick):
             msgs = agent_prompt(31, n_msgs, n_tok, nonce=f"Run {rep}: {random.random():.6f}. ")
             n_tokens.append(len(tokenize_chat(lc, msgs)))
             body = {"messages": msgs, "temperature": 0, "max_tokens": 2}
-            rot = order[rep % 3:] + order[:rep % 3]
+            rot = order[rep % len(order):] + order[:rep % len(order)]
             for t in rot:
                 time.sleep(bench_bc.THINK_S)
+                if t.startswith("steps"):
+                    toks, starts = exact_chunks(model, msgs)
+                    if t == "steps512":
+                        starts = list(range(512, len(toks), 512))
+                    r = prefill_in_steps(clients[t], toks, starts)
+                    recs[t].append(r)
+                    log(f"  g rep {rep} {t}: {len(toks)} tokens, {r['ttft_ms']:.0f} ms, "
+                        f"{len(starts) + 1} requests")
+                    continue
                 b = dict(body, cache_prompt=False) if t == "direct" else body
                 r = stream_chat_retrying(clients[t], b)
                 if r["status"] != 200 or not r["timings"]:
@@ -108,12 +156,15 @@ def bench_g(quick):
         stop(*tokis.values(), *servers.values())
     base = median([r["ttft_ms"] for r in recs["direct"]])
     rows = []
+    names = {"direct": "llama-server alone (cache_prompt false)",
+             "steps": "llama-server alone, fed exact's chunks as its steps",
+             "steps512": "llama-server alone, in steps of 512 tokens"}
     for t in order:
         rs = recs[t]
         ttft = [r["ttft_ms"] for r in rs]
         steps = [(r["cache"] or {}).get("steps") for r in rs]
         chunks = [(r["cache"] or {}).get("chunks") for r in rs]
-        rows.append([label(t) + (" (cache_prompt false)" if t == "direct" else " (cold)"),
+        rows.append([names.get(t) or label(t) + " (cold)",
                      f"{min(r['prompt_n'] for r in rs)}-{max(r['prompt_n'] for r in rs)}",
                      f"{steps[0]} / {chunks[0]}" if steps[0] else "1",
                      " / ".join(f"{x:.0f}" for x in ttft), median(ttft),
@@ -126,7 +177,9 @@ def bench_g(quick):
           f"user / assistant / tool-output messages of varied sizes, {min(n_tokens)}-"
           f"{max(n_tokens)} tokens (a new first line each repetition, so nothing is cached); "
           f"model {G_MODEL[1]} generated, -ub 512, each path its own 1-slot server "
-          f"(-c {ctx}), {reps} repetitions, the order rotating. max_tokens 2, streamed. "
+          f"(-c {ctx}; the two step rows share one), {reps} repetitions, the order rotating. "
+          f"max_tokens 2, streamed; the step rows' time is to the end of a 1-token "
+          f"/completion after their prefills, not streamed. "
           f"Exact / llama-server uncached, median TTFT: **{ratio:.3f}**.\n\n{t}\n")
     return {"prompt_tokens": n_tokens, "records": recs, "toki_stats": stats,
             "exact_over_direct": ratio,
