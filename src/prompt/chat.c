@@ -525,23 +525,38 @@ static char *render_prefix(const struct chat_env *env, const struct jinja_templa
 	return text;
 }
 
-/* Byte offsets in prompt[0, end) where a paragraph starts: the first byte
- * of a line that follows an empty line ("\n\n", "\r\n\r\n"). Writes them to
- * out (when not NULL) and returns how many. */
+/* Where paragraphs break in prompt[0, end): for each run of line ends that
+ * holds an empty line ("\n\n", "\r\n\r\n"), the offset where the run begins
+ * (the end of the paragraph before) and the offset after it (the start of
+ * the next). Both are candidates because tokenizers split there
+ * differently: Qwen's merges "\n\n" into one token only at the end of a
+ * text, so the start of the next paragraph is no token boundary of the text
+ * before it; Llama 3's ties the punctuation before a line end to it, so the
+ * end of the paragraph is none. The schedule keeps whichever maps to a
+ * token position (and only one of them: they are too close to both be
+ * chunk starts). Writes them to out (when not NULL); returns how many. */
 static size_t paragraph_starts(const char *prompt, size_t end, size_t *out)
 {
-	size_t n = 0, newlines = 0;
+	size_t n = 0, newlines = 0, run = 0;
+	int in_run = 0;
 	for (size_t i = 0; i < end; i++) {
 		char c = prompt[i];
-		if (c == '\n') {
-			newlines++;
-		} else if (c != '\r') {
+		if (c == '\n' || c == '\r') {
+			if (!in_run)
+				run = i;
+			in_run = 1;
+			newlines += c == '\n';
+		} else {
 			if (newlines >= 2) {
-				if (out)
-					out[n] = i;
-				n++;
+				if (out) {
+					if (run > 0)
+						out[n] = run;
+					out[n + (run > 0)] = i;
+				}
+				n += 1 + (run > 0);
 			}
 			newlines = 0;
+			in_run = 0;
 		}
 	}
 	return n;

@@ -295,7 +295,7 @@ static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t 
  * of tokens before cuts[i] when the tokens of the text before it are exactly
  * the prompt's first pos[i] tokens, else (size_t)-1. A cut at a special
  * token is that; one inside text is checked by tokenizing the text before it
- * (llama.cpp's tokenizers may merge across it). */
+ * (llama.cpp's tokenizers may merge across it), from the last cut found. */
 static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
                          struct token_list *out, const size_t *cuts, size_t n_cuts, size_t *pos)
 {
@@ -312,6 +312,7 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 		pos[i] = (size_t)-1;
 	for (size_t i = 0; i < f.n && !rc; i++) {
 		size_t off = f.v[i].off, end = off + f.v[i].len, before = out->n;
+		size_t vb = off, vt = before;
 		if (f.v[i].token >= 0) {
 			rc = token_list_push(out, f.v[i].token);
 		} else {
@@ -326,14 +327,22 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 			}
 			if (f.v[i].token >= 0)
 				continue; /* inside a special token's text */
+			/* The text from the last cut found in this fragment (vb, at
+			 * token vt) to this one, tokenized alone, must be the prompt's
+			 * next tokens. A found cut is a token boundary, so no merge
+			 * crossed it, and the text after it tokenizes as it would
+			 * from the fragment's start: checking from there costs the
+			 * fragment's length once, not once per cut. */
 			struct token_list head = {0};
-			int hr = vocab_tokenize_fragment(v, text + off, cuts[ci] - off,
-			                                 after_special, &head);
-			if (hr == -1)
+			int hr = vocab_tokenize_fragment(v, text + vb, cuts[ci] - vb,
+			                                 vb == off && after_special, &head);
+			if (hr == -1) {
 				rc = -1;
-			else if (hr == 0 && before + head.n < out->n &&
-			         !memcmp(head.v, out->v + before, head.n * sizeof *head.v))
-				pos[ci] = before + head.n;
+			} else if (hr == 0 && vt + head.n < out->n &&
+			           !memcmp(head.v, out->v + vt, head.n * sizeof *head.v)) {
+				pos[ci] = vt += head.n;
+				vb = cuts[ci];
+			}
 			token_list_free(&head);
 		}
 		after_special = f.v[i].token >= 0;

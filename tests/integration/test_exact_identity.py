@@ -48,6 +48,16 @@ def answer(resp):
     return c["message"]["content"], probs
 
 
+def ask_both(test, toki, baseline, body):
+    """The chat request through toki, and uncached through baseline."""
+    st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
+    test.assertEqual(st, 200, got)
+    st, want = th.request(baseline.port, "POST", "/v1/chat/completions",
+                          dict(body, cache_prompt=False))
+    test.assertEqual(st, 200, want)
+    return got, want
+
+
 def run_conversations(test, toki, baseline, convs, turns, max_tokens, check, logprobs=True):
     """Interleaves the conversations turn by turn; baseline answers each request
     uncached (a Toki: through it, else the server directly). Returns
@@ -59,11 +69,7 @@ def run_conversations(test, toki, baseline, convs, turns, max_tokens, check, log
             msgs = histories[i] + [{"role": "user", "content": users[t]}]
             body = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens,
                     "logprobs": True, "top_logprobs": 2}
-            st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
-            test.assertEqual(st, 200, got)
-            st, want = th.request(baseline.port, "POST", "/v1/chat/completions",
-                                  dict(body, cache_prompt=False))
-            test.assertEqual(st, 200, want)
+            got, want = ask_both(test, toki, baseline, body)
             g, w = answer(got), answer(want)
             test.assertTrue(g[1], "no logprobs in the answer")
             if not logprobs:
@@ -175,20 +181,22 @@ class ExactIdentity(unittest.TestCase):
                                       "--schedule"], input=json.dumps({"messages": msgs}),
                                      capture_output=True, text=True, check=True)
                 sched = json.loads(out.stdout)
-                # The section's start in tokens: the tokens of the text before it.
-                head = sched["prompt"][:sched["prompt"].index("Session context:")]
-                out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model, head],
-                                     capture_output=True, text=True, check=True)
-                section, chunks = len(json.loads(out.stdout)), sched["chunks"]
+                # Where the section breaks, in tokens: the tokens of the text
+                # before the empty line, and of the text before the section
+                # (exact mode starts a chunk at the one that maps).
+                at = sched["prompt"].index("\n\nSession context:")
+                ends = []
+                for head in (sched["prompt"][:at], sched["prompt"][:at + 2]):
+                    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model],
+                                         input=head, capture_output=True, text=True, check=True)
+                    ends.append(len(json.loads(out.stdout)))
+                chunks = sched["chunks"]
+                self.assertTrue(set(ends) & set(chunks), (ends, chunks))
+                section = min(set(ends) & set(chunks))
                 self.assertNotEqual(section % 128, 0)
-                self.assertIn(section, chunks)
                 body = {"messages": msgs, "temperature": 0, "max_tokens": 12,
                         "logprobs": True, "top_logprobs": 2}
-                st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
-                self.assertEqual(st, 200, got)
-                st, want = th.request(ref.port, "POST", "/v1/chat/completions",
-                                      dict(body, cache_prompt=False))
-                self.assertEqual(st, 200, want)
+                got, want = ask_both(self, toki, ref, body)
                 self.assertEqual(answer(got), answer(want))
                 if i:
                     self.assertEqual(got["cache"]["cached"], section, (chunks, got["cache"]))

@@ -10,6 +10,7 @@ id."""
 import http.client
 import json
 import os
+import random
 import subprocess
 import sys
 import unittest
@@ -100,6 +101,73 @@ class TokenizerMatchesServer(unittest.TestCase):
                            capture_output=True, text=True)
         self.assertEqual(r.returncode, 1)
         self.assertIn("pre-tokenizer 'kimi-k2' is not one toki implements", r.stderr)
+
+
+SECTION_BREAKS = ("Tools and rules follow. Use them well.\n\nSession context: alpha beta.",
+                  "# Tools\n\nYou may call functions.", "- one\n- two\n\nToday is 2026-12-01.",
+                  "```\ncode here\n```\n\nNext section", "No full stop\n\n\nThree line ends",
+                  "Working directory: /src/x\r\n\r\n<env>\nfoo\n</env>")
+
+
+class SectionStarts(unittest.TestCase):
+    """Exact mode's schedule starts a chunk at the sections of the system
+    prompt (router/sched.h). Each is the end of a paragraph or the start of
+    the next, whichever is a token boundary of the text before it (the
+    tokenizers differ there), checked from the last one found instead of
+    from the text's start. Here every chunk start inside the system prompt
+    must be what the definition gives: of those break points whose text
+    before it tokenizes to a prefix of the prompt's tokens, each one 128
+    tokens or more after the one kept before."""
+
+    def schedule(self, model, msgs):
+        out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--schedule"],
+                             input=json.dumps({"messages": msgs}), capture_output=True,
+                             text=True, check=True)
+        return json.loads(out.stdout)
+
+    def check(self, model):
+        rng = random.Random(9)
+        words = "the cat dog sun tree file code test read write".split()
+        parts = []
+        for i in range(24):
+            parts.append(" ".join(rng.choice(words) for _ in range(rng.randint(5, 60))) + ". " +
+                         SECTION_BREAKS[i % len(SECTION_BREAKS)])
+        system = " ".join(parts)
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yes"}, {"role": "user", "content": "go"}]
+        sched = self.schedule(model, msgs)
+        prompt, tokens, chunks = sched["prompt"], sched["tokens"], sched["chunks"]
+        cs = prompt.index(system)
+        cuts = []
+        for i in range(cs, cs + len(system)):
+            if prompt[i] in "\r\n" and prompt[i - 1] not in "\r\n":
+                j = i
+                while prompt[j] in "\r\n":
+                    j += 1
+                if prompt[i:j].count("\n") >= 2:
+                    cuts += [i, j]
+        heads = [prompt[:c] for c in cuts] + [prompt[:cs + len(system)]]
+        out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--lines"],
+                             input="".join(json.dumps(h) + "\n" for h in heads),
+                             capture_output=True, text=True, check=True)
+        toks = [json.loads(line) for line in out.stdout.splitlines()]
+        end = len(toks.pop())
+        valid = sorted({len(t) for t in toks if t == tokens[:len(t)] and len(t) < end})
+        want, last = [], 0
+        for p in valid:
+            if p - last >= 128:
+                want.append(p)
+                last = p
+        self.assertGreaterEqual(len(want), 3, (valid, chunks))
+        self.assertEqual([c for c in chunks if c < end], want)
+
+    def test_sentencepiece(self):
+        self.check(th.generated_model("tok", params="4M", ctx=4096))
+
+    def test_llama3_qwen3_and_gpt4o_vocabularies(self):
+        for vocab, pre in (("llama3", "llama-bpe"), ("qwen3", "qwen2"), ("qwen3", "gpt-4o")):
+            with self.subTest(pre=pre):
+                self.check(th.tokenizer_model(vocab, pre))
 
 
 if __name__ == "__main__":
