@@ -332,10 +332,11 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 			 * next tokens. A found cut is a token boundary, so no merge
 			 * crossed it, and the text after it tokenizes as it would
 			 * from the fragment's start: checking from there costs the
-			 * fragment's length once, not once per cut. */
+			 * fragment's length once, not once per cut. Through the
+			 * fragment cache: the next turn has the same system prompt. */
 			struct token_list head = {0};
-			int hr = vocab_tokenize_fragment(v, text + vb, cuts[ci] - vb,
-			                                 vb == off && after_special, &head);
+			int hr = tokenize_fragment(pe, text + vb, cuts[ci] - vb,
+			                           vb == off && after_special, &head);
 			if (hr == -1) {
 				rc = -1;
 			} else if (hr == 0 && vt + head.n < out->n &&
