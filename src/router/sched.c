@@ -1,7 +1,6 @@
 #include "router/sched.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 /* The end of the micro-batch that starts at pos: n_ubatch rows, or fewer
  * where a chunk (or the computed rows) ends first. *i walks the starts. */
@@ -52,7 +51,7 @@ size_t sched_chunks(size_t *b, const unsigned char *kind, size_t n)
 	size_t kept = 0, prev = 0;
 	int first = 1; /* inside the first message */
 	for (size_t i = 0; i < n; i++) {
-		int keep = 0;
+		int keep;
 		if (b[i] <= prev)
 			keep = 0; /* not increasing: never a chunk of no rows */
 		else if (kind[i] == SCHED_START_ANSWER)
