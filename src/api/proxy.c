@@ -1893,7 +1893,8 @@ static void restore_instead_recompute(struct proxy_req *pr)
 	pr->done_upto = 0;
 	plan_free(&pr->plan);
 	if (plan_build(&pr->plan, pr->bounds, pr->n_bounds, pr->n_tokens, 0, 0, 0, 0,
-	               sched_max_step(pr->slot->backend->n_ubatch)) != 0) {
+	               sched_max_step(pr->slot->backend->n_ubatch),
+	               pr->slot->backend->n_ubatch) != 0) {
 		fail(pr, 500, "out of memory");
 		return;
 	}
@@ -2298,8 +2299,8 @@ static void pr_try_route(struct proxy_req *pr)
 	plan_free(&pr->plan);
 	if (plan_build(&pr->plan, exact ? pr->bounds : NULL, exact ? pr->n_bounds : 0, pr->n_tokens,
 	               ch.reuse, ch.save_first && pr->slot->n_tokens, ch.restore != NULL,
-	               ch.must_trim,
-	               exact ? sched_max_step(pr->slot->backend->n_ubatch) : 0) != 0) {
+	               ch.must_trim, exact ? sched_max_step(pr->slot->backend->n_ubatch) : 0,
+	               pr->slot->backend->n_ubatch) != 0) {
 		fail(pr, 500, "out of memory");
 		return;
 	}

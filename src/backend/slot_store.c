@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "daemon.h"
+#include "router/sched.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/paths.h"
@@ -104,10 +105,13 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 	else
 		/* A remote model file: its path is all that can be known. */
 		snprintf(model_id, sizeof model_id, "path:%s", model_path ? model_path : "?");
-	json_t *fp = json_pack("{s:s, s:s, s:i, s:i, s:s}", "model", model_id, "build",
-	                       b->build_info ? b->build_info : "?", "n_ctx_slot", b->rb->n_ctx_slot,
-	                       "n_ubatch", b->rb->n_ubatch, "kv_settings",
-	                       d->cfg.kv_settings ? d->cfg.kv_settings : "");
+	/* "schedule" from layout 2 on: files of layout 1 have none, so they
+	 * never match and are dropped, not read as another layout's rows. */
+	json_t *fp =
+	    json_pack("{s:s, s:s, s:i, s:i, s:s, s:i}", "model", model_id, "build",
+	              b->build_info ? b->build_info : "?", "n_ctx_slot", b->rb->n_ctx_slot,
+	              "n_ubatch", b->rb->n_ubatch, "kv_settings",
+	              d->cfg.kv_settings ? d->cfg.kv_settings : "", "schedule", SCHED_LAYOUT);
 	char *s = json_dumps(fp, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(fp);
 	unsigned char dig[SHA256_DIGEST_LENGTH];

@@ -19,7 +19,7 @@ static const char usage[] =
     "usage: toki tokenize --model FILE [--no-add-special] [--no-parse-special]\n"
     "                     [--pieces] [--lines] [TEXT]\n"
     "       toki tokenize --model FILE --chat [--props PROPS.json] [--thinking on|off]\n"
-    "                     [--schedule] [--lines] [REQUEST]\n"
+    "                     [--schedule [--ubatch N]] [--lines] [REQUEST]\n"
     "\n"
     "Prints the token ids of TEXT (or of standard input) as the llama-server\n"
     "serving FILE gives them on /tokenize with add_special and parse_special,\n"
@@ -41,13 +41,30 @@ static const char usage[] =
     "  --schedule          with --chat: also print \"chunks\", the token positions\n"
     "                      where exact mode's schedule starts a chunk (message starts,\n"
     "                      small chunks merged; the last is the generation prompt)\n"
+    "                      and \"steps\", where each of a cold evaluation's requests\n"
+    "                      ends (chunk ends, tail splits, long chunks in parts)\n"
+    "  --ubatch N          the server's -ub, for \"steps\" (default 512)\n"
     "  --thinking on|off   the enable_thinking the server passes its template when\n"
     "                      the request does not say (default on; llama-server turns\n"
     "                      it off for templates it finds no reasoning in)\n";
 
 struct opts {
-	int add_special, parse_special, pieces, schedule;
+	int add_special, parse_special, pieces, schedule, ubatch;
 };
+
+/* What exact mode sends for a prompt of n tokens on chunk starts b[0..nb)
+ * that reuses nothing: the ends of its requests, the last one n. */
+static json_t *steps_json(const size_t *b, size_t nb, size_t n, int ub)
+{
+	struct plan p;
+	if (plan_build(&p, b, nb, n, 0, 0, 0, 0, sched_max_step(ub), ub) != 0)
+		return NULL;
+	json_t *a = json_array();
+	for (size_t i = 0; i < p.n; i++)
+		json_array_append_new(a, json_integer((json_int_t)p.steps[i].upto));
+	plan_free(&p);
+	return a;
+}
 
 static json_t *tokens_json(const struct vocab *v, const struct token_list *t, int pieces)
 {
@@ -135,6 +152,14 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 					                      json_integer((json_int_t)st.pos[i]));
 				json_object_set_new(out, "chunks", a);
 				json_object_set_new(out, "header", json_boolean(st.header));
+				json_t *steps = steps_json(st.pos, st.n, t.n, o->ubatch);
+				if (!steps) {
+					json_decref(out);
+					out = json_pack("{s:s}", "error", "out of memory");
+					rc = 1;
+				} else {
+					json_object_set_new(out, "steps", steps);
+				}
 			}
 			free(st.pos);
 			free(st.kind);
@@ -198,10 +223,11 @@ int cmd_tokenize(int argc, char **argv)
 	    {"props", required_argument, NULL, 'r'},
 	    {"thinking", required_argument, NULL, 't'},
 	    {"schedule", no_argument, NULL, 'S'},
+	    {"ubatch", required_argument, NULL, 'u'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	struct opts o = {1, 1, 0, 0};
+	struct opts o = {1, 1, 0, 0, 512};
 	const char *model = NULL, *props = NULL;
 	int lines = 0, chat = 0, thinking = 1, c;
 	optind = 1;
@@ -221,6 +247,13 @@ int cmd_tokenize(int argc, char **argv)
 			break;
 		case 'S':
 			o.schedule = 1;
+			break;
+		case 'u':
+			o.ubatch = atoi(optarg);
+			if (o.ubatch <= 0) {
+				fputs(usage, stderr);
+				return 2;
+			}
 			break;
 		case 'l':
 			lines = 1;

@@ -2,15 +2,35 @@
 
 #include <stdlib.h>
 
+size_t sched_tail_split(size_t cs, size_t ce, int ub)
+{
+	size_t u = ub > 0 ? (size_t)ub : 0, len = ce > cs ? ce - cs : 0;
+	if (u < 2 * SCHED_MIN_BATCH || len <= u)
+		return 0;
+	size_t r = len % u;
+	if (r == 0 || r >= SCHED_MIN_BATCH)
+		return 0;
+	/* The last two micro-batches, ub + r rows from ce - ub - r, in halves. */
+	return ce - u - r + (u + r) / 2;
+}
+
 /* The end of the micro-batch that starts at pos: n_ubatch rows, or fewer
- * where a chunk (or the computed rows) ends first. *i walks the starts. */
+ * where a chunk (or the computed rows) ends first, or where a closed
+ * chunk's tail splits (sched_tail_split). *i walks the starts; the chunk
+ * holding pos begins at the start before s[*i] (or 0) and, when s[*i]
+ * exists, ends there. */
 static size_t batch_end(const size_t *s, size_t ns, size_t *i, size_t end, size_t pos, int ub)
 {
 	while (*i < ns && s[*i] <= pos)
 		(*i)++;
 	size_t e = pos + (size_t)ub;
-	if (*i < ns && s[*i] < e)
-		e = s[*i];
+	if (*i < ns) {
+		size_t t = sched_tail_split(*i ? s[*i - 1] : 0, s[*i], ub);
+		if (t > pos && t < e)
+			e = t;
+		if (s[*i] < e)
+			e = s[*i];
+	}
 	return end < e ? end : e;
 }
 
@@ -74,22 +94,51 @@ size_t sched_max_step(int ub)
 	return u >= 2048 ? u : 2048 / u * u;
 }
 
-int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
-               int restore, int cut, size_t max_step)
+/* Adds (when p->steps) or counts the prefill steps from *from to upto, a
+ * micro-batch end: max_step at a time (0: no limit). Returns how many. */
+static size_t steps_to(struct plan *p, size_t *from, size_t upto, size_t max_step)
 {
-	/* Prefill steps: up to each chunk start past reuse, from the previous
-	 * one (or reuse), max_step at a time. */
-	size_t prefills = 0, from = reuse;
-	for (size_t i = 0; i < nb; i++) {
-		if (b[i] > reuse && b[i] < n) {
-			prefills += max_step ? (b[i] - from + max_step - 1) / max_step : 1;
-			from = b[i];
-		}
+	size_t k = 0;
+	while (max_step && upto - *from > max_step) {
+		*from += max_step;
+		if (p->steps)
+			p->steps[p->n++] = (struct plan_step){STEP_PREFILL, *from};
+		k++;
 	}
+	if (p->steps)
+		p->steps[p->n++] = (struct plan_step){STEP_PREFILL, upto};
+	*from = upto;
+	return k + 1;
+}
+
+/* The prefill steps (added or counted, as steps_to) up to each chunk start
+ * past reuse: a chunk whose tail splits ends a step at the split, since
+ * llama-server would cut one request across it into ub and a few rows. */
+static size_t prefill_steps(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse,
+                            size_t max_step, int ub)
+{
+	size_t k = 0, from = reuse;
+	for (size_t i = 0; i < nb; i++) {
+		if (b[i] <= reuse || b[i] >= n)
+			continue;
+		size_t t = sched_tail_split(i ? b[i - 1] : 0, b[i], ub);
+		if (t > from)
+			k += steps_to(p, &from, t, max_step);
+		k += steps_to(p, &from, b[i], max_step);
+		p->final_cache = b[i];
+	}
+	return k;
+}
+
+int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
+               int restore, int cut, size_t max_step, int ub)
+{
+	p->steps = NULL;
+	p->n = p->next = 0;
+	size_t prefills = prefill_steps(p, b, nb, n, reuse, max_step, ub);
 	p->steps = calloc(prefills + 4, sizeof *p->steps);
 	if (!p->steps)
 		return -1;
-	p->n = p->next = 0;
 	p->reuse = reuse;
 	p->final_cache = reuse;
 	if (save_first)
@@ -98,17 +147,7 @@ int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reus
 		p->steps[p->n++] = (struct plan_step){STEP_RESTORE, 0};
 	if (cut)
 		p->steps[p->n++] = (struct plan_step){STEP_CUT, reuse};
-	from = reuse;
-	for (size_t i = 0; i < nb; i++) {
-		if (b[i] > reuse && b[i] < n) {
-			while (max_step && b[i] - from > max_step) {
-				from += max_step;
-				p->steps[p->n++] = (struct plan_step){STEP_PREFILL, from};
-			}
-			p->steps[p->n++] = (struct plan_step){STEP_PREFILL, b[i]};
-			p->final_cache = from = b[i];
-		}
-	}
+	prefill_steps(p, b, nb, n, reuse, max_step, ub);
 	p->steps[p->n++] = (struct plan_step){STEP_GENERATE, n};
 	return 0;
 }

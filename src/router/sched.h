@@ -8,6 +8,12 @@
  * split into micro-batches from its own start. No chunk starts (an empty
  * list) is llama-server's own schedule: one chunk from position 0, the grid.
  *
+ * Inside a chunk the micro-batches are n_ubatch rows from its start, as
+ * llama-server cuts a request, except at the end of a closed chunk (one the
+ * next chunk start ends) whose last micro-batch would be short: its last
+ * two split their rows evenly (sched_tail_split), each its own request. The
+ * last chunk is open (a later turn extends it), so it keeps the plain grid.
+ *
  * Two evaluations of a prefix give the same bits when every micro-batch
  * covering it has the same start and end in both schedules (and the same
  * tokens). That is all exact mode needs: a cached row may stand in for a
@@ -32,6 +38,25 @@ size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, si
 /* The largest micro-batch end of schedule (b, nb) over rows [0, end) that is
  * at most x: what of a computed prefix survives a cut at x. */
 size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
+
+/* The version of the rule that makes micro-batches of chunk starts (1: the
+ * grid from each chunk's start; 2: closed chunks' tails split). A saved
+ * state's chunk starts mean its rows only under the rule it was made by,
+ * so slot files carry this in their fingerprint. */
+#define SCHED_LAYOUT 2
+
+/* A micro-batch of fewer rows than this costs as much as one of this many
+ * on llama.cpp's CPU backend (measured at -ub 512, 24M model, 6,144 rows
+ * in: 56 rows 590 ms, 64 rows 285 ms; the cost per row is flat from 64 to
+ * 512). */
+#define SCHED_MIN_BATCH 64
+
+/* Where the last two micro-batches of the closed chunk [cs, ce) split, when
+ * the grid from cs would leave the last one under SCHED_MIN_BATCH rows: the
+ * ub + r rows after ce - ub - r in halves, so that neither is small. 0 when
+ * the grid stands (no short last micro-batch, a chunk of at most ub rows,
+ * or ub under 2 * SCHED_MIN_BATCH, where halves would be small too). */
+size_t sched_tail_split(size_t cs, size_t ce, int ub);
 
 /* What starts at a position of a chat prompt (prompt/chat.h gives them;
  * sched_chunks keeps some as chunk starts). */
@@ -102,13 +127,14 @@ struct plan {
 size_t sched_max_step(int ub);
 
 /* A request of n tokens with chunk starts b[0..nb) (empty: one chunk), to
- * run after reusing `reuse` tokens (a micro-batch end of the schedule):
- * save and restore first when asked, a cut when the slot may hold more
- * than reuse matching tokens, a prefill for each chunk start past reuse
- * (and every max_step tokens inside a longer chunk, when max_step is not
- * 0), then GENERATE. Returns 0, or -1 when out of memory. */
+ * run after reusing `reuse` tokens (a micro-batch end of the schedule, for
+ * micro-batches of ub): save and restore first when asked, a cut when the
+ * slot may hold more than reuse matching tokens, a prefill for each chunk
+ * start past reuse (and at a chunk's tail split, and every max_step tokens
+ * inside a longer chunk, when max_step is not 0), then GENERATE. Returns 0,
+ * or -1 when out of memory. */
 int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
-               int restore, int cut, size_t max_step);
+               int restore, int cut, size_t max_step, int ub);
 void plan_free(struct plan *p);
 
 #endif

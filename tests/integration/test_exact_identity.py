@@ -205,6 +205,76 @@ class ExactIdentity(unittest.TestCase):
             ref.kill(signal.SIGTERM)
             llama.kill()
 
+    def test_closed_chunks_split_a_short_tail(self):
+        """At -ub 128 a chunk of 128k + r rows, r under 64, ends in two
+        micro-batches of (128 + r) / 2, each its own request, not in one of
+        128 and one of r. Conversations whose chunks do that, turn after
+        turn: every answer is its uncached answer, text and logprobs, which
+        it is only when the requests toki sends make the micro-batches its
+        schedule says the cached rows were computed in. Then a session whose
+        system prompt extends a cached one past such a split: it reuses up
+        to where the split micro-batches begin, not a grid micro-batch that
+        was never computed (and still answers as uncached)."""
+        ub = 128
+        llama = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=ub)
+        base = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=ub, name="baseline")
+        toki = th.Toki([llama], mode="exact", ubatch=ub)
+        ref = th.Toki([base], mode="exact", ubatch=ub, name="reference")
+        try:
+            convs = conversations(21, count=2, turns=3)
+            ident, total, _ = run_conversations(self, toki, ref, convs, 3, 16, check=True)
+            self.assertEqual(ident, total)
+            # The schedules of those turns had tails to split: a step that
+            # ends neither a chunk nor the prompt.
+            splits = 0
+            for system, users in convs:
+                msgs = [{"role": "system", "content": system}]
+                for u in users:
+                    msgs.append({"role": "user", "content": u})
+                    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model,
+                                          "--chat", "--schedule", "--ubatch", str(ub)],
+                                         input=json.dumps({"messages": msgs}),
+                                         capture_output=True, text=True, check=True)
+                    j = json.loads(out.stdout)
+                    ends = set(j["chunks"]) | {len(j["tokens"])}
+                    splits += sum(1 for e in j["steps"] if e not in ends)
+                    msgs.append({"role": "assistant", "content": "ok"})
+            self.assertGreater(splits, 0)
+            self.assertGreater(toki.stats()["prefill_steps"], 0)
+
+            def first_chunk(system, user):
+                out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model, "--chat",
+                                      "--schedule", "--ubatch", str(ub)],
+                                     input=json.dumps({"messages": [
+                                         {"role": "system", "content": system},
+                                         {"role": "user", "content": user}]}),
+                                     capture_output=True, text=True, check=True)
+                return json.loads(out.stdout)["chunks"][0]
+
+            rng = random.Random(5)
+            user = sentence(rng, 8)
+            system = "You are a helpful agent. " + " ".join(sentence(rng, 10) for _ in range(20))
+            while not (first_chunk(system, user) > 2 * ub and
+                       8 <= first_chunk(system, user) % ub < 60):
+                system += " " + rng.choice(WORDS)
+            end = first_chunk(system, user)
+            split_from = end - ub - end % ub  # where the two halves begin
+            longer = system + " " + " ".join(sentence(rng, 15) for _ in range(12))
+            self.assertGreater(first_chunk(longer, user), end + 2 * ub)
+            for i, sys_text in enumerate((system, longer)):
+                body = {"messages": [{"role": "system", "content": sys_text},
+                                     {"role": "user", "content": user}],
+                        "temperature": 0, "max_tokens": 12, "logprobs": True, "top_logprobs": 2}
+                got, want = ask_both(self, toki, ref, body)
+                self.assertEqual(answer(got), answer(want))
+                if i:
+                    self.assertEqual(got["cache"]["cached"], split_from, got["cache"])
+        finally:
+            toki.kill(signal.SIGTERM)
+            ref.kill(signal.SIGTERM)
+            llama.kill()
+            base.kill()
+
     def test_grid_mode_is_llama_servers_own_answer(self):
         ident, total, evald = self.run_mode("grid", 3, check=True)
         self.assertEqual(ident, total)

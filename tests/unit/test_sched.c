@@ -155,12 +155,109 @@ static void test_chunks_share_inside_the_first_message(void **state)
 	assert_int_equal(l[nl - 1], 1260);
 }
 
+/* A closed chunk whose last micro-batch would be short splits its last two
+ * evenly; an open one (the last chunk, the grid) does not. */
+static void test_tail_split(void **state)
+{
+	(void)state;
+	/* 543 rows: 512 + 31 on the grid; 271 + 272. */
+	assert_int_equal(sched_tail_split(0, 543, 512), 271);
+	assert_int_equal(sched_tail_split(1000, 1543, 512), 1271);
+	/* 1,060 rows: 512, then 548 in halves (274). */
+	assert_int_equal(sched_tail_split(0, 1060, 512), 786);
+	/* A last micro-batch of SCHED_MIN_BATCH or more, a whole one, or a
+	 * chunk of at most one: the grid stands. */
+	assert_int_equal(sched_tail_split(0, 512 + SCHED_MIN_BATCH, 512), 0);
+	assert_int_equal(sched_tail_split(0, 1024, 512), 0);
+	assert_int_equal(sched_tail_split(0, 500, 512), 0);
+	/* Micro-batches too small to halve. */
+	assert_int_equal(sched_tail_split(0, 100, 64), 0);
+
+	size_t a[] = {543};
+	/* The plan ends a request at the split: llama-server would cut one
+	 * request of 543 rows into 512 and 31. */
+	struct plan p;
+	size_t c[] = {543, 600};
+	assert_int_equal(plan_build(&p, c, 2, 605, 0, 0, 0, 0, 2048, 512), 0);
+	assert_int_equal(p.n, 4);
+	assert_int_equal(p.steps[0].upto, 271);
+	assert_int_equal(p.steps[1].upto, 543);
+	assert_int_equal(p.steps[2].upto, 600);
+	assert_int_equal(p.steps[3].kind, STEP_GENERATE);
+	plan_free(&p);
+	/* Resumed at the split: its second half, then on. */
+	assert_int_equal(plan_build(&p, c, 2, 605, 271, 0, 0, 0, 2048, 512), 0);
+	assert_int_equal(p.n, 3);
+	assert_int_equal(p.steps[0].upto, 543);
+	plan_free(&p);
+
+	/* The split is a micro-batch end: a cut at 300 keeps 271. */
+	assert_int_equal(sched_floor(a, 1, 600, 300, 512), 271);
+	assert_int_equal(sched_floor(a, 1, 600, 542, 512), 271);
+	assert_int_equal(sched_floor(a, 1, 600, 543, 512), 543);
+	/* The grid over the same rows made other micro-batches. */
+	assert_int_equal(sched_common(a, 1, 600, NULL, 0, 600, 599, 512), 0);
+	/* The same chunk in a longer prompt is shared whole. */
+	size_t b[] = {543, 700};
+	assert_int_equal(sched_common(a, 1, 600, b, 2, 710, 709, 512), 543);
+	/* Rows kept up to the split after a cut (the chunk's end forgotten, so
+	 * the chunk reads as open) are still the split's micro-batch. */
+	assert_int_equal(sched_common(NULL, 0, 271, b, 2, 710, 709, 512), 271);
+	/* An open last chunk of 543 rows is on the grid, [0,512) and
+	 * [512,543): a request that closes the chunk there shares neither. */
+	assert_int_equal(sched_common(NULL, 0, 543, a, 1, 600, 599, 512), 0);
+}
+
+/* Whatever the schedule, the plan's requests, each cut by llama-server
+ * into ub micro-batches from its own start, make exactly the micro-batches
+ * the schedule says (those sched_floor stops at), from the reuse on. */
+static void test_plan_makes_the_schedule(void **state)
+{
+	(void)state;
+	unsigned seed = 12345;
+	for (int round = 0; round < 300; round++) {
+		int ub = round % 3 == 0 ? 128 : 512;
+		size_t n = 50 + (seed = seed * 1103515245u + 12345u) % 4000;
+		size_t b[16], nb = 0, pos = 0;
+		while (nb < 16) {
+			pos += 1 + (seed = seed * 1103515245u + 12345u) % 1200;
+			if (pos >= n)
+				break;
+			b[nb++] = pos;
+		}
+		size_t x = (seed = seed * 1103515245u + 12345u) % n;
+		size_t reuse = sched_floor(b, nb, n, x, ub);
+		struct plan p;
+		assert_int_equal(plan_build(&p, b, nb, n, reuse, 0, 0, 0, sched_max_step(ub), ub),
+		                 0);
+		/* The micro-batch ends llama-server makes of the plan. */
+		static unsigned char made[5000];
+		memset(made, 0, sizeof made);
+		size_t from = reuse;
+		for (size_t i = 0; i < p.n; i++) {
+			size_t upto = p.steps[i].upto;
+			if (p.steps[i].kind == STEP_GENERATE)
+				assert_int_equal(from, p.final_cache);
+			assert_true(upto > from);
+			for (size_t e = from; e < upto;) {
+				e = e + (size_t)ub < upto ? e + (size_t)ub : upto;
+				made[e] = 1;
+			}
+			from = upto;
+		}
+		assert_int_equal(from, n);
+		for (size_t e = reuse + 1; e <= n; e++)
+			assert_int_equal(made[e], sched_floor(b, nb, n, e, ub) == e);
+		plan_free(&p);
+	}
+}
+
 static void test_plan(void **state)
 {
 	size_t b[] = {900, 1000, 1100, 1180};
 	struct plan p;
 	/* Reuse 1000 after a cut: prefill to 1100 and 1180, then generate. */
-	assert_int_equal(plan_build(&p, b, N(b), 1185, 1000, 0, 0, 1, 2048), 0);
+	assert_int_equal(plan_build(&p, b, N(b), 1185, 1000, 0, 0, 1, 2048, 512), 0);
 	assert_int_equal(p.n, 4);
 	assert_int_equal(p.steps[0].kind, STEP_CUT);
 	assert_int_equal(p.steps[0].upto, 1000);
@@ -174,7 +271,7 @@ static void test_plan(void **state)
 	plan_free(&p);
 
 	/* Save, restore, everything reused but the last chunk. */
-	assert_int_equal(plan_build(&p, b, N(b), 1185, 1180, 1, 1, 0, 2048), 0);
+	assert_int_equal(plan_build(&p, b, N(b), 1185, 1180, 1, 1, 0, 2048, 512), 0);
 	assert_int_equal(p.n, 3);
 	assert_int_equal(p.steps[0].kind, STEP_SAVE);
 	assert_int_equal(p.steps[1].kind, STEP_RESTORE);
@@ -183,7 +280,7 @@ static void test_plan(void **state)
 	plan_free(&p);
 
 	/* Fast mode (no starts): one step. */
-	assert_int_equal(plan_build(&p, NULL, 0, 500, 0, 0, 0, 0, 0), 0);
+	assert_int_equal(plan_build(&p, NULL, 0, 500, 0, 0, 0, 0, 0, 512), 0);
 	assert_int_equal(p.n, 1);
 	assert_int_equal(p.steps[0].kind, STEP_GENERATE);
 	assert_int_equal(p.final_cache, 0);
@@ -194,7 +291,7 @@ static void test_plan(void **state)
 	 * from 0): 128+512, +512, then the chunk's end; the second chunk from
 	 * its own start. */
 	size_t c[] = {1500, 2100};
-	assert_int_equal(plan_build(&p, c, N(c), 2110, 128, 0, 0, 0, 512), 0);
+	assert_int_equal(plan_build(&p, c, N(c), 2110, 128, 0, 0, 0, 512, 512), 0);
 	assert_int_equal(p.n, 6);
 	size_t want[] = {640, 1152, 1500, 2012, 2100};
 	for (size_t i = 0; i < N(want); i++) {
@@ -206,10 +303,10 @@ static void test_plan(void **state)
 	plan_free(&p);
 
 	/* Exactly max_step to go is one step; 0 is no limit. */
-	assert_int_equal(plan_build(&p, c, 1, 1600, 988, 0, 0, 0, 512), 0);
+	assert_int_equal(plan_build(&p, c, 1, 1600, 988, 0, 0, 0, 512, 512), 0);
 	assert_int_equal(p.n, 2);
 	plan_free(&p);
-	assert_int_equal(plan_build(&p, c, N(c), 2110, 0, 0, 0, 0, 0), 0);
+	assert_int_equal(plan_build(&p, c, N(c), 2110, 0, 0, 0, 0, 0, 512), 0);
 	assert_int_equal(p.n, 3);
 	plan_free(&p);
 
@@ -229,6 +326,8 @@ int main(void)
 	    cmocka_unit_test(test_floor),
 	    cmocka_unit_test(test_chunks_left_to_right),
 	    cmocka_unit_test(test_plan),
+	    cmocka_unit_test(test_tail_split),
+	    cmocka_unit_test(test_plan_makes_the_schedule),
 	    cmocka_unit_test(test_chunks_share_inside_the_first_message),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
