@@ -66,25 +66,31 @@ def agent_prompt(seed, n_messages, tokens, nonce=""):
 
 # ---- g ----
 
-def exact_chunks(model, msgs):
-    """The prompt tokens toki makes for a chat request and exact mode's chunk
-    starts (the last is the generation prompt), from `toki tokenize`."""
+G_REPS = 7  # run.py --g-reps
+
+
+def exact_steps(model, msgs):
+    """The prompt tokens toki makes for a chat request and where exact mode's
+    requests end when nothing is cached (chunk ends, tail splits, long
+    chunks in parts; the last is the prompt's end), from `toki tokenize`."""
     th = harness()
-    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--schedule"],
+    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--schedule",
+                          "--ubatch", "512"],
                          input=json.dumps({"messages": msgs}), capture_output=True, text=True,
                          check=True)
     j = json.loads(out.stdout)
-    return j["tokens"], j["chunks"]
+    return j["tokens"], j["steps"]
 
 
-def prefill_in_steps(client, toks, starts):
-    """Evaluates toks on an emptied 1-slot server in one request per chunk
-    (n_predict 0, as toki's prefill steps) and a last one that generates a
-    token; checks that every step reused the one before. Returns the time
-    to that token and the server's prompt time summed."""
+def prefill_in_steps(client, toks, ends):
+    """Evaluates toks from an empty slot in one request per step (n_predict
+    0, as toki's prefill steps) ending at ends[:-1], and a last one to
+    ends[-1] == len(toks) that generates a token; checks that every step
+    reused the one before. Returns the time to that token and the server's
+    prompt time summed."""
     t0 = time.perf_counter()
     prompt_ms, prev = 0.0, 0
-    for i, end in enumerate(list(starts) + [len(toks)]):
+    for i, end in enumerate(ends):
         st, r = client.json("POST", "/completion",
                             {"prompt": toks[:end], "n_predict": 1 if end == len(toks) else 0,
                              "cache_prompt": i > 0, "temperature": 0})
@@ -93,54 +99,83 @@ def prefill_in_steps(client, toks, starts):
         prompt_ms += r["timings"]["prompt_ms"]
         prev = end
     return {"ttft_ms": (time.perf_counter() - t0) * 1000, "prompt_n": len(toks), "cache_n": 0,
-            "prompt_ms": prompt_ms, "cache": {"steps": len(starts) + 1,
-                                              "chunks": len(starts) + 1}, "route": None}
+            "prompt_ms": prompt_ms, "cache": {"steps": len(ends), "chunks": None},
+            "route": None}
+
+
+def settle(toki, server_port, timeout=60):
+    """Waits until toki has no slot busy (an answer's tail cut is done) and
+    the server has none processing: the next path starts on a quiet
+    server."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        st = toki.stats()
+        if not any(sl["busy"] for b in st["backends"] for sl in b["slots"]):
+            break
+        time.sleep(0.02)
+    wait_idle(server_port, timeout)
 
 
 def bench_g(quick):
     th = harness()
     model = th.generated_model(*G_MODEL)
     n_msgs, n_tok, ctx = (12, 2000, 4096) if quick else (40, 8000, 10240)
-    reps = 2 if quick else 3
-    # Two more rows without toki, on a server of their own: llama-server fed
-    # exact mode's chunks itself ("steps"), and the same prompt in steps of
+    reps = 2 if quick else G_REPS
+    # Every path runs on one 1-slot llama-server, one request at a time, so
+    # that no path gains from a faster process or a better placed one (apart
+    # they differed by up to 10%). Two rows without toki: llama-server fed
+    # exact mode's steps itself ("steps"), and the same prompt in steps of
     # 512 tokens, its own micro-batch grid ("steps512"). They tell the cost
     # of the schedule on the backend from toki's hops, and the cost of the
-    # number of requests from that of the micro-batches.
+    # number of requests from that of the micro-batches. Each path begins
+    # from an empty slot, on the same prompt as the others in its
+    # repetition.
     order = ("direct", "exact", "fast", "steps", "steps512")
-    servers, tokis, clients = {}, {}, {}
+    server = th.LlamaServer(model=model, slots=1, ctx=ctx, ubatch=512, cache_ram=0,
+                            name="bench-g")
+    tokis, clients = {}, {}
     recs = {t: [] for t in order}
     try:
-        for t in order[:4]:
-            servers[t] = th.LlamaServer(model=model, slots=1, ctx=ctx, ubatch=512, cache_ram=0,
-                                        name=f"bench-g-{t}")
-            if t in ("exact", "fast"):
-                tokis[t] = th.Toki([servers[t]], mode=t, ubatch=512, name=f"toki-bench-g-{t}")
-            clients[t] = Client((tokis.get(t) or servers[t]).port)
-        clients["steps512"] = Client(servers["steps"].port)
-        lc = Client(servers["direct"].port)
+        for t in ("exact", "fast"):
+            tokis[t] = th.Toki([server], mode=t, ubatch=512, name=f"toki-bench-g-{t}")
+        for t in order:
+            clients[t] = Client((tokis.get(t) or server).port)
         n_tokens = []
         for rep in range(reps):
             # A new first line each repetition: nothing of it is in any cache.
             msgs = agent_prompt(31, n_msgs, n_tok, nonce=f"Run {rep}: {random.random():.6f}. ")
-            n_tokens.append(len(tokenize_chat(lc, msgs)))
+            toks, ends = exact_steps(model, msgs)
+            n_tokens.append(len(toks))
             body = {"messages": msgs, "temperature": 0, "max_tokens": 2}
             rot = order[rep % len(order):] + order[:rep % len(order)]
             for t in rot:
+                # The same prompt for every path: the one before left it in
+                # the slot, so a 1-token prompt replaces it (erasing needs
+                # --slot-save-path, which would have toki save slots). Toki's
+                # own record of the slot is of an earlier repetition, which
+                # shares nothing past the first line: toki starts from an
+                # empty slot anyway.
+                st, r = clients["direct"].json("POST", "/completion",
+                                               {"prompt": toks[:1], "n_predict": 0,
+                                                "cache_prompt": False})
+                if st != 200:
+                    raise RuntimeError(f"g: clearing the slot: {st} {r}")
                 time.sleep(bench_bc.THINK_S)
                 if t.startswith("steps"):
-                    toks, starts = exact_chunks(model, msgs)
-                    if t == "steps512":
-                        starts = list(range(512, len(toks), 512))
-                    r = prefill_in_steps(clients[t], toks, starts)
+                    e = ends if t == "steps" else list(range(512, len(toks), 512)) + [len(toks)]
+                    r = prefill_in_steps(clients[t], toks, e)
                     recs[t].append(r)
                     log(f"  g rep {rep} {t}: {len(toks)} tokens, {r['ttft_ms']:.0f} ms, "
-                        f"{len(starts) + 1} requests")
+                        f"{len(e)} requests")
                     continue
                 b = dict(body, cache_prompt=False) if t == "direct" else body
                 r = stream_chat_retrying(clients[t], b)
                 if r["status"] != 200 or not r["timings"]:
                     raise RuntimeError(f"g {t}: {r}")
+                if r["timings"]["prompt_n"] < len(toks) - 16:
+                    raise RuntimeError(f"g {t}: not cold, {r['timings']}")
+                if t in tokis:
+                    settle(tokis[t], server.port)
                 recs[t].append({"ttft_ms": r["ttft"] * 1000, "prompt_n": r["timings"]["prompt_n"],
                                 "cache_n": r["timings"]["cache_n"],
                                 "prompt_ms": r["timings"].get("prompt_ms"),
@@ -148,42 +183,48 @@ def bench_g(quick):
                 log(f"  g rep {rep} {t}: {n_tokens[-1]} tokens, ttft {r['ttft'] * 1000:.0f} ms, "
                     f"evaluated {r['timings']['prompt_n']}, steps "
                     f"{(r['cache'] or {}).get('steps', '-')}")
-        lc.close()
         stats = {t: tokis[t].stats() for t in tokis}
     finally:
         for c in clients.values():
             c.close()
-        stop(*tokis.values(), *servers.values())
+        stop(*tokis.values(), server)
     base = median([r["ttft_ms"] for r in recs["direct"]])
+
+    def paired(t):
+        """This path's TTFT over llama-server's in the same repetition."""
+        return [a["ttft_ms"] / d["ttft_ms"] for a, d in zip(recs[t], recs["direct"])]
+
     rows = []
     names = {"direct": "llama-server alone (cache_prompt false)",
-             "steps": "llama-server alone, fed exact's chunks as its steps",
+             "steps": "llama-server alone, fed exact's steps",
              "steps512": "llama-server alone, in steps of 512 tokens"}
     for t in order:
         rs = recs[t]
         ttft = [r["ttft_ms"] for r in rs]
         steps = [(r["cache"] or {}).get("steps") for r in rs]
-        chunks = [(r["cache"] or {}).get("chunks") for r in rs]
+        pr = paired(t)
         rows.append([names.get(t) or label(t) + " (cold)",
                      f"{min(r['prompt_n'] for r in rs)}-{max(r['prompt_n'] for r in rs)}",
-                     f"{steps[0]} / {chunks[0]}" if steps[0] else "1",
+                     f"{steps[0]}" if steps[0] else "1",
                      " / ".join(f"{x:.0f}" for x in ttft), median(ttft),
-                     median(ttft) / base,
+                     median(ttft) / base, median(pr), f"{min(pr):.3f}-{max(pr):.3f}",
                      median([r["prompt_ms"] for r in rs if r["prompt_ms"] is not None])])
-    t = table(["path", "evaluated", "prefill steps / chunks", "TTFT ms, each repetition",
-               "TTFT median ms", "/ llama-server uncached", "server prompt_ms median"], rows)
-    ratio = median([r["ttft_ms"] for r in recs["exact"]]) / base
+    t = table(["path", "evaluated", "requests", "TTFT ms, each repetition", "TTFT median ms",
+               "median / llama-server's", "median of paired ratios", "paired range",
+               "server prompt_ms median"], rows)
+    ratio = median(paired("exact"))
     md = (f"### g. Cold cost of chunking\n\nAn agent-like prompt: system + {n_msgs - 1} "
           f"user / assistant / tool-output messages of varied sizes, {min(n_tokens)}-"
           f"{max(n_tokens)} tokens (a new first line each repetition, so nothing is cached); "
-          f"model {G_MODEL[1]} generated, -ub 512, each path its own 1-slot server "
-          f"(-c {ctx}; the two step rows share one), {reps} repetitions, the order rotating. "
+          f"model {G_MODEL[1]} generated, -ub 512, every path on one 1-slot server (-c {ctx}), "
+          f"one request at a time, {reps} repetitions, the order rotating; a paired ratio is a "
+          f"path's TTFT over llama-server's in the same repetition. "
           f"max_tokens 2, streamed; the step rows' time is to the end of a 1-token "
           f"/completion after their prefills, not streamed. "
-          f"Exact / llama-server uncached, median TTFT: **{ratio:.3f}**.\n\n{t}\n")
+          f"Exact / llama-server uncached, median of paired ratios: **{ratio:.3f}**.\n\n{t}\n")
     return {"prompt_tokens": n_tokens, "records": recs, "toki_stats": stats,
             "exact_over_direct": ratio,
-            "fast_over_direct": median([r["ttft_ms"] for r in recs["fast"]]) / base,
+            "fast_over_direct": median(paired("fast")),
             "markdown": md}
 
 

@@ -61,6 +61,8 @@ def main():
                          "not counted in wall times)")
     ap.add_argument("--toki", default=os.path.join(common.SOURCE_DIR, "build", "toki"),
                     help="the toki binary (default build/toki; copied aside for the run)")
+    ap.add_argument("--g-reps", type=int, default=7,
+                    help="g: repetitions, each path once in each (default 7)")
     ap.add_argument("--g-model", default="24M", choices=["4M", "24M"],
                     help="the generated model of benchmark g (default 24M; 4M on a slow machine)")
     ap.add_argument("--build-head", action="store_true",
@@ -102,6 +104,7 @@ def main():
     import bench_d
     bench_bc.THINK_S = args.think_ms / 1000.0
     bench_agent.G_MODEL = ("bench", args.g_model, 32768)
+    bench_agent.G_REPS = args.g_reps
     info["g_model"] = args.g_model
     info["think_ms"] = args.think_ms
     fns = {"a": bench_a.bench_a, "b": bench_bc.bench_b, "c": bench_bc.bench_c,
