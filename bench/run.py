@@ -61,8 +61,9 @@ def main():
                          "not counted in wall times)")
     ap.add_argument("--toki", default=os.path.join(common.SOURCE_DIR, "build", "toki"),
                     help="the toki binary (default build/toki; copied aside for the run)")
-    ap.add_argument("--g-reps", type=int, default=7,
-                    help="g: repetitions, each path once in each (default 7)")
+    ap.add_argument("--g-reps", type=int, default=5,
+                    help="g: repetitions (default 5); each runs llama-server alone and toki "
+                         "exact twice (ABBA), the other paths once")
     ap.add_argument("--g-model", default="24M", choices=["4M", "24M"],
                     help="the generated model of benchmark g (default 24M; 4M on a slow machine)")
     ap.add_argument("--build-head", action="store_true",
