@@ -10,8 +10,9 @@ size_t sched_tail_split(size_t cs, size_t ce, int ub)
 	size_t r = len % u;
 	if (r == 0 || r >= SCHED_MIN_BATCH)
 		return 0;
-	/* The last two micro-batches, ub + r rows from ce - ub - r, in halves. */
-	return ce - u - r + (u + r) / 2;
+	/* The last micro-batch takes SCHED_MIN_BATCH rows from the one before:
+	 * that one keeps a multiple of the tile, the last has 64 + r rows. */
+	return ce - SCHED_MIN_BATCH - r;
 }
 
 /* The end of the micro-batch that starts at pos: n_ubatch rows, or fewer

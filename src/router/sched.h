@@ -10,9 +10,10 @@
  *
  * Inside a chunk the micro-batches are n_ubatch rows from its start, as
  * llama-server cuts a request, except at the end of a closed chunk (one the
- * next chunk start ends) whose last micro-batch would be short: its last
- * two split their rows evenly (sched_tail_split), each its own request. The
- * last chunk is open (a later turn extends it), so it keeps the plain grid.
+ * next chunk start ends) whose last micro-batch would be short: that one
+ * takes SCHED_MIN_BATCH rows from the one before (sched_tail_split), each
+ * its own request. The last chunk is open (a later turn extends it), so it
+ * keeps the plain grid.
  *
  * Two evaluations of a prefix give the same bits when every micro-batch
  * covering it has the same start and end in both schedules (and the same
@@ -40,22 +41,25 @@ size_t sched_common(const size_t *a, size_t na, size_t aend, const size_t *b, si
 size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
 
 /* The version of the rule that makes micro-batches of chunk starts (1: the
- * grid from each chunk's start; 2: closed chunks' tails split). A saved
- * state's chunk starts mean its rows only under the rule it was made by,
- * so slot files carry this in their fingerprint. */
-#define SCHED_LAYOUT 2
+ * grid from each chunk's start; 2: halves at closed chunks' short tails,
+ * never released; 3: the last micro-batch takes 64 rows). A saved state's
+ * chunk starts mean its rows only under the rule it was made by, so slot
+ * files carry this in their fingerprint. */
+#define SCHED_LAYOUT 3
 
-/* A micro-batch of fewer rows than this costs as much as one of this many
- * on llama.cpp's CPU backend (measured at -ub 512, 24M model, 6,144 rows
- * in: 56 rows 590 ms, 64 rows 285 ms; the cost per row is flat from 64 to
- * 512). */
+/* llama.cpp's CPU backend computes attention in tiles of this many rows of
+ * a micro-batch, and row by row in a smaller one, which costs about as much
+ * as a whole tile (bench/ubatch_cost.py, 24M model, 6,144 rows in: 56 rows
+ * 590 ms, 64 rows 285 ms; 256 rows 1,095 ms, 257 rows 1,248 ms). */
 #define SCHED_MIN_BATCH 64
 
-/* Where the last two micro-batches of the closed chunk [cs, ce) split, when
- * the grid from cs would leave the last one under SCHED_MIN_BATCH rows: the
- * ub + r rows after ce - ub - r in halves, so that neither is small. 0 when
- * the grid stands (no short last micro-batch, a chunk of at most ub rows,
- * or ub under 2 * SCHED_MIN_BATCH, where halves would be small too). */
+/* Where the last two micro-batches of the closed chunk [cs, ce) meet, when
+ * the grid from cs would leave the last one r < SCHED_MIN_BATCH rows: at
+ * ce - SCHED_MIN_BATCH - r, so that the one before keeps whole tiles and
+ * the last has SCHED_MIN_BATCH + r rows (543 at -ub 512: 448 + 95, where
+ * the grid gives 512 + 31). 0 when the grid stands (no short last
+ * micro-batch, a chunk of at most ub rows, or ub under 2 *
+ * SCHED_MIN_BATCH). */
 size_t sched_tail_split(size_t cs, size_t ce, int ub);
 
 /* What starts at a position of a chat prompt (prompt/chat.h gives them;

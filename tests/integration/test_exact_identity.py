@@ -206,9 +206,9 @@ class ExactIdentity(unittest.TestCase):
             llama.kill()
 
     def test_closed_chunks_split_a_short_tail(self):
-        """At -ub 128 a chunk of 128k + r rows, r under 64, ends in two
-        micro-batches of (128 + r) / 2, each its own request, not in one of
-        128 and one of r. Conversations whose chunks do that, turn after
+        """At -ub 128 a chunk of 128k + r rows, r under 64, ends in
+        micro-batches of 64 and 64 + r rows, each its own request, not in
+        one of 128 and one of r. Conversations whose chunks do that, turn after
         turn: every answer is its uncached answer, text and logprobs, which
         it is only when the requests toki sends make the micro-batches its
         schedule says the cached rows were computed in. Then a session whose
@@ -258,7 +258,7 @@ class ExactIdentity(unittest.TestCase):
                        8 <= first_chunk(system, user) % ub < 60):
                 system += " " + rng.choice(WORDS)
             end = first_chunk(system, user)
-            split_from = end - ub - end % ub  # where the two halves begin
+            split_from = end - ub - end % ub  # where the last two micro-batches begin
             longer = system + " " + " ".join(sentence(rng, 15) for _ in range(12))
             self.assertGreater(first_chunk(longer, user), end + 2 * ub)
             for i, sys_text in enumerate((system, longer)):

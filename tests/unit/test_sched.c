@@ -155,16 +155,18 @@ static void test_chunks_share_inside_the_first_message(void **state)
 	assert_int_equal(l[nl - 1], 1260);
 }
 
-/* A closed chunk whose last micro-batch would be short splits its last two
- * evenly; an open one (the last chunk, the grid) does not. */
+/* A closed chunk whose last micro-batch would be short gives it 64 rows of
+ * the one before; an open one (the last chunk, the grid) does not. */
 static void test_tail_split(void **state)
 {
 	(void)state;
-	/* 543 rows: 512 + 31 on the grid; 271 + 272. */
-	assert_int_equal(sched_tail_split(0, 543, 512), 271);
-	assert_int_equal(sched_tail_split(1000, 1543, 512), 1271);
-	/* 1,060 rows: 512, then 548 in halves (274). */
-	assert_int_equal(sched_tail_split(0, 1060, 512), 786);
+	/* 543 rows: 512 + 31 on the grid; 448 + 95. */
+	assert_int_equal(sched_tail_split(0, 543, 512), 448);
+	assert_int_equal(sched_tail_split(1000, 1543, 512), 1448);
+	/* 1,060 rows: 512, then 448 + 100. */
+	assert_int_equal(sched_tail_split(0, 1060, 512), 960);
+	/* At -ub 128: 300 rows are 128, 64, 108. */
+	assert_int_equal(sched_tail_split(0, 300, 128), 192);
 	/* A last micro-batch of SCHED_MIN_BATCH or more, a whole one, or a
 	 * chunk of at most one: the grid stands. */
 	assert_int_equal(sched_tail_split(0, 512 + SCHED_MIN_BATCH, 512), 0);
@@ -180,20 +182,22 @@ static void test_tail_split(void **state)
 	size_t c[] = {543, 600};
 	assert_int_equal(plan_build(&p, c, 2, 605, 0, 0, 0, 0, 2048, 512), 0);
 	assert_int_equal(p.n, 4);
-	assert_int_equal(p.steps[0].upto, 271);
+	assert_int_equal(p.steps[0].upto, 448);
 	assert_int_equal(p.steps[1].upto, 543);
 	assert_int_equal(p.steps[2].upto, 600);
 	assert_int_equal(p.steps[3].kind, STEP_GENERATE);
 	plan_free(&p);
 	/* Resumed at the split: its second half, then on. */
-	assert_int_equal(plan_build(&p, c, 2, 605, 271, 0, 0, 0, 2048, 512), 0);
+	assert_int_equal(plan_build(&p, c, 2, 605, 448, 0, 0, 0, 2048, 512), 0);
 	assert_int_equal(p.n, 3);
 	assert_int_equal(p.steps[0].upto, 543);
 	plan_free(&p);
 
-	/* The split is a micro-batch end: a cut at 300 keeps 271. */
-	assert_int_equal(sched_floor(a, 1, 600, 300, 512), 271);
-	assert_int_equal(sched_floor(a, 1, 600, 542, 512), 271);
+	/* The split is a micro-batch end: a cut at 500 keeps 448, one at 300
+	 * nothing. */
+	assert_int_equal(sched_floor(a, 1, 600, 500, 512), 448);
+	assert_int_equal(sched_floor(a, 1, 600, 542, 512), 448);
+	assert_int_equal(sched_floor(a, 1, 600, 300, 512), 0);
 	assert_int_equal(sched_floor(a, 1, 600, 543, 512), 543);
 	/* The grid over the same rows made other micro-batches. */
 	assert_int_equal(sched_common(a, 1, 600, NULL, 0, 600, 599, 512), 0);
@@ -202,7 +206,7 @@ static void test_tail_split(void **state)
 	assert_int_equal(sched_common(a, 1, 600, b, 2, 710, 709, 512), 543);
 	/* Rows kept up to the split after a cut (the chunk's end forgotten, so
 	 * the chunk reads as open) are still the split's micro-batch. */
-	assert_int_equal(sched_common(NULL, 0, 271, b, 2, 710, 709, 512), 271);
+	assert_int_equal(sched_common(NULL, 0, 448, b, 2, 710, 709, 512), 448);
 	/* An open last chunk of 543 rows is on the grid, [0,512) and
 	 * [512,543): a request that closes the chunk there shares neither. */
 	assert_int_equal(sched_common(NULL, 0, 543, a, 1, 600, 599, 512), 0);
