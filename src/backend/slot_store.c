@@ -105,7 +105,8 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 	else
 		/* A remote model file: its path is all that can be known. */
 		snprintf(model_id, sizeof model_id, "path:%s", model_path ? model_path : "?");
-	/* "schedule" from layout 2 on: files of layout 1 have none, so they
+	/* "schedule": the micro-batch layout its rows were made by
+	 * (SCHED_LAYOUT). Files from before it was recorded have none, so they
 	 * never match and are dropped, not read as another layout's rows. */
 	json_t *fp =
 	    json_pack("{s:s, s:s, s:i, s:i, s:s, s:i}", "model", model_id, "build",

@@ -555,9 +555,12 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 }
 
 /* Keeps the chunk starts below n: the schedule of a prefix. */
-static void bounds_keep_below(size_t *b, size_t *nb, size_t n)
+/* Drops the chunk starts past n, where the rows kept end. A start at n
+ * stays: it closes the chunk before it, and a closed chunk's last
+ * micro-batches depend on where it ends (sched_tail_split). */
+static void bounds_keep_upto(size_t *b, size_t *nb, size_t n)
 {
-	while (*nb && b[*nb - 1] >= n)
+	while (*nb && b[*nb - 1] > n)
 		(*nb)--;
 }
 
@@ -590,7 +593,7 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 	s->junk_tail = 0;
 	/* Only whole micro-batches of what was computed stay reusable. */
 	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, n, s->backend->n_ubatch);
-	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
+	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
 	if (radix_insert(r->tree, s->tokens, s->n_tokens, s) != 0)
 		router_slot_forget(r, s);
 }
@@ -718,7 +721,7 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 		return -1;
 	}
 	s->aligned = aligned < n ? aligned : n;
-	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
+	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
 	return 0;
 }
 
@@ -732,7 +735,7 @@ int router_slot_cut(struct router *r, struct router_slot *s, const token_t *toke
 	if (slot_set(r, s, tokens, keep, 1, junk) != 0)
 		return -1;
 	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, keep, s->backend->n_ubatch);
-	bounds_keep_below(s->bounds, &s->n_bounds, s->aligned);
+	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
 	return 0;
 }
 
@@ -836,7 +839,7 @@ int router_saved_set_bounds(struct router_saved *e, const size_t *bounds, size_t
 {
 	if (bounds_copy(&e->bounds, &e->n_bounds, bounds, nb) != 0)
 		return -1;
-	bounds_keep_below(e->bounds, &e->n_bounds, e->aligned);
+	bounds_keep_upto(e->bounds, &e->n_bounds, e->aligned);
 	return 0;
 }
 

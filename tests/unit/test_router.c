@@ -1194,10 +1194,60 @@ static void test_message_schedule(void **state)
 	router_free(r);
 }
 
+/* A cut that keeps a slot's rows up to a chunk start (the answer's tail
+ * cut keeps the prompt up to its generation prompt) keeps that start: the
+ * chunk before it is still closed, so its short tail's micro-batches (448 +
+ * 95 rows here, sched_tail_split) still read as computed, not as the grid's
+ * 512 + 31. */
+static void test_cut_keeps_the_closing_start(void **state)
+{
+	struct router_backend *b;
+	struct router *r = mkrouter(REUSE_EXACT, 1, 1, UB, &b);
+	struct router_slot *s = slot_of(b, 0);
+	const token_t *t = conv(3, 1200);
+	size_t turn1[] = {543}; /* a 543-token chunk, then the generation prompt */
+	router_slot_begin(r, s, SEC(1), 0);
+	assert_int_equal(router_slot_commit_sched(r, s, t, 546, turn1, 1, 546, SEC(2)), 0);
+	assert_int_equal(router_slot_cut(r, s, t, 543, -7, SEC(2)), 0);
+	router_slot_end(r, s, SEC(2));
+	assert_int_equal(s->aligned, 543);
+	assert_int_equal(s->n_bounds, 1);
+	assert_int_equal(s->bounds[0], 543);
+	struct route_choice c;
+	/* The next turn closes the chunk at 543 too: all of it is shared. */
+	size_t turn2[] = {543, 700};
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t, 705, turn2, 2, SEC(3), ~0ULL, &c), ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 543);
+	/* A request whose chunk from 0 runs past 543 makes [0,512) a
+	 * micro-batch, which the slot never computed: nothing is shared. */
+	size_t other[] = {1100};
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t, 1105, other, 1, SEC(3), ~0ULL, &c),
+	                 ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 0);
+	/* Cut inside the tail, at its split: the rows before it are one
+	 * micro-batch [0,448), whichever way the chunk reads. */
+	router_slot_begin(r, s, SEC(4), 0);
+	assert_int_equal(router_slot_cut(r, s, t, 500, -7, SEC(4)), 0);
+	router_slot_end(r, s, SEC(4));
+	assert_int_equal(s->aligned, 448);
+	assert_int_equal(s->n_bounds, 0);
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t, 705, turn2, 2, SEC(5), ~0ULL, &c), ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 448);
+	memset(&c, 0, sizeof c);
+	assert_int_equal(router_choose_sched(r, t, 1105, other, 1, SEC(5), ~0ULL, &c),
+	                 ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 0);
+	router_free(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test_teardown(test_exact_reuse_table, teardown_seqs),
+	    cmocka_unit_test_teardown(test_cut_keeps_the_closing_start, teardown_seqs),
 	    cmocka_unit_test_teardown(test_exact_reuse_invariants, teardown_seqs),
 	    cmocka_unit_test_teardown(test_mode_names, teardown_seqs),
 	    cmocka_unit_test_teardown(test_rates, teardown_seqs),
