@@ -50,7 +50,7 @@ size_t sched_floor(const size_t *b, size_t nb, size_t end, size_t x, int ub);
 /* llama.cpp's CPU backend computes attention in tiles of this many rows of
  * a micro-batch, and row by row in a smaller one, which costs about as much
  * as a whole tile (bench/ubatch_cost.py, 24M model, 6,144 rows in: 56 rows
- * 590 ms, 64 rows 285 ms; 256 rows 1,095 ms, 257 rows 1,248 ms). */
+ * 522 ms, 64 rows 314 ms; 256 rows 1,113 ms, 257 rows 1,399 ms). */
 #define SCHED_MIN_BATCH 64
 
 /* Where the last two micro-batches of the closed chunk [cs, ce) meet, when
