@@ -108,10 +108,9 @@ def settle(toki, server_port, timeout=60):
     the server has none processing: the next path starts on a quiet
     server."""
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        st = toki.stats()
-        if not any(sl["busy"] for b in st["backends"] for sl in b["slots"]):
-            break
+    while any(sl["busy"] for b in toki.stats()["backends"] for sl in b["slots"]):
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError("g: toki's slot stayed busy")
         time.sleep(0.02)
     wait_idle(server_port, timeout)
 

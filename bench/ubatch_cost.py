@@ -6,8 +6,8 @@ For each position P and size n: the slot holds P tokens, and a request
 evaluates n more (one micro-batch when n <= -ub), on llama-server alone; its
 own prompt_ms, median of --reps. Then, at the last position, the same n
 tokens evaluated as one request and as --split requests of n/split tokens
-each, with -ub n (the same micro-batches: what a request costs) and with
--ub n/split (more micro-batches: what a micro-batch costs).
+each: with -ub n/split both make the same micro-batches (what a request
+costs); with -ub n the split makes more (what a micro-batch costs).
 
   python3 bench/ubatch_cost.py [--positions 2048,6144] [--sizes 1,16,32,56,64,128,256,257,320,321,512]
                                [--reps 3] [--split 4]
@@ -15,10 +15,8 @@ each, with -ub n (the same micro-batches: what a request costs) and with
 24M random-weight model, 1 slot, -c 10240. Standard library only; uses
 tests/integration/toki_harness.py (and build/toki, or $TOKI_BIN)."""
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,16 +24,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 os.environ.setdefault("TOKI_BIN", os.path.join(HERE, "..", "build", "toki"))
 import toki_harness as th  # noqa: E402
-from bench_agent import agent_prompt  # noqa: E402
+from bench_agent import agent_prompt, exact_steps  # noqa: E402
 
 
 def tokens(model, n):
     """n real prompt tokens (an agent-like chat's), so that none is invalid."""
-    msgs = agent_prompt(31, 40, n + 1000, nonce="ubatch cost. ")
-    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat"],
-                         input=json.dumps({"messages": msgs}), capture_output=True, text=True,
-                         check=True)
-    t = json.loads(out.stdout)["tokens"]
+    t = exact_steps(model, agent_prompt(31, 40, n + 1000, nonce="ubatch cost. "))[0]
     if len(t) < n:
         raise SystemExit(f"only {len(t)} tokens")
     return t[:n]

@@ -554,7 +554,6 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->saved = NULL;
 }
 
-/* Keeps the chunk starts below n: the schedule of a prefix. */
 /* Drops the chunk starts past n, where the rows kept end. A start at n
  * stays: it closes the chunk before it, and a closed chunk's last
  * micro-batches depend on where it ends (sched_tail_split). */

@@ -48,6 +48,15 @@ def answer(resp):
     return c["message"]["content"], probs
 
 
+def schedule(model, msgs, ub=512):
+    """`toki tokenize --chat --schedule` of a chat: its prompt, tokens, chunk
+    starts and the ends of a cold evaluation's requests at -ub ub."""
+    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--schedule",
+                          "--ubatch", str(ub)], input=json.dumps({"messages": msgs}),
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def ask_both(test, toki, baseline, body):
     """The chat request through toki, and uncached through baseline."""
     st, got = th.request(toki.port, "POST", "/v1/chat/completions", body)
@@ -58,10 +67,12 @@ def ask_both(test, toki, baseline, body):
     return got, want
 
 
-def run_conversations(test, toki, baseline, convs, turns, max_tokens, check, logprobs=True):
+def run_conversations(test, toki, baseline, convs, turns, max_tokens, check, logprobs=True,
+                      sent=None):
     """Interleaves the conversations turn by turn; baseline answers each request
-    uncached (a Toki: through it, else the server directly). Returns
-    (identical, total, evaluated)."""
+    uncached (a Toki: through it, else the server directly). Each request's
+    messages go into the list sent, when given. Returns (identical, total,
+    evaluated)."""
     histories = [[{"role": "system", "content": s}] for s, _ in convs]
     identical = total = evaluated = 0
     for t in range(turns):
@@ -69,6 +80,8 @@ def run_conversations(test, toki, baseline, convs, turns, max_tokens, check, log
             msgs = histories[i] + [{"role": "user", "content": users[t]}]
             body = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens,
                     "logprobs": True, "top_logprobs": 2}
+            if sent is not None:
+                sent.append(msgs)
             got, want = ask_both(test, toki, baseline, body)
             g, w = answer(got), answer(want)
             test.assertTrue(g[1], "no logprobs in the answer")
@@ -177,10 +190,7 @@ class ExactIdentity(unittest.TestCase):
             for i, tail in enumerate(("Working in /src/alpha today.", "Working in /src/beta.")):
                 msgs = [{"role": "system", "content": base + "\n\nSession context: " + tail},
                         {"role": "user", "content": sentence(rng, 9)}]
-                out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model, "--chat",
-                                      "--schedule"], input=json.dumps({"messages": msgs}),
-                                     capture_output=True, text=True, check=True)
-                sched = json.loads(out.stdout)
+                sched = schedule(self.model, msgs)
                 # Where the section breaks, in tokens: the tokens of the text
                 # before the empty line, and of the text before the section
                 # (exact mode starts a chunk at the one that maps).
@@ -222,42 +232,31 @@ class ExactIdentity(unittest.TestCase):
         ref = th.Toki([base], mode="exact", ubatch=ub, name="reference")
         try:
             convs = conversations(21, count=2, turns=3)
-            ident, total, _ = run_conversations(self, toki, ref, convs, 3, 16, check=True)
+            sent = []
+            ident, total, _ = run_conversations(self, toki, ref, convs, 3, 16, check=True,
+                                                sent=sent)
             self.assertEqual(ident, total)
-            # The schedules of those turns had tails to split: a step that
-            # ends neither a chunk nor the prompt.
+            # The schedules of those requests had tails to split: a step
+            # that ends neither a chunk nor the prompt.
             splits = 0
-            for system, users in convs:
-                msgs = [{"role": "system", "content": system}]
-                for u in users:
-                    msgs.append({"role": "user", "content": u})
-                    out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model,
-                                          "--chat", "--schedule", "--ubatch", str(ub)],
-                                         input=json.dumps({"messages": msgs}),
-                                         capture_output=True, text=True, check=True)
-                    j = json.loads(out.stdout)
-                    ends = set(j["chunks"]) | {len(j["tokens"])}
-                    splits += sum(1 for e in j["steps"] if e not in ends)
-                    msgs.append({"role": "assistant", "content": "ok"})
+            for msgs in sent:
+                j = schedule(self.model, msgs, ub)
+                ends = set(j["chunks"]) | {len(j["tokens"])}
+                splits += sum(1 for e in j["steps"] if e not in ends)
             self.assertGreater(splits, 0)
             self.assertGreater(toki.stats()["prefill_steps"], 0)
 
             def first_chunk(system, user):
-                out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", self.model, "--chat",
-                                      "--schedule", "--ubatch", str(ub)],
-                                     input=json.dumps({"messages": [
-                                         {"role": "system", "content": system},
-                                         {"role": "user", "content": user}]}),
-                                     capture_output=True, text=True, check=True)
-                return json.loads(out.stdout)["chunks"][0]
+                return schedule(self.model, [{"role": "system", "content": system},
+                                             {"role": "user", "content": user}], ub)["chunks"][0]
 
             rng = random.Random(5)
             user = sentence(rng, 8)
             system = "You are a helpful agent. " + " ".join(sentence(rng, 10) for _ in range(20))
-            while not (first_chunk(system, user) > 2 * ub and
-                       8 <= first_chunk(system, user) % ub < 60):
-                system += " " + rng.choice(WORDS)
             end = first_chunk(system, user)
+            while not (end > 2 * ub and 8 <= end % ub < 60):
+                system += " " + rng.choice(WORDS)
+                end = first_chunk(system, user)
             split_from = end - ub - end % ub  # where the last two micro-batches begin
             longer = system + " " + " ".join(sentence(rng, 15) for _ in range(12))
             self.assertGreater(first_chunk(longer, user), end + 2 * ub)
