@@ -130,16 +130,18 @@ static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 		if (time(NULL) - s->started_at > 60)
 			s->backoff_s = 1;
 		else
-			s->backoff_s = s->backoff_s ? (s->backoff_s * 2 > 30 ? 30 : s->backoff_s * 2) : 1;
+			s->backoff_s =
+			    s->backoff_s ? (s->backoff_s * 2 > 30 ? 30 : s->backoff_s * 2) : 1;
 		s->restarts++;
 		if (WIFSIGNALED(status))
-			log_error("llama-server (pid %d) was killed by signal %d; restarting in %d s "
-				  "(restart %d)",
-				  (int)p, WTERMSIG(status), s->backoff_s, s->restarts);
+			log_error(
+			    "llama-server (pid %d) was killed by signal %d; restarting in %d s "
+			    "(restart %d)",
+			    (int)p, WTERMSIG(status), s->backoff_s, s->restarts);
 		else
 			log_error("llama-server (pid %d) exited with status %d; restarting in %d s "
-				  "(restart %d)",
-				  (int)p, WEXITSTATUS(status), s->backoff_s, s->restarts);
+			          "(restart %d)",
+			          (int)p, WEXITSTATUS(status), s->backoff_s, s->restarts);
 		struct timeval tv = {s->backoff_s, 0};
 		evtimer_add(s->restart_timer, &tv);
 		if (s->on_exit)
@@ -147,8 +149,8 @@ static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
 	}
 }
 
-struct supervisor *supervisor_new(struct event_base *base, char *const argv[],
-				  const char *log_path, char *const env_extra[])
+struct supervisor *supervisor_new(struct event_base *base, char *const argv[], const char *log_path,
+                                  char *const env_extra[])
 {
 	struct supervisor *s = calloc(1, sizeof *s);
 	if (!s)

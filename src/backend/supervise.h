@@ -12,8 +12,8 @@ struct supervisor;
 /* argv is copied; argv[0] is the binary. log_path receives the child's
  * stdout and stderr (appended). env_extra: NULL or "NAME=value" strings
  * added to the child's environment (e.g. HSA_OVERRIDE_GFX_VERSION). */
-struct supervisor *supervisor_new(struct event_base *base, char *const argv[],
-				  const char *log_path, char *const env_extra[]);
+struct supervisor *supervisor_new(struct event_base *base, char *const argv[], const char *log_path,
+                                  char *const env_extra[]);
 /* Called when the child dies unexpectedly, before the restart is scheduled. */
 void supervisor_on_exit(struct supervisor *s, void (*fn)(void *arg), void *arg);
 int supervisor_start(struct supervisor *s, char *err, size_t errlen);

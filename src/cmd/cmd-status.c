@@ -25,10 +25,11 @@ static long rss_kib(pid_t pid)
 
 static json_t *status_of(const struct run_info *ri)
 {
-	json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:I, s:i, s:s}", "name", ri->name,
-			      "endpoint", "", "pid", (int)ri->pid, "port", ri->port, "llama_pid",
-			      (int)ri->llama_pid, "llama_port", ri->llama_port, "model", ri->model,
-			      "ctx", (json_int_t)ri->ctx, "slots", ri->slots, "mode", ri->mode);
+	json_t *o =
+	    json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:I, s:i, s:s}", "name", ri->name,
+	              "endpoint", "", "pid", (int)ri->pid, "port", ri->port, "llama_pid",
+	              (int)ri->llama_pid, "llama_port", ri->llama_port, "model", ri->model, "ctx",
+	              (json_int_t)ri->ctx, "slots", ri->slots, "mode", ri->mode);
 	char ep[128];
 	snprintf(ep, sizeof ep, "http://%s:%d/v1", ri->host, ri->port);
 	json_object_set_new(o, "endpoint", json_string(ep));
@@ -76,8 +77,9 @@ int cmd_status(int argc, char **argv)
 		return 0;
 	}
 	if (n == 0)
-		printf("nothing is running (start a model with toki model use NAME or toki up --model "
-		       "FILE)\n");
+		printf(
+		    "nothing is running (start a model with toki model use NAME or toki up --model "
+		    "FILE)\n");
 	size_t i;
 	json_t *o;
 	json_array_foreach(all, i, o)
@@ -93,8 +95,8 @@ int cmd_status(int argc, char **argv)
 		       json_integer_value(json_object_get(o, "llama_restarts")));
 		printf("  context      %lld tokens per slot, %lld slots, reuse %s\n",
 		       json_integer_value(json_object_get(o, "effective_ctx"))
-			       ? json_integer_value(json_object_get(o, "effective_ctx"))
-			       : json_integer_value(json_object_get(o, "ctx")),
+		           ? json_integer_value(json_object_get(o, "effective_ctx"))
+		           : json_integer_value(json_object_get(o, "ctx")),
 		       json_integer_value(json_object_get(o, "slots")),
 		       json_string_value(json_object_get(o, "mode")));
 		printf("  memory       toki %.1f MiB, llama-server %.1f MiB\n",
@@ -107,14 +109,18 @@ int cmd_status(int argc, char **argv)
 		if (stats) {
 			long long routed = json_integer_value(json_object_get(stats, "routed"));
 			long long hits = json_integer_value(json_object_get(stats, "hits")) +
-					 json_integer_value(json_object_get(stats, "partials"));
-			long long cached = json_integer_value(json_object_get(stats, "cached_tokens"));
-			long long evald = json_integer_value(json_object_get(stats, "evaluated_tokens"));
-			printf("  cache        %lld requests, %lld reused a prefix (%.0f%%); %lld tokens "
+			                 json_integer_value(json_object_get(stats, "partials"));
+			long long cached =
+			    json_integer_value(json_object_get(stats, "cached_tokens"));
+			long long evald =
+			    json_integer_value(json_object_get(stats, "evaluated_tokens"));
+			printf("  cache        %lld requests, %lld reused a prefix (%.0f%%); %lld "
+			       "tokens "
 			       "reused, %lld evaluated (%.0f%% of prompt tokens from cache)\n",
-			       routed, hits, routed ? 100.0 * (double)hits / (double)routed : 0.0, cached,
-			       evald,
-			       cached + evald ? 100.0 * (double)cached / (double)(cached + evald) : 0.0);
+			       routed, hits, routed ? 100.0 * (double)hits / (double)routed : 0.0,
+			       cached, evald,
+			       cached + evald ? 100.0 * (double)cached / (double)(cached + evald)
+			                      : 0.0);
 		}
 	}
 	json_decref(all);
