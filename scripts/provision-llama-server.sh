@@ -11,10 +11,17 @@
 #      system-wide) and print the wrapper's path.
 # Everything except the final path goes to stderr. See docs/llama-server-provisioning.md.
 #
-# Usage: scripts/provision-llama-server.sh [--force]
+# Usage: scripts/provision-llama-server.sh [--force] [--backend cpu|vulkan]
 #   --force   ignore TOKI_LLAMA_SERVER, PATH and the cache; provision afresh.
+#   --backend vulkan   a second prefix (llama-server-vulkan/) that adds ggml's
+#             Vulkan backend and Mesa's software Vulkan driver (lavapipe): a GPU
+#             backend that runs without a GPU. Its wrapper sets VK_ICD_FILENAMES
+#             to lavapipe and GGML_VK_VISIBLE_DEVICES=0 (ggml-vulkan hides CPU-type
+#             devices otherwise), so the model's layers run in ggml-vulkan's
+#             shaders. PATH is not searched for it.
 # Environment:
-#   TOKI_LLAMA_SERVER    a llama-server to use as is
+#   TOKI_LLAMA_SERVER    a llama-server to use as is (cpu)
+#   TOKI_LLAMA_SERVER_VULKAN  the same for --backend vulkan
 #   TOKI_CACHE_DIR       cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/tokirecur)
 #   TOKI_DEBIAN_MIRROR   Debian mirror URI to fetch sid from (default: parsed from
 #                        /etc/apt sources, else http://deb.debian.org/debian)
@@ -33,13 +40,26 @@ log() { printf 'provision-llama-server: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 force=0
-for arg in "$@"; do
-  case "$arg" in
+gpu=cpu
+while [ $# -gt 0 ]; do
+  case "$1" in
     --force) force=1 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
-    *) die "unknown argument: $arg (try --help)" ;;
+    --backend) [ $# -ge 2 ] || die "--backend needs cpu or vulkan"; gpu="$2"; shift ;;
+    --backend=*) gpu="${1#--backend=}" ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    *) die "unknown argument: $1 (try --help)" ;;
   esac
+  shift
 done
+case "$gpu" in
+  cpu) ;;
+  vulkan)
+    # The packages ggml-vulkan and lavapipe need beyond the CPU build; their
+    # library closure follows as for the others.
+    BASE_PKGS+=(libvulkan1 mesa-vulkan-drivers)
+    WRAPPED=(llama-server llama-tokenize) ;;
+  *) die "--backend: cpu or vulkan, not $gpu" ;;
+esac
 
 abspath() { # absolute path without resolving symlinks
   case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$1" ;; esac
@@ -51,6 +71,7 @@ fi
 cache_root="${TOKI_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tokirecur}"
 cache_root="$(abspath "$cache_root")"
 dest="$cache_root/llama-server"
+[ "$gpu" = cpu ] || dest="$cache_root/llama-server-$gpu"
 wrapper="$dest/bin/llama-server"
 
 is_our_wrapper() { # $1: a file
@@ -71,7 +92,18 @@ wrapper_works() {
 }
 
 # --- 1-3: fast paths -------------------------------------------------------
-if [ "$force" = 0 ]; then
+if [ "$force" = 0 ] && [ "$gpu" = vulkan ]; then
+  if [ -n "${TOKI_LLAMA_SERVER_VULKAN:-}" ]; then
+    [ -f "$TOKI_LLAMA_SERVER_VULKAN" ] && [ -x "$TOKI_LLAMA_SERVER_VULKAN" ] ||
+      die "TOKI_LLAMA_SERVER_VULKAN=$TOKI_LLAMA_SERVER_VULKAN is not an executable file"
+    abspath "$TOKI_LLAMA_SERVER_VULKAN"
+    exit 0
+  fi
+  if wrapper_works; then
+    printf '%s\n' "$wrapper"
+    exit 0
+  fi
+elif [ "$force" = 0 ]; then
   if [ -n "${TOKI_LLAMA_SERVER:-}" ]; then
     if [ -f "$TOKI_LLAMA_SERVER" ] && [ -x "$TOKI_LLAMA_SERVER" ]; then
       abspath "$TOKI_LLAMA_SERVER"
@@ -133,7 +165,7 @@ mirror="${mirror:-$FALLBACK_MIRROR}"
 mkdir -p "$cache_root"
 # Serialise concurrent provisioning runs; the loser of the race finds the cache ready.
 if command -v flock >/dev/null 2>&1; then
-  exec 9>"$cache_root/.llama-server.lock"
+  exec 9>"$cache_root/.$(basename "$dest").lock"
   flock 9
   if [ "$force" = 0 ] && wrapper_works; then
     printf '%s\n' "$wrapper"
@@ -141,10 +173,10 @@ if command -v flock >/dev/null 2>&1; then
   fi
 fi
 # Leftovers of interrupted runs (we hold the lock, so none is in progress).
-rm -rf "$cache_root"/.llama-server.tmp.* "$cache_root"/.llama-server.old.* 2>/dev/null || true
+rm -rf "$cache_root/.$(basename "$dest")".tmp.* "$cache_root/.$(basename "$dest")".old.* 2>/dev/null || true
 
 t0=$(date +%s)
-work="$(mktemp -d "$cache_root/.llama-server.tmp.XXXXXX")"
+work="$(mktemp -d "$cache_root/.$(basename "$dest").tmp.XXXXXX")"
 cleanup() { rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -187,11 +219,20 @@ declare -A want=()
 frontier=()
 for p in $(available "${BASE_PKGS[@]}"); do want[$p]=1; frontier+=("$p"); done
 [ -n "${want[llama.cpp-tools]:-}" ] || fail "sid has no package llama.cpp-tools"
-# ggml-rpc-server needs ggml's RPC backend, packaged separately (libggmlN-backend-rpc).
+# ggml-rpc-server needs ggml's RPC backend, packaged separately (libggmlN-backend-rpc);
+# the Vulkan prefix adds libggmlN-backend-vulkan.
+extra_backends=(rpc)
+[ "$gpu" = cpu ] || extra_backends+=("$gpu")
 for p in "${!want[@]}"; do
   case "$p" in libggml[0-9]*) ;; *) continue ;; esac
-  for r in $(available "$p-backend-rpc"); do want[$r]=1; frontier+=("$r"); done
+  for b in "${extra_backends[@]}"; do
+    for r in $(available "$p-backend-$b"); do want[$r]=1; frontier+=("$r"); done
+  done
 done
+if [ "$gpu" = vulkan ]; then
+  for p in libvulkan1 mesa-vulkan-drivers; do [ -n "${want[$p]:-}" ] || fail "sid has no package $p"; done
+  [ -n "$(available libggml0-backend-vulkan)" ] || fail "sid has no package libggml0-backend-vulkan"
+fi
 while [ ${#frontier[@]} -gt 0 ]; do
   next=()
   while IFS= read -r dep; do
@@ -315,6 +356,30 @@ done
 [ -n "$backend" ] || fail "no CPU backend in $rel_backends loads on this CPU (tried: ${prefs[*]})"
 log "CPU backend: $(basename "$backend")"
 
+# Vulkan: lavapipe's ICD manifest names its driver by a system path; a copy
+# names the one in the prefix. The device must be seen before we say done.
+vk_env=()
+if [ "$gpu" = vulkan ]; then
+  icd="$(cd "$P" && find usr/share/vulkan/icd.d -name 'lvp_icd*.json' 2>/dev/null | head -n 1)"
+  [ -n "$icd" ] || fail "mesa-vulkan-drivers has no lavapipe ICD manifest (lvp_icd*.json)"
+  lvp="$(sed -n 's/.*"library_path"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$P/$icd")"
+  case "$lvp" in /*) rel_lvp="${lvp#/}" ;; *) rel_lvp="usr/lib/x86_64-linux-gnu/$lvp" ;; esac
+  [ -f "$P/$rel_lvp" ] || fail "lavapipe's driver $rel_lvp is not in the prefix"
+  write_icd() { # $1: prefix dir, $2: output file
+    sed "s#\"library_path\"[[:space:]]*:[[:space:]]*\"[^\"]*\"#\"library_path\": \"$1/$rel_lvp\"#" "$P/$icd" >"$2"
+  }
+  write_icd "$P" "$work/lvp_icd.json"
+  devices="$(VK_ICD_FILENAMES="$work/lvp_icd.json" VK_DRIVER_FILES="$work/lvp_icd.json" \
+    GGML_VK_VISIBLE_DEVICES=0 GGML_BACKEND_PATH="$P/$backend" \
+    run_in_work "$rel_server" --list-devices 2>&1 || true)"
+  printf '%s\n' "$devices" | grep -q 'Vulkan0' ||
+    fail "ggml-vulkan sees no lavapipe device: $(printf '%s' "$devices" | tail -n 5)"
+  log "Vulkan device: $(printf '%s\n' "$devices" | grep -m1 'Vulkan0' | sed 's/^ *//')"
+  write_icd "$dest/prefix" "$work/out/lvp_icd.json"
+  vk_env=(VK_ICD_FILENAMES="$dest/lvp_icd.json" VK_DRIVER_FILES="$dest/lvp_icd.json"
+    GGML_VK_VISIBLE_DEVICES=0)
+fi
+
 # Wrappers, with absolute paths to the final location.
 shq() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
 final_p="$dest/prefix"
@@ -329,6 +394,10 @@ for name in "${WRAPPED[@]}"; do
     # shellcheck disable=SC2016  # the ${...} is for the wrapper, not for us
     printf 'GGML_BACKEND_PATH="${TOKI_GGML_BACKEND_PATH:-%s}"\n' "$(printf '%s' "$final_p/$backend" | sed 's/[\\"$`]/\\&/g')"
     printf 'export GGML_BACKEND_PATH\n'
+    for kv in "${vk_env[@]+"${vk_env[@]}"}"; do # defaults: the caller's own values win
+      printf '%s="${%s:-%s}"\nexport %s\n' "${kv%%=*}" "${kv%%=*}" \
+        "$(printf '%s' "${kv#*=}" | sed 's/[\\"$`]/\\&/g')" "${kv%%=*}"
+    done
     printf 'exec %s --library-path %s %s "$@"\n' "$(shq "$final_p/$rel_loader")" \
       "$(shq "$(libpath_for "$final_p")")" "$(shq "$final_p/$rb")"
   } >"$work/out/bin/$name"
@@ -340,13 +409,14 @@ version="$(run_in_work "$rel_server" --version 2>&1 | grep -m1 '^version' || tru
   printf 'mirror: %s sid\n' "$mirror"
   printf 'llama-server: %s\n' "$version"
   printf 'cpu backend: %s\n' "$backend"
+  [ "$gpu" = cpu ] || printf 'gpu backend: %s (%s)\n' "$gpu" "$(grep -m1 'Vulkan0' <<<"$devices" | sed 's/^ *//')"
   printf 'wrappers: %s\n' "${written[*]}"
   printf 'provisioned: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 } >"$work/out/INFO"
 
 # Move into place: the prefix appears whole or not at all.
 if [ -e "$dest" ] || [ -L "$dest" ]; then
-  old="$cache_root/.llama-server.old.$$"
+  old="$cache_root/.$(basename "$dest").old.$$"
   mv -T "$dest" "$old"
   mv -T "$work/out" "$dest"
   rm -rf "$old"

@@ -6,6 +6,7 @@ Environment:
   TOKI_TEST_MODEL     the model to test with (default ../shared/models/stories260K.gguf,
                       else a generated one)
   TOKI_LLAMA_SERVER   a llama-server to use (else scripts/provision-llama-server.sh finds one)
+  TOKI_LLAMA_SERVER_VULKAN  the same for the Vulkan tests (else the script's --backend vulkan)
 """
 import http.client
 import json
@@ -24,7 +25,7 @@ TOKI_BIN = os.environ.get("TOKI_BIN") or os.path.join(SOURCE_DIR, "build", "toki
 WORK_DIR = os.environ.get("TOKI_TEST_WORK") or os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tokirecur", "test")
 
-_llama_server = None
+_llama_server = {}
 
 # Every toki the tests start uses this token (via the environment), and every
 # request carries it unless a test says otherwise (auth=False / its own header).
@@ -40,13 +41,14 @@ def _auth_headers(headers, auth):
     return h
 
 
-def llama_server_path():
-    global _llama_server
-    if _llama_server is None:
-        out = subprocess.run([os.path.join(SOURCE_DIR, "scripts", "provision-llama-server.sh")],
-                             check=True, capture_output=True, text=True)
-        _llama_server = out.stdout.strip().splitlines()[-1]
-    return _llama_server
+def llama_server_path(backend="cpu"):
+    """A llama-server on ggml's CPU backend, or with backend="vulkan" on
+    ggml-vulkan over Mesa's software driver (lavapipe)."""
+    if backend not in _llama_server:
+        out = subprocess.run([os.path.join(SOURCE_DIR, "scripts", "provision-llama-server.sh"),
+                              "--backend", backend], check=True, capture_output=True, text=True)
+        _llama_server[backend] = out.stdout.strip().splitlines()[-1]
+    return _llama_server[backend]
 
 
 def test_model():
@@ -211,14 +213,16 @@ class LlamaServer(Process):
     """A real llama-server on a free port."""
 
     def __init__(self, model=None, slots=2, ctx=None, ubatch=None, extra=(), port=None,
-                 cache_ram=0, name="llama", np_flag=True):
+                 cache_ram=0, name="llama", np_flag=True, backend="cpu", env=None):
         """np_flag=False leaves -np out: llama-server then picks its own
-        number of slots (4) with a unified KV cache, its default set-up."""
+        number of slots (4) with a unified KV cache, its default set-up.
+        backend: "cpu" or "vulkan" (llama_server_path); env: more
+        environment for the server."""
         self.model = model or test_model()
         self.port = port or free_port()
         self.slots = slots
         self.ubatch = ubatch
-        args = [llama_server_path(), "-m", self.model, "--host", "127.0.0.1", "--port",
+        args = [llama_server_path(backend), "-m", self.model, "--host", "127.0.0.1", "--port",
                 str(self.port)] + (["-np", str(slots)] if np_flag else []) + [
                 "-t", "2", "--cache-ram", str(cache_ram)]
         if ctx:
@@ -228,7 +232,8 @@ class LlamaServer(Process):
             args += ["-ub", str(ubatch), "-b", str(max(ubatch, 2048 // ubatch * ubatch))]
         args += list(extra)
         self.args = args
-        super().__init__(args, f"{name}-{self.port}.log")
+        self.env = dict(os.environ, **env) if env else None
+        super().__init__(args, f"{name}-{self.port}.log", env=self.env)
         wait_http(self.port, timeout=120)
 
     @property
@@ -237,7 +242,7 @@ class LlamaServer(Process):
 
     def restart(self):
         self.kill()
-        Process.__init__(self, self.args, f"llama-{self.port}.log")
+        Process.__init__(self, self.args, f"llama-{self.port}.log", env=self.env)
         wait_http(self.port, timeout=120)
 
 
