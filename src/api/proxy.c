@@ -425,6 +425,12 @@ static char *cache_block_text(struct proxy_req *pr)
 		text_key_string(&t, "schedule", pr->n_bounds ? "messages" : "grid");
 		text_key_int(&t, "chunks", (long long)pr->n_bounds + 1);
 		text_key_int(&t, "steps", (long long)pr->steps + 1);
+		if (pr->backend) {
+			/* Whether the promise holds on this backend (its self-test). */
+			char verdict[400];
+			selftest_verdict(&pr->backend->selftest, verdict, sizeof verdict);
+			text_key_string(&t, "exact", verdict);
+		}
 	}
 	text_key_raw(&t, "trimmed", pr->choice.must_trim ? "true" : "false");
 	text_key_int(&t, "max_tokens", pr->max_tokens);
@@ -2864,6 +2870,13 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 		json_object_set_new(e, "discoveries", json_integer(b->rb->discoveries));
 		json_object_set_new(e, "self_cached", json_boolean(b->rb->self_cached));
 		json_object_set_new(e, "ram_cache", json_boolean(b->rb->ram_cache));
+		char verdict[400];
+		selftest_verdict(&b->selftest, verdict, sizeof verdict);
+		json_object_set_new(e, "exact",
+		                    json_pack("{s:s, s:s, s:s?, s:f}", "selftest",
+		                              selftest_state_name(b->selftest.state), "verdict",
+		                              verdict, "remedy", b->selftest.remedy, "seconds",
+		                              b->selftest.seconds));
 		struct prompt_engine_stats ps = {0};
 		if (b->prompt)
 			prompt_engine_get_stats(b->prompt, &ps);

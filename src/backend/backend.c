@@ -63,6 +63,7 @@ void backend_free(struct backend *b)
 	if (b->health_timer)
 		event_free(b->health_timer);
 	prompt_probe_stop(b);
+	selftest_clear(&b->selftest);
 	json_decref(b->props);
 	backend_http_free(b->http);
 	free(b->build_info);
@@ -105,6 +106,11 @@ static void discovery_failed_at(struct backend *b, enum log_level level, const c
 static void discovery_failed(struct backend *b, const char *why)
 {
 	discovery_failed_at(b, LOG_WARN, why);
+}
+
+void backend_discovery_failed(struct backend *b, const char *why)
+{
+	discovery_failed(b, why);
 }
 
 /* An answer discovery cannot use: its status and the start of its body, on
@@ -478,20 +484,15 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 		discovery_failed(b, "out of memory");
 }
 
-static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
-                           void *arg)
+/* Discovery's end: the self-test has run (or was not needed). */
+static void discovered(struct backend *b)
 {
-	struct backend *b = arg;
-	b->health_call = NULL;
+	struct selftest *t = &b->selftest;
 	b->discovering = 0;
-	json_error_t jerr;
-	json_t *models = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
-	const char *id = json_string_value(
-	    json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
-	free(b->model_id);
-	b->model_id = strdup(id ? id : "unknown");
-	json_decref(b->models);
-	b->models = models;
+	if (t->state == SELFTEST_FAILED && selftest_try_remedy(b))
+		return; /* restarting; discovery runs again when it is back */
+	char verdict[400];
+	selftest_verdict(t, verdict, sizeof verdict);
 	slot_store_backend_ready(b->d, b, b->model_path);
 	router_backend_set_up(b->d->router, b->rb, 1);
 	prompt_probe_start(b, b->props);
@@ -501,7 +502,36 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	b->last_failure[0] = '\0'; /* a later failure is news again */
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
 	         b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
+	if (t->state == SELFTEST_VERIFIED || t->state == SELFTEST_UNKNOWN)
+		log_info("backend %s: exact: %s (self-test, %.1f s)", b->rb->url, verdict,
+		         t->seconds);
+	else if (t->state == SELFTEST_FAILED)
+		log_warn(
+		    "backend %s: exact: %s. Answers on this server depend on what it "
+		    "computed before them, cached or not, so no cache can make them a function "
+		    "of the request alone. %s (docs/exact.md, \"GPU backends\")",
+		    b->rb->url, verdict,
+		    t->remedy ? "The remedy toki knows did not help"
+		              : "On ggml-vulkan, start llama-server with "
+		                "GGML_VK_DISABLE_COOPMAT=1");
 	daemon_slots_changed(b->d);
+}
+
+static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
+                           void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	json_error_t jerr;
+	json_t *models = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	const char *id = json_string_value(
+	    json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
+	free(b->model_id);
+	b->model_id = strdup(id ? id : "unknown");
+	json_decref(b->models);
+	b->models = models;
+	/* Before the backend takes requests: nothing else runs on it. */
+	selftest_start(b, discovered);
 }
 
 static const struct backend_call_handlers props_handlers = {.on_done = on_props_done,

@@ -8,10 +8,12 @@
 #include <jansson.h>
 
 #include "backend/backend_http.h"
+#include "backend/selftest.h"
 #include "backend/slot_store.h"
 #include "router/router.h"
 
 struct daemon;
+struct supervisor;
 
 struct backend {
 	struct daemon *d;
@@ -46,6 +48,11 @@ struct backend {
 	struct prompt_audit *audits; /* in flight */
 	uint64_t prompt_local, prompt_server, prompt_audits, prompt_mismatches;
 	uint64_t prompt_local_us, prompt_server_us; /* time spent making prompts, each way */
+	/* Exact mode's self-test (backend/selftest.h), run at every discovery. */
+	struct selftest selftest;
+	/* The llama-server behind it when toki started it (toki serve
+	 * --model): a failed self-test may restart it with a remedy. */
+	struct supervisor *managed;
 	/* Why the last discovery failed, so that a backend that keeps failing
 	 * the same way is logged once, not at every health check. */
 	char last_failure[320];
@@ -66,6 +73,9 @@ void backend_mark_down(struct backend *b, const char *why);
 /* The process behind it died and is being restarted: down now, and polled
  * often until it is back. */
 void backend_expect_restart(struct backend *b);
+/* Discovery could not finish (why): the backend is down until a health
+ * check starts it again. */
+void backend_discovery_failed(struct backend *b, const char *why);
 /* Looks at the server's slots now rather than at the next health check: a
  * request found its slot holding less than toki thought. */
 void backend_check_slots_now(struct backend *b);

@@ -196,6 +196,71 @@ void supervisor_stop(struct supervisor *s, int timeout_s)
 	s->pid = 0;
 }
 
+int supervisor_restart_with(struct supervisor *s, const char *env, char *err, size_t errlen)
+{
+	int n = 0;
+	while (s->env_extra && s->env_extra[n])
+		n++;
+	char **v = realloc(s->env_extra, ((size_t)n + 2) * sizeof *v);
+	char *e = strdup(env);
+	if (!v || !e) {
+		if (v)
+			s->env_extra = v;
+		free(e);
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	v[n] = e;
+	v[n + 1] = NULL;
+	s->env_extra = v;
+	supervisor_stop(s, 10);
+	s->stopping = 0;
+	return spawn(s, err, errlen);
+}
+
+int supervisor_devices_mention(const struct supervisor *s, const char *text)
+{
+	int fds[2];
+	if (pipe2(fds, O_CLOEXEC) != 0)
+		return 0;
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(fds[0]);
+		close(fds[1]);
+		return 0;
+	}
+	if (pid == 0) {
+		dup2(fds[1], 1);
+		dup2(fds[1], 2);
+		int devnull = open("/dev/null", O_RDONLY);
+		if (devnull >= 0)
+			dup2(devnull, 0);
+		for (int i = 0; s->env_extra && s->env_extra[i]; i++)
+			putenv(s->env_extra[i]);
+		char *const argv[] = {s->argv[0], "--list-devices", NULL};
+		execvp(argv[0], argv);
+		_exit(127);
+	}
+	close(fds[1]);
+	/* Its output is a few lines: a device a line. */
+	char buf[16384];
+	size_t len = 0;
+	ssize_t got;
+	while (len < sizeof buf - 1 && (got = read(fds[0], buf + len, sizeof buf - 1 - len)) != 0) {
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+			break;
+		len += (size_t)got;
+	}
+	close(fds[0]);
+	buf[len] = '\0';
+	int status;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	return strstr(buf, text) != NULL;
+}
+
 void supervisor_free(struct supervisor *s)
 {
 	if (!s)

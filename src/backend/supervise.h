@@ -20,6 +20,13 @@ int supervisor_start(struct supervisor *s, char *err, size_t errlen);
 /* Stops the child and waits for it (up to timeout_s, then SIGKILL). */
 void supervisor_stop(struct supervisor *s, int timeout_s);
 void supervisor_free(struct supervisor *s);
+/* Stops the child (as supervisor_stop) and starts it again at once with
+ * env ("NAME=value") added to its environment: a deliberate restart, not
+ * counted among the restarts. 0, or -1 with err set. */
+int supervisor_restart_with(struct supervisor *s, const char *env, char *err, size_t errlen);
+/* Whether the binary's device list (llama-server --list-devices, run now
+ * with the child's environment) names text. */
+int supervisor_devices_mention(const struct supervisor *s, const char *text);
 pid_t supervisor_pid(const struct supervisor *s);
 int supervisor_restarts(const struct supervisor *s);
 

@@ -620,6 +620,8 @@ int cmd_serve(int argc, char **argv)
 	}
 	if (m.model && start_managed(&m, &d) != 0)
 		return 1;
+	if (d.supervisor)
+		d.backends[d.n_backends - 1]->managed = d.supervisor;
 	struct http_server_limits limits;
 	http_server_default_limits(&limits);
 	limits.max_body_bytes = d.cfg.max_body_bytes;

@@ -50,6 +50,8 @@ static json_t *status_of(const struct run_info *ri)
 		json_object_set(o, "backend_up", json_object_get(b0, "up"));
 		json_object_set(o, "effective_ctx", json_object_get(b0, "n_ctx_slot"));
 		json_object_set(o, "llama_restarts", json_object_get(stats, "llama_restarts"));
+		json_object_set(o, "exact",
+		                json_object_get(json_object_get(b0, "exact"), "verdict"));
 		json_object_set_new(o, "stats", stats);
 	}
 	return o;
@@ -99,6 +101,9 @@ int cmd_status(int argc, char **argv)
 		           : json_integer_value(json_object_get(o, "ctx")),
 		       json_integer_value(json_object_get(o, "slots")),
 		       json_string_value(json_object_get(o, "mode")));
+		if (json_is_string(json_object_get(o, "exact")))
+			printf("  exact        %s\n",
+			       json_string_value(json_object_get(o, "exact")));
 		printf("  memory       toki %.1f MiB, llama-server %.1f MiB\n",
 		       json_integer_value(json_object_get(o, "toki_rss_kib")) / 1024.0,
 		       json_integer_value(json_object_get(o, "llama_rss_kib")) / 1024.0);

@@ -1,0 +1,433 @@
+#include "backend/selftest.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/supervise.h"
+#include "daemon.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+/* Step lengths 99, 77, 85 and 9: each of the first three is one
+ * micro-batch at the default -ub 512, longer than a 64-column tile and not a
+ * multiple of 8 (the sizes ggml-vulkan's cooperative-matrix product got
+ * wrong on lavapipe, docs/exact.md); the last is a generation request's
+ * few new tokens. At a smaller -ub they are split as exact mode splits
+ * them. */
+const int selftest_step_ends[SELFTEST_STEPS] = {99, 176, 261, SELFTEST_PROMPT};
+
+/* Text to tokenize for the test's tokens: any vocabulary gives several
+ * hundred of them. */
+static const char selftest_text[] =
+    "The river town woke slowly. Fishermen pulled their boats onto the gravel, "
+    "bakers opened shutters, and a dog barked at the gulls that circled the market. "
+    "By nine the square was full: farmers sold apples and onions, a woman mended "
+    "nets beside the fountain, and children ran between the stalls with bread in "
+    "their hands. The clock on the church tower had been wrong for eleven years, "
+    "and nobody minded.\n\n"
+    "In the workshop behind the mill, Ada measured twice and cut once. She built "
+    "clocks, tables, and once a small boat that still floated in the harbour. Her "
+    "notebook listed every job: 3 chairs for the inn, 1 gate for the school, 14 "
+    "pegs for the tailor, a new wheel for the cart of old Tomas. She priced them in "
+    "coins and in favours, and kept both accounts honest.\n\n"
+    "def schedule(jobs, hours):\n    done = []\n    for job in sorted(jobs, key=len):\n"
+    "        if hours <= 0:\n            break\n        done.append(job)\n"
+    "        hours -= len(job) / 10\n    return done\n\n"
+    "When the storm came in October, the river rose over the lower road. Water "
+    "reached the steps of the bakery and the tailor moved his cloth to the attic. "
+    "Ada and Tomas carried sandbags until their arms shook; the mayor brought soup; "
+    "the dog, for once, was quiet. Three days later the sky cleared, the water fell "
+    "back between its banks, and the town counted what it had lost: two fences, a "
+    "shed, one of the fishing boats, and the patience of the mayor.\n\n"
+    "Spring brought visitors. A painter rented the room above the inn and drew the "
+    "bridge at every hour of the day. A student of birds counted herons in the reeds "
+    "and wrote the numbers on the back of her hand: 7, 12, 9, 21. Merchants from the "
+    "coast asked for Ada's clocks, and she taught two apprentices to cut gears, to "
+    "file them smooth, and to wait for the glue to dry before they tried the hands.\n\n"
+    "Years later, when people spoke of the town, they spoke of the clock on the "
+    "tower, which Ada finally repaired, and which has kept good time ever since.";
+
+const char *selftest_state_name(enum selftest_state s)
+{
+	switch (s) {
+	case SELFTEST_OFF:
+		return "off";
+	case SELFTEST_RUNNING:
+		return "running";
+	case SELFTEST_VERIFIED:
+		return "verified";
+	case SELFTEST_FAILED:
+		return "failed";
+	case SELFTEST_UNKNOWN:
+		break;
+	}
+	return "unknown";
+}
+
+void selftest_verdict(const struct selftest *t, char *out, size_t n)
+{
+	const char *with = t->remedy ? " with " : "";
+	const char *remedy = t->remedy ? t->remedy : "";
+	switch (t->state) {
+	case SELFTEST_VERIFIED:
+		snprintf(out, n, "verified on this backend%s%s", with, remedy);
+		break;
+	case SELFTEST_FAILED:
+		snprintf(out, n, "not verified on this backend%s%s: %s", with, remedy, t->detail);
+		break;
+	case SELFTEST_RUNNING:
+		snprintf(out, n, "not verified yet: the self-test is running");
+		break;
+	case SELFTEST_OFF:
+		snprintf(out, n, "not tested (fast mode promises no identity)");
+		break;
+	case SELFTEST_UNKNOWN:
+		snprintf(out, n, "unknown on this backend: the self-test could not run (%s)",
+		         t->detail);
+		break;
+	}
+}
+
+int selftest_expected_cache(int step)
+{
+	return step <= 1 ? 0 : selftest_step_ends[step - 2];
+}
+
+json_t *selftest_request(const int32_t *toks, int run, int step, int slot)
+{
+	json_t *prompt = json_array();
+	int n = step == 0 ? SELFTEST_HISTORY : selftest_step_ends[step - 1];
+	for (int i = 0; prompt && i < n; i++) {
+		int32_t id = step == 0 ? toks[run ? SELFTEST_HISTORY - 1 - i : i]
+		                       : toks[SELFTEST_HISTORY + i];
+		if (json_array_append_new(prompt, json_integer(id)) != 0) {
+			json_decref(prompt);
+			prompt = NULL;
+		}
+	}
+	if (!prompt)
+		return NULL;
+	int last = step == SELFTEST_STEPS;
+	/* The history and the first step from an empty slot, as exact mode
+	 * evaluates an uncached prompt; each later step reuses the one
+	 * before. */
+	return json_pack("{s:o, s:i, s:i, s:b, s:i, s:f}", "prompt", prompt, "n_predict",
+	                 last ? 1 : 0, "id_slot", slot, "cache_prompt", step >= 2, "n_probs",
+	                 last ? 10 : 0, "temperature", 0.0);
+}
+
+/* The first place where a and b differ, as a path. */
+static int differ(json_t *a, json_t *b, char *path, size_t cap, size_t used)
+{
+	if (json_typeof(a) != json_typeof(b) && !(json_is_number(a) && json_is_number(b))) {
+		return 1;
+	}
+	if (json_is_array(a)) {
+		size_t na = json_array_size(a), nb = json_array_size(b);
+		for (size_t i = 0; i < na && i < nb; i++) {
+			int w = snprintf(path + used, cap - used, "[%zu]", i);
+			size_t u = used + (w > 0 && (size_t)w < cap - used ? (size_t)w : 0);
+			if (differ(json_array_get(a, i), json_array_get(b, i), path, cap, u))
+				return 1;
+		}
+		path[used] = '\0';
+		return na != nb;
+	}
+	if (json_is_object(a)) {
+		const char *k;
+		json_t *v;
+		json_object_foreach(a, k, v)
+		{
+			int w = snprintf(path + used, cap - used, ".%s", k);
+			size_t u = used + (w > 0 && (size_t)w < cap - used ? (size_t)w : 0);
+			json_t *o = json_object_get(b, k);
+			if (!o || differ(v, o, path, cap, u))
+				return 1;
+		}
+		path[used] = '\0';
+		return json_object_size(a) != json_object_size(b);
+	}
+	if (json_is_number(a)) {
+		double x = json_number_value(a), y = json_number_value(b);
+		return memcmp(&x, &y, sizeof x) != 0 || json_typeof(a) != json_typeof(b);
+	}
+	if (json_is_string(a))
+		return strcmp(json_string_value(a), json_string_value(b)) != 0;
+	return !json_equal(a, b);
+}
+
+int selftest_compare(json_t *a, json_t *b, char *why, size_t n)
+{
+	char path[160] = "";
+	if (!differ(a, b, path, sizeof path, 0))
+		return 0;
+	/* The path names the value; both values say by how much. */
+	char va[64] = "absent", vb[64] = "absent";
+	json_t *x = a, *y = b;
+	const char *p = path;
+	while (*p && (x || y)) {
+		char key[64];
+		size_t idx = 0;
+		if (*p == '[') {
+			idx = strtoul(p + 1, NULL, 10);
+			x = json_array_get(x, idx);
+			y = json_array_get(y, idx);
+			p = strchr(p, ']');
+			p = p ? p + 1 : "";
+		} else {
+			size_t k = strcspn(p + 1, ".[");
+			snprintf(key, sizeof key, "%.*s", (int)(k < 63 ? k : 63), p + 1);
+			x = json_object_get(x, key);
+			y = json_object_get(y, key);
+			p += 1 + k;
+		}
+	}
+	if (json_is_number(x))
+		snprintf(va, sizeof va, "%.17g", json_number_value(x));
+	else if (json_is_string(x))
+		snprintf(va, sizeof va, "\"%.40s\"", json_string_value(x));
+	if (json_is_number(y))
+		snprintf(vb, sizeof vb, "%.17g", json_number_value(y));
+	else if (json_is_string(y))
+		snprintf(vb, sizeof vb, "\"%.40s\"", json_string_value(y));
+	snprintf(why, n,
+	         "the same prompt in the same steps gave %s %s after one earlier prompt and %s "
+	         "after another",
+	         *path ? path : "the answer", va, vb);
+	return 1;
+}
+
+void selftest_clear(struct selftest *t)
+{
+	free(t->tokens);
+	t->tokens = NULL;
+	t->n_tokens = 0;
+	for (int i = 0; i < 2; i++) {
+		free(t->answer[i]);
+		t->answer[i] = NULL;
+	}
+}
+
+/* --- the run ----------------------------------------------------------- */
+
+static void on_done(struct backend_call *call, int status, const char *body, size_t len, void *arg);
+static void on_error(struct backend_call *call, enum backend_error err, void *arg);
+static const struct backend_call_handlers handlers = {.on_done = on_done, .on_error = on_error};
+
+/* Step 5 of a run erases the slot; -1 (before run 0) tokenizes. */
+enum { STEP_TOKENIZE = -1, STEP_ERASE = SELFTEST_STEPS + 1 };
+
+static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
+{
+	struct selftest *t = &b->selftest;
+	t->state = state;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(t->detail, sizeof t->detail, fmt, ap);
+	va_end(ap);
+	t->seconds = (double)(clock_now_us() - t->t0_us) / 1e6;
+	selftest_clear(t);
+	t->done(b);
+}
+
+static int send_step(struct backend *b)
+{
+	struct selftest *t = &b->selftest;
+	if (t->step == STEP_TOKENIZE) {
+		json_t *req = json_pack("{s:s}", "content", selftest_text);
+		char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+		json_decref(req);
+		b->health_call = body ? backend_call_start(b->http, "POST", "/tokenize", body,
+		                                           strlen(body), &handlers, b)
+		                      : NULL;
+		free(body);
+		return b->health_call ? 0 : -1;
+	}
+	if (t->step == STEP_ERASE) {
+		char path[64];
+		snprintf(path, sizeof path, "/slots/%d?action=erase", t->slot);
+		b->health_call = backend_call_start(b->http, "POST", path, "{}", 2, &handlers, b);
+		return b->health_call ? 0 : -1;
+	}
+	json_t *req = selftest_request(t->tokens, t->run, t->step, t->slot);
+	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+	json_decref(req);
+	b->health_call = body ? backend_call_start(b->http, "POST", "/completion", body,
+	                                           strlen(body), &handlers, b)
+	                      : NULL;
+	free(body);
+	return b->health_call ? 0 : -1;
+}
+
+static void next(struct backend *b)
+{
+	struct selftest *t = &b->selftest;
+	if (t->step == STEP_ERASE) {
+		if (t->run == 0) {
+			t->run = 1;
+			t->step = 0;
+		} else {
+			json_error_t jerr;
+			json_t *a = json_loads(t->answer[0], 0, &jerr);
+			json_t *c = json_loads(t->answer[1], 0, &jerr);
+			char why[300];
+			int diff = !a || !c || selftest_compare(a, c, why, sizeof why);
+			json_decref(a);
+			json_decref(c);
+			if (diff)
+				finish(b, SELFTEST_FAILED, "%s", why);
+			else
+				finish(b, SELFTEST_VERIFIED,
+				       "a prompt in %d steps gave the same logprobs after two "
+				       "different earlier prompts",
+				       SELFTEST_STEPS);
+			return;
+		}
+	} else {
+		t->step++;
+	}
+	if (send_step(b) != 0)
+		finish(b, SELFTEST_UNKNOWN, "out of memory");
+}
+
+static void on_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	(void)call;
+	struct backend *b = arg;
+	struct selftest *t = &b->selftest;
+	b->health_call = NULL;
+	if (err == BACKEND_ERR_CONNECT || err == BACKEND_ERR_RESET) {
+		/* The server went away: discovery failed, and runs again (with
+		 * the test) when it is back. */
+		selftest_clear(t);
+		t->state = SELFTEST_UNKNOWN;
+		snprintf(t->detail, sizeof t->detail, "%s", backend_error_text(err));
+		backend_discovery_failed(b, backend_error_text(err));
+		return;
+	}
+	finish(b, SELFTEST_UNKNOWN, "%s", backend_error_text(err));
+}
+
+static void on_done(struct backend_call *call, int status, const char *body, size_t len, void *arg)
+{
+	(void)call;
+	struct backend *b = arg;
+	struct selftest *t = &b->selftest;
+	b->health_call = NULL;
+	if (t->step == STEP_ERASE) {
+		/* A server that cannot erase keeps the prompt in the slot; toki's
+		 * plans check what a slot holds, so that costs a replan, not an
+		 * answer. */
+		if (status != 200)
+			log_info("backend %s: erasing slot %d after the self-test answered %d",
+			         b->rb->url, t->slot, status);
+		next(b);
+		return;
+	}
+	json_error_t jerr;
+	json_t *r = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	if (!r) {
+		finish(b, SELFTEST_UNKNOWN, "POST %s answered %d",
+		       t->step == STEP_TOKENIZE ? "/tokenize" : "/completion", status);
+		return;
+	}
+	if (t->step == STEP_TOKENIZE) {
+		json_t *toks = json_object_get(r, "tokens");
+		size_t n = json_array_size(toks);
+		t->tokens = n ? calloc(SELFTEST_TOKENS, sizeof *t->tokens) : NULL;
+		/* Fewer tokens than the test needs (a vocabulary of whole words):
+		 * they repeat. */
+		for (size_t i = 0; t->tokens && i < SELFTEST_TOKENS; i++)
+			t->tokens[i] = (int32_t)json_integer_value(json_array_get(toks, i % n));
+		json_decref(r);
+		if (!t->tokens) {
+			finish(b, SELFTEST_UNKNOWN,
+			       n ? "out of memory" : "/tokenize gave no tokens");
+			return;
+		}
+		t->n_tokens = SELFTEST_TOKENS;
+		t->run = 0;
+		t->step = -1;
+		next(b);
+		return;
+	}
+	json_t *timings = json_object_get(r, "timings");
+	json_int_t cache_n = json_integer_value(json_object_get(timings, "cache_n"));
+	int want = t->step == 0 ? 0 : selftest_expected_cache(t->step);
+	if (!json_is_object(timings) || cache_n != want) {
+		json_decref(r);
+		finish(b, SELFTEST_UNKNOWN,
+		       "step %d reused %lld tokens where the slot held %d (a RAM cache, or "
+		       "another client)",
+		       t->step, (long long)cache_n, want);
+		return;
+	}
+	if (t->step == SELFTEST_STEPS) {
+		json_t *probs = json_object_get(r, "completion_probabilities");
+		t->answer[t->run] = json_is_array(probs) && json_array_size(probs)
+		                        ? json_dumps(probs, JSON_COMPACT | JSON_REAL_PRECISION(17))
+		                        : NULL;
+		if (!t->answer[t->run]) {
+			json_decref(r);
+			finish(b, SELFTEST_UNKNOWN, "the answer had no completion_probabilities");
+			return;
+		}
+	}
+	json_decref(r);
+	next(b);
+}
+
+/* The one remedy known (docs/exact.md, "GPU backends"): ggml-vulkan's
+ * matrix products on cooperative-matrix hardware read memory past their
+ * input; without them (GGML_VK_DISABLE_COOPMAT) the test held on lavapipe.
+ * Tried once, on a server toki started and whose device list has a
+ * Vulkan device. */
+int selftest_try_remedy(struct backend *b)
+{
+	struct selftest *t = &b->selftest;
+	static const char remedy[] = "GGML_VK_DISABLE_COOPMAT=1";
+	if (!b->managed || t->remedy_tried || !supervisor_devices_mention(b->managed, "Vulkan"))
+		return 0;
+	t->remedy_tried = 1;
+	log_warn("backend %s: exact: not verified on this backend: %s; restarting its "
+	         "llama-server with %s (ggml-vulkan without cooperative-matrix products)",
+	         b->rb->url, t->detail, remedy);
+	char err[256];
+	if (supervisor_restart_with(b->managed, remedy, err, sizeof err) != 0) {
+		log_error("backend %s: restarting llama-server failed: %s", b->rb->url, err);
+		return 0;
+	}
+	t->remedy = remedy;
+	backend_expect_restart(b);
+	return 1;
+}
+
+void selftest_start(struct backend *b, void (*done)(struct backend *b))
+{
+	struct selftest *t = &b->selftest;
+	selftest_clear(t);
+	t->done = done;
+	t->t0_us = clock_now_us();
+	if (!reuse_mode_is_exact(b->d->router->mode)) {
+		t->state = SELFTEST_OFF;
+		done(b);
+		return;
+	}
+	if (b->rb->n_ctx_slot < SELFTEST_TOKENS + 8) {
+		finish(b, SELFTEST_UNKNOWN, "its slots hold %d tokens, the test needs %d",
+		       b->rb->n_ctx_slot, SELFTEST_TOKENS + 8);
+		return;
+	}
+	t->state = SELFTEST_RUNNING;
+	/* The slot that held least: only its content is lost. */
+	t->slot = b->ram_probe_slot;
+	t->step = STEP_TOKENIZE;
+	if (send_step(b) != 0)
+		finish(b, SELFTEST_UNKNOWN, "out of memory");
+}

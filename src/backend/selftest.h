@@ -1,0 +1,82 @@
+/* Exact mode's self-test: does this backend's answer to a prompt evaluated
+ * in steps depend on what the server computed before it? Exact mode's
+ * promise rests on it not doing so (docs/exact.md, "GPU backends"). It
+ * held on llama.cpp's CPU backend in every test; on ggml-vulkan with a
+ * cooperative-matrix device it does not (a matrix product whose token count
+ * leaves a partial tile reads memory past its input), and other GPU
+ * backends are unknown until asked. So every discovery of a backend in
+ * exact (or grid) mode asks, before the backend takes requests: one slot
+ * evaluates a prompt of 300 tokens, then a prompt in four steps (99, 77,
+ * 85 and 9 tokens, the last generating one token with its top 10
+ * logprobs); then the same slot evaluates 300 other tokens and the same
+ * prompt in the same steps. The two answers must be the same bits. Every
+ * step's cache_n is checked, so that a server that reused something else
+ * (its RAM cache) makes the test say "unknown", never "verified". The slot
+ * is erased afterwards. About 1,100 tokens on the server, once a start. */
+#ifndef TOKI_BACKEND_SELFTEST_H
+#define TOKI_BACKEND_SELFTEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+struct backend;
+
+enum selftest_state {
+	SELFTEST_OFF,      /* fast mode: nothing is promised, nothing asked */
+	SELFTEST_RUNNING,  /* during discovery */
+	SELFTEST_VERIFIED, /* the two answers were the same bits */
+	SELFTEST_FAILED,   /* they differed: the promise does not hold here */
+	SELFTEST_UNKNOWN,  /* the test could not run to its end (detail says why) */
+};
+
+struct selftest {
+	enum selftest_state state;
+	char detail[320]; /* why not verified, or how it was */
+	/* A remedy toki applied to the server it manages after a failure
+	 * ("GGML_VK_DISABLE_COOPMAT=1"), or NULL. */
+	const char *remedy;
+	int remedy_tried;
+	double seconds; /* how long the last run took */
+	/* The run in flight. */
+	int run, step, slot;
+	int32_t *tokens;
+	size_t n_tokens;
+	char *answer[2];
+	int64_t t0_us;
+	void (*done)(struct backend *b);
+};
+
+/* Runs the test on b (discovery's step before the backend is up), then
+ * calls done(b), whatever the outcome; in fast mode at once. The call in
+ * flight is b->health_call, so that discovery's own cancels stop it. */
+void selftest_start(struct backend *b, void (*done)(struct backend *b));
+/* After a failure: on a server toki manages, applies the remedy known for
+ * its backend and restarts it (1: discovery runs again when it is back). */
+int selftest_try_remedy(struct backend *b);
+/* Frees what a run holds. */
+void selftest_clear(struct selftest *t);
+/* "verified", "failed", "unknown", "off", "running". */
+const char *selftest_state_name(enum selftest_state s);
+/* The verdict in words, as the cache block and the start-up line say it:
+ * "verified on this backend", "not verified on this backend: ...". */
+void selftest_verdict(const struct selftest *t, char *out, size_t n);
+
+/* The pieces, pure, for tests. */
+enum { SELFTEST_HISTORY = 300, SELFTEST_PROMPT = 270, SELFTEST_STEPS = 4 };
+enum { SELFTEST_TOKENS = SELFTEST_HISTORY + SELFTEST_PROMPT };
+/* Where each step of the prompt ends, in tokens of the prompt. */
+extern const int selftest_step_ends[SELFTEST_STEPS];
+/* The /completion body of a run's step (0: the history, 1..4: the
+ * prompt's steps), on slot, from toks (SELFTEST_TOKENS of them: the first
+ * SELFTEST_HISTORY are the history of run 0, reversed for run 1; the other
+ * SELFTEST_PROMPT are the prompt). NULL when out of memory. */
+json_t *selftest_request(const int32_t *toks, int run, int step, int slot);
+/* The cache_n a step must report: what the step before left in the slot. */
+int selftest_expected_cache(int step);
+/* Compares two answers (completion_probabilities arrays); 0 when they are
+ * the same bits, else 1 with the first difference in why. */
+int selftest_compare(json_t *a, json_t *b, char *why, size_t n);
+
+#endif

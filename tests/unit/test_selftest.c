@@ -1,0 +1,189 @@
+/* Unit tests for exact mode's self-test, the parts that do no I/O
+ * (src/backend/selftest.c): the requests it sends, the cache_n each step must
+ * report, the comparison of the two answers, and the verdicts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/selftest.h"
+
+static int32_t toks[SELFTEST_TOKENS];
+
+static int setup(void **state)
+{
+	(void)state;
+	for (int i = 0; i < SELFTEST_TOKENS; i++)
+		toks[i] = 1000 + i;
+	return 0;
+}
+
+static json_t *prompt_of(json_t *req)
+{
+	json_t *p = json_object_get(req, "prompt");
+	assert_true(json_is_array(p));
+	return p;
+}
+
+static void test_history_then_reversed(void **state)
+{
+	(void)state;
+	json_t *a = selftest_request(toks, 0, 0, 3);
+	json_t *b = selftest_request(toks, 1, 0, 3);
+	assert_int_equal(json_array_size(prompt_of(a)), SELFTEST_HISTORY);
+	assert_int_equal(json_array_size(prompt_of(b)), SELFTEST_HISTORY);
+	for (int i = 0; i < SELFTEST_HISTORY; i++) {
+		assert_int_equal(json_integer_value(json_array_get(prompt_of(a), (size_t)i)),
+		                 1000 + i);
+		assert_int_equal(json_integer_value(json_array_get(prompt_of(b), (size_t)i)),
+		                 1000 + SELFTEST_HISTORY - 1 - i);
+	}
+	/* From an empty slot, nothing generated. */
+	assert_true(json_is_false(json_object_get(a, "cache_prompt")));
+	assert_int_equal(json_integer_value(json_object_get(a, "n_predict")), 0);
+	assert_int_equal(json_integer_value(json_object_get(a, "id_slot")), 3);
+	json_decref(a);
+	json_decref(b);
+}
+
+static void test_steps_grow_the_same_prompt(void **state)
+{
+	(void)state;
+	int before = 0;
+	for (int step = 1; step <= SELFTEST_STEPS; step++) {
+		json_t *r0 = selftest_request(toks, 0, step, 1);
+		json_t *r1 = selftest_request(toks, 1, step, 1);
+		/* Both runs send the same prompt: only the history differs. */
+		assert_true(json_equal(r0, r1));
+		json_t *p = prompt_of(r0);
+		int n = (int)json_array_size(p);
+		assert_int_equal(n, selftest_step_ends[step - 1]);
+		assert_true(n > before);
+		assert_int_equal(json_integer_value(json_array_get(p, 0)), 1000 + SELFTEST_HISTORY);
+		/* The first step from an empty slot, each later one on the one
+		 * before, which is what the slot then holds. */
+		assert_int_equal(json_is_true(json_object_get(r0, "cache_prompt")), step >= 2);
+		assert_int_equal(selftest_expected_cache(step), before);
+		int last = step == SELFTEST_STEPS;
+		assert_int_equal(json_integer_value(json_object_get(r0, "n_predict")), last);
+		assert_int_equal(json_integer_value(json_object_get(r0, "n_probs")), last ? 10 : 0);
+		before = n;
+		json_decref(r0);
+		json_decref(r1);
+	}
+	assert_int_equal(before, SELFTEST_PROMPT);
+	assert_int_equal(selftest_expected_cache(0), 0);
+}
+
+static void test_step_sizes_leave_partial_tiles(void **state)
+{
+	(void)state;
+	/* Each step but the last is one micro-batch at -ub 512 that is longer
+	 * than a 64-column tile and not a multiple of 8: the sizes whose
+	 * products ggml-vulkan got wrong on lavapipe (docs/exact.md). */
+	int from = 0;
+	for (int i = 0; i < SELFTEST_STEPS - 1; i++) {
+		int n = selftest_step_ends[i] - from;
+		assert_true(n > 64 && n < 512);
+		assert_true(n % 8 != 0);
+		from = selftest_step_ends[i];
+	}
+}
+
+static json_t *answer(double lp0, double lp1, int id)
+{
+	json_t *a = json_loads("[{\"id\":5,\"token\":\"a\",\"logprob\":-0.5,\"top_logprobs\":"
+	                       "[{\"id\":5,\"token\":\"a\",\"logprob\":-0.5},"
+	                       "{\"id\":7,\"token\":\"b\",\"logprob\":-1.25}]}]",
+	                       0, NULL);
+	json_t *top = json_object_get(json_array_get(a, 0), "top_logprobs");
+	json_object_set_new(json_array_get(top, 0), "logprob", json_real(lp0));
+	json_object_set_new(json_array_get(top, 1), "logprob", json_real(lp1));
+	json_object_set_new(json_array_get(top, 1), "id", json_integer(id));
+	return a;
+}
+
+static void test_compare_same_bits(void **state)
+{
+	(void)state;
+	json_t *a = answer(-0.5, -1.25, 7), *b = answer(-0.5, -1.25, 7);
+	char why[300] = "";
+	assert_int_equal(selftest_compare(a, b, why, sizeof why), 0);
+	json_decref(a);
+	json_decref(b);
+}
+
+static void test_compare_last_bit(void **state)
+{
+	(void)state;
+	/* One ulp apart: a difference no tolerance may hide. */
+	double x = -1.25, y = -1.2500000000000002;
+	json_t *a = answer(-0.5, x, 7), *b = answer(-0.5, y, 7);
+	char why[300] = "";
+	assert_int_equal(selftest_compare(a, b, why, sizeof why), 1);
+	assert_non_null(strstr(why, "[0].top_logprobs[1].logprob"));
+	assert_non_null(strstr(why, "-1.25 after one earlier prompt"));
+	assert_non_null(strstr(why, "-1.2500000000000002 after another"));
+	json_decref(a);
+	json_decref(b);
+}
+
+static void test_compare_other_token(void **state)
+{
+	(void)state;
+	json_t *a = answer(-0.5, -1.25, 7), *b = answer(-0.5, -1.25, 9);
+	char why[300] = "";
+	assert_int_equal(selftest_compare(a, b, why, sizeof why), 1);
+	assert_non_null(strstr(why, "[0].top_logprobs[1].id 7"));
+	json_decref(a);
+	json_decref(b);
+	/* And a shorter answer is a difference too. */
+	a = json_loads("[{\"id\":1},{\"id\":2}]", 0, NULL);
+	b = json_loads("[{\"id\":1}]", 0, NULL);
+	assert_int_equal(selftest_compare(a, b, why, sizeof why), 1);
+	json_decref(a);
+	json_decref(b);
+}
+
+static void test_verdicts(void **state)
+{
+	(void)state;
+	struct selftest t = {0};
+	char v[400];
+	t.state = SELFTEST_VERIFIED;
+	selftest_verdict(&t, v, sizeof v);
+	assert_string_equal(v, "verified on this backend");
+	t.remedy = "GGML_VK_DISABLE_COOPMAT=1";
+	selftest_verdict(&t, v, sizeof v);
+	assert_string_equal(v, "verified on this backend with GGML_VK_DISABLE_COOPMAT=1");
+	t.remedy = NULL;
+	t.state = SELFTEST_FAILED;
+	snprintf(t.detail, sizeof t.detail, "it differed");
+	selftest_verdict(&t, v, sizeof v);
+	assert_string_equal(v, "not verified on this backend: it differed");
+	t.state = SELFTEST_UNKNOWN;
+	selftest_verdict(&t, v, sizeof v);
+	assert_non_null(strstr(v, "unknown on this backend"));
+	assert_non_null(strstr(v, "it differed"));
+	assert_string_equal(selftest_state_name(SELFTEST_FAILED), "failed");
+	assert_string_equal(selftest_state_name(SELFTEST_OFF), "off");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_history_then_reversed),
+	    cmocka_unit_test(test_steps_grow_the_same_prompt),
+	    cmocka_unit_test(test_step_sizes_leave_partial_tiles),
+	    cmocka_unit_test(test_compare_same_bits),
+	    cmocka_unit_test(test_compare_last_bit),
+	    cmocka_unit_test(test_compare_other_token),
+	    cmocka_unit_test(test_verdicts),
+	};
+	return cmocka_run_group_tests(tests, setup, NULL);
+}
