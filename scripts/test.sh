@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs what the tests need (system packages, a real
-# llama-server), builds with warnings as errors and runs ctest (unit and
+# llama-server on ggml's CPU backend and one on ggml-vulkan over Mesa's
+# software driver, lavapipe), builds with warnings as errors and runs ctest (unit and
 # integration tests against real llama-servers, real agent CLIs and SDKs from
 # npm, headless Chromium, tmux); then the whole suite again under
 # AddressSanitizer and UBSan (a second build), then a short run of every
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 scripts/provision-llama-server.sh >/dev/null
+scripts/provision-llama-server.sh --backend vulkan >/dev/null
 
 build=${TOKI_BUILD_DIR:-build}
 cmake -S . -B "$build" -DTOKI_WERROR=ON >/dev/null

@@ -7,6 +7,7 @@ Environment:
                       else a generated one)
   TOKI_LLAMA_SERVER   a llama-server to use (else scripts/provision-llama-server.sh finds one)
   TOKI_LLAMA_SERVER_VULKAN  the same for the Vulkan tests (else the script's --backend vulkan)
+  TOKI_GPU_LLAMA_SERVER     the llama-server of scripts/gpu-check.sh
 """
 import http.client
 import json
@@ -43,7 +44,10 @@ def _auth_headers(headers, auth):
 
 def llama_server_path(backend="cpu"):
     """A llama-server on ggml's CPU backend, or with backend="vulkan" on
-    ggml-vulkan over Mesa's software driver (lavapipe)."""
+    ggml-vulkan over Mesa's software driver (lavapipe); "gpu" is the one
+    TOKI_GPU_LLAMA_SERVER names (scripts/gpu-check.sh)."""
+    if backend == "gpu":
+        return os.environ["TOKI_GPU_LLAMA_SERVER"]
     if backend not in _llama_server:
         out = subprocess.run([os.path.join(SOURCE_DIR, "scripts", "provision-llama-server.sh"),
                               "--backend", backend], check=True, capture_output=True, text=True)
