@@ -54,9 +54,10 @@ done
 case "$gpu" in
   cpu) ;;
   vulkan)
-    # The packages ggml-vulkan and lavapipe need beyond the CPU build; their
-    # library closure follows as for the others.
-    BASE_PKGS+=(libvulkan1 mesa-vulkan-drivers)
+    # The packages ggml-vulkan and lavapipe need beyond the CPU build (and
+    # ggml's headers, for bench/vk_matmul_repro.sh); their library closure
+    # follows as for the others.
+    BASE_PKGS+=(libvulkan1 mesa-vulkan-drivers libggml-dev)
     WRAPPED=(llama-server llama-tokenize) ;;
   *) die "--backend: cpu or vulkan, not $gpu" ;;
 esac
