@@ -217,8 +217,9 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 static void on_error(struct backend_call *call, enum backend_error err, void *arg);
 static const struct backend_call_handlers handlers = {.on_done = on_done, .on_error = on_error};
 
-/* Step 5 of a run erases the slot; -1 (before run 0) tokenizes. */
-enum { STEP_TOKENIZE = -1, STEP_ERASE = SELFTEST_STEPS + 1 };
+/* Step 5 of a run erases the slot; before run 0, -2 asks whether the
+ * server serves embeddings and -1 tokenizes. */
+enum { STEP_EMBEDDINGS = -2, STEP_TOKENIZE = -1, STEP_ERASE = SELFTEST_STEPS + 1 };
 
 static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -239,6 +240,14 @@ static void finish(struct backend *b, enum selftest_state state, const char *fmt
 static int send_step(struct backend *b)
 {
 	struct selftest *t = &b->selftest;
+	if (t->step == STEP_EMBEDDINGS) {
+		/* Without touching a slot: a server started with --embeddings
+		 * answers this with 400, any other with 501. llama-server 11669
+		 * crashes on a completion there, so it gets none. */
+		b->health_call =
+		    backend_call_start(b->http, "POST", "/embeddings", "{}", 2, &handlers, b);
+		return b->health_call ? 0 : -1;
+	}
 	if (t->step == STEP_TOKENIZE) {
 		json_t *req = json_pack("{s:s}", "content", selftest_text);
 		char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
@@ -328,6 +337,16 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 			log_info("backend %s: erasing slot %d after the self-test answered %d",
 			         b->rb->url, t->slot, status);
 		next(b);
+		return;
+	}
+	if (t->step == STEP_EMBEDDINGS) {
+		if (status != 501) {
+			finish(b, SELFTEST_UNKNOWN, "it serves embeddings");
+			return;
+		}
+		t->step = STEP_TOKENIZE;
+		if (send_step(b) != 0)
+			finish(b, SELFTEST_UNKNOWN, "out of memory");
 		return;
 	}
 	json_error_t jerr;
@@ -427,7 +446,7 @@ void selftest_start(struct backend *b, void (*done)(struct backend *b))
 	t->state = SELFTEST_RUNNING;
 	/* The slot that held least: only its content is lost. */
 	t->slot = b->ram_probe_slot;
-	t->step = STEP_TOKENIZE;
+	t->step = STEP_EMBEDDINGS;
 	if (send_step(b) != 0)
 		finish(b, SELFTEST_UNKNOWN, "out of memory");
 }

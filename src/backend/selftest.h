@@ -12,7 +12,8 @@
  * prompt in the same steps. The two answers must be the same bits. Every
  * step's cache_n is checked, so that a server that reused something else
  * (its RAM cache) makes the test say "unknown", never "verified". The slot
- * is erased afterwards. About 1,100 tokens on the server, once a start. */
+ * is erased afterwards. About 1,100 tokens on the server, once a start. A
+ * server that serves embeddings gets no prompt (one crashes on it). */
 #ifndef TOKI_BACKEND_SELFTEST_H
 #define TOKI_BACKEND_SELFTEST_H
 
