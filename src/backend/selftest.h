@@ -42,9 +42,8 @@ struct selftest {
 	double seconds; /* how long the last run took */
 	/* The run in flight. */
 	int run, step, slot;
-	int32_t *tokens;
-	size_t n_tokens;
-	char *answer[2];
+	int32_t *tokens;   /* SELFTEST_TOKENS of them */
+	json_t *answer[2]; /* each run's completion_probabilities */
 	int64_t t0_us;
 	void (*done)(struct backend *b);
 };
