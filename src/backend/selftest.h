@@ -8,11 +8,11 @@
  * exact (or grid) mode asks, before the backend takes requests: one slot
  * evaluates a prompt of 300 tokens, then a prompt in four steps (99, 77,
  * 85 and 9 tokens, the last generating one token with its top 10
- * logprobs); then the same slot evaluates 300 other tokens and the same
- * prompt in the same steps. The two answers must be the same bits. Every
- * step's cache_n is checked, so that a server that reused something else
- * (its RAM cache) makes the test say "unknown", never "verified". The slot
- * is erased afterwards. About 1,100 tokens on the server, once a start. A
+ * logprobs); then another slot (the same on a one-slot server) evaluates
+ * 300 other tokens and the same prompt in the same steps. The two answers
+ * must be the same bits. Every step's cache_n is checked, so that a server
+ * that reused something else (its RAM cache) makes the test say "unknown",
+ * never "verified". About 1,100 tokens on the server, once a start. A
  * server that serves embeddings gets no prompt (one crashes on it). */
 #ifndef TOKI_BACKEND_SELFTEST_H
 #define TOKI_BACKEND_SELFTEST_H
@@ -41,9 +41,9 @@ struct selftest {
 	int remedy_tried;
 	double seconds; /* how long the last run took */
 	/* The run in flight. */
-	int run, step, slot;
-	int32_t *tokens;   /* SELFTEST_TOKENS of them */
-	json_t *answer[2]; /* each run's completion_probabilities */
+	int run, step, slot[2]; /* each run's slot: two, where the server has them */
+	int32_t *tokens;        /* SELFTEST_TOKENS of them */
+	json_t *answer[2];      /* each run's completion_probabilities */
 	int64_t t0_us;
 	void (*done)(struct backend *b);
 };

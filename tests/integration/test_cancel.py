@@ -139,6 +139,16 @@ class CancelExact(Cancel, unittest.TestCase):
         self.assertLessEqual(c["evaluated"], 8, c)
 
     def test_cancel_during_prefill_keeps_what_was_evaluated(self):
+        # The 24M model: its prefill of the new turn takes seconds, so that
+        # the close lands in it wherever the poll of /slots (which the server
+        # answers between micro-batches) sees it start. On the 4M model an
+        # idle machine evaluated the whole turn (about 60 ms) before the
+        # close arrived, and the test then saw a cancelled generation.
+        self.toki.kill(signal.SIGTERM)
+        self.llama.kill()
+        model = th.generated_model("identity", params="24M", ctx=8192)
+        self.llama = th.LlamaServer(model=model, slots=1, ctx=8192, ubatch=128)
+        self.toki = th.Toki([self.llama], mode="exact", ubatch=128)
         st, r1 = self.toki.chat(self.msgs, max_tokens=8)
         self.assertEqual(st, 200, r1)
         first = r1["cache"]["prompt_tokens"]
