@@ -287,6 +287,10 @@ class RamCacheProbe(unittest.TestCase):
             # runs of a history and four steps); the RAM probe would add 4.
             pinned = 10 if mode == "exact" else 0
             self.assertEqual(server_log.count("selected slot by id"), pinned, server_log)
+            # And it holds with the server's RAM cache on (--cache-ram 8192
+            # here): each run in a slot of its own, nothing loaded back.
+            self.assertEqual(b["exact"]["selftest"], "verified" if mode == "exact" else "off",
+                             b["exact"])
 
 
 class SlotSavePathOnly(unittest.TestCase):
