@@ -138,6 +138,29 @@ class Auth(unittest.TestCase):
                                   headers=h, auth=False)
             self.assertEqual(st, 200, body)
 
+    def test_public_routes_beside_llama_server(self):
+        """The same routes are open as on llama-server 11669 with --api-key:
+        /health and /v1/health; the model list wants the key on both (it
+        names the model's file, and any web page could read it from a
+        loopback server without: every answer to an Origin carries
+        Access-Control-Allow-Origin). docs/compatibility.md, "Public
+        routes"."""
+        key = "llama-key-0123456789"
+        llama = th.LlamaServer(slots=1, ctx=1024, extra=["--api-key", key])
+        origin = {"Origin": "https://example.com"}
+        paths = ("/health", "/v1/health", "/models", "/v1/models", "/props", "/slots")
+        try:
+            alone = {p: th.request(llama.port, "GET", p, headers=origin, auth=False)[0]
+                     for p in paths}
+        finally:
+            llama.kill()
+        through = {p: th.request(self.toki.port, "GET", p, headers=origin, auth=False)[0]
+                   for p in paths}
+        self.assertEqual(through, alone)
+        self.assertEqual([p for p in paths if alone[p] == 200], ["/health", "/v1/health"])
+        st, body = th.request(self.toki.port, "GET", "/v1/models", headers=origin, auth=False)
+        self.assertNotIn(os.path.basename(self.llama.model), json.dumps(body))
+
     def test_no_token_in_logs(self):
         th.request(self.toki.port, "GET", "/v1/models")
         th.request(self.toki.port, "GET", "/v1/models",
