@@ -1919,6 +1919,19 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	long long n_read = json_integer_value(json_object_get(o, "n_read"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "restore_ms"));
 	json_decref(o);
+	if (!o && e->backend != pr->slot->backend) {
+		/* Another backend's state: the file may well be sound, and this
+		 * server not reading the folder its writer does. */
+		log_warn("restore of %s (saved by %s) into slot %d of %s failed (%d): %.*s; is "
+		         "--slot-dir this backend's --slot-save-path? Only its own states are "
+		         "restored there from now on",
+		         e->name, e->backend->url, pr->slot->id, pr->slot->backend->url, status,
+		         (int)(len > 200 ? 200 : len), body);
+		pr->slot->backend->foreign_restore_failed = 1;
+		unpin_restore(pr);
+		restore_instead_recompute(pr);
+		return;
+	}
 	if (!o) {
 		/* The file is gone or refused: forget it, and the slot. */
 		log_warn("restore of %s into slot %d failed (%d): %.*s", e->name, pr->slot->id,
@@ -1932,8 +1945,10 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	router_slot_restored(d->router, pr->slot, e, clock_now_us());
 	d->stats.restores++;
 	d->stats.disk_hits++;
-	log_info("restored %s (%zu tokens, %lld bytes, %.1f ms) into slot %d", e->name, e->n_tokens,
-	         n_read, ms, pr->slot->id);
+	log_info("restored %s (%zu tokens, %lld bytes, %.1f ms) into slot %d%s%s", e->name,
+	         e->n_tokens, n_read, ms, pr->slot->id,
+	         e->backend != pr->slot->backend ? " of " : "",
+	         e->backend != pr->slot->backend ? pr->slot->backend->url : "");
 	snprintf(pr->restored_name, sizeof pr->restored_name, "%s", e->name);
 	unpin_restore(pr);
 	pr->restored = 1;

@@ -119,6 +119,7 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 	SHA256((const unsigned char *)(s ? s : ""), s ? strlen(s) : 0, dig);
 	for (int i = 0; i < 32; i++)
 		snprintf(b->fingerprint + 2 * i, 3, "%02x", dig[i]);
+	snprintf(b->rb->fingerprint, sizeof b->rb->fingerprint, "%s", b->fingerprint);
 	log_info("backend %s fingerprint %.16s (%s)", b->rb->url, b->fingerprint, s ? s : "");
 	free(s);
 }
@@ -630,7 +631,9 @@ int slot_store_verify(struct daemon *d, struct router_saved *e)
 
 void slot_store_restored(struct daemon *d, struct router_saved *e)
 {
-	if (!e->compressed || !d->cfg.slot_dir)
+	/* The expanded copy stays while another restore of it is in flight
+	 * (each pins the state): that server may not have opened it yet. */
+	if (!e->compressed || !d->cfg.slot_dir || e->pinned > 1)
 		return;
 	char bin[4200];
 	dir_path(d, e->name, ".bin", bin, sizeof bin);

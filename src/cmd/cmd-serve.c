@@ -602,6 +602,8 @@ int cmd_serve(int argc, char **argv)
 		fprintf(stderr, "toki serve: out of memory\n");
 		return 1;
 	}
+	/* --slot-dir is every backend's --slot-save-path (docs/fleet.md). */
+	d.router->shared_saved = d.cfg.slot_dir != NULL;
 	d.started_us = clock_now_us();
 	char err[256];
 	for (int i = 0; i < n_urls; i++) {

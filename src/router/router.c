@@ -341,6 +341,23 @@ static double fast_load_penalty(const struct router *r, const struct router_back
 	return 0.5 * b->in_flight * (double)(to_evaluate ? to_evaluate : 1);
 }
 
+/* Whether a saved state can be restored into backend b: its own, or with
+ * shared files (--slot-dir, which every backend's --slot-save-path must
+ * be) one made under b's fingerprint on another backend, so that a
+ * conversation whose backend is busy continues on an idle one instead of
+ * being evaluated again there. Fast mode only: in exact mode a state's bits
+ * are the machine's that computed them, and the fingerprint names the
+ * build, not the CPU or GPU, so a backend restores only its own. */
+static int restorable_on(const struct router *r, const struct router_saved *e,
+                         const struct router_backend *b)
+{
+	if (e->backend == b)
+		return 1;
+	return r->shared_saved && !reuse_mode_is_exact(r->mode) && b->can_save &&
+	       !b->foreign_restore_failed && b->fingerprint[0] &&
+	       strcmp(e->fingerprint, b->fingerprint) == 0;
+}
+
 /* Between slots of equal cost: the one that already holds more of this
  * prefix (so the others keep theirs), then the less loaded backend, then the
  * least recently used slot. */
@@ -473,7 +490,7 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 			/* ...or with a saved state restored into it. */
 			for (size_t k = 0; k < mc.n_saved; k++) {
 				struct router_saved *e = mc.saved[k].e;
-				if (e->backend != b)
+				if (!restorable_on(r, e, b))
 					continue;
 				size_t me = mc.saved[k].matched;
 				size_t ereuse = reuse_for(r, &q, me, e->bounds, e->n_bounds,

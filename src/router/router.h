@@ -72,7 +72,8 @@ struct router_slot {
 };
 
 /* A slot state saved to a file by llama-server's slot save, which can be
- * restored into any slot of the same backend. */
+ * restored into any slot of the same backend, and with shared files
+ * (router.shared_saved) of any backend with the same fingerprint. */
 struct router_saved {
 	enum owner_kind kind; /* OWNER_SAVED */
 	struct router_backend *backend;
@@ -106,6 +107,14 @@ struct router_backend {
 	double save_bps;
 	double kv_bytes_per_token; /* learned from saved files */
 	int can_save;              /* the backend has a slot-save path: save/restore works */
+	/* What a saved state must have been made under to be restored here:
+	 * the model, server build and KV settings (slot_store's fingerprint);
+	 * "" until discovery has computed it. */
+	char fingerprint[72];
+	/* A state another backend saved failed to restore here: this server's
+	 * --slot-save-path is not the folder the others write. Only its own
+	 * states are restored here from then on. */
+	int foreign_restore_failed;
 	/* The server empties its idle slots into its own RAM cache at every
 	 * new task (a unified KV cache with --cache-idle-slots: llama-server's
 	 * default without -np), and loads from that cache only into a slot it
@@ -139,6 +148,10 @@ struct router {
 	uint64_t saved_bytes;
 	/* Only slot contents at least this long are worth a file. */
 	size_t save_min_tokens;
+	/* Saved states are files in one folder that every backend reads
+	 * (--slot-dir): in fast mode one backend's state can be restored into
+	 * another serving the same model under the same settings. */
+	int shared_saved;
 	/* Slot arrays replaced by a rediscovery, freed with the router. */
 	struct retired_slots *retired;
 };

@@ -1,12 +1,22 @@
 """Slot files: with one slot and no RAM cache, two conversations take turns;
 toki saves each before evicting it and restores it on its next turn, so
 only the new suffix is evaluated, and exact mode's text still equals an
-uncached run."""
+uncached run.
+
+AcrossBackends: two one-slot servers, fast mode; a conversation saved by the
+first, whose slot is busy with a long answer, continues on the second from
+the file when both write --slot-dir; when the second's --slot-save-path is
+another folder, the restore fails there, the turn is evaluated instead, and
+the file stays for its own backend."""
+import http.client
+import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -86,6 +96,114 @@ class SlotFiles(unittest.TestCase):
                              1 << 20)
         for t, i, got, want in results:
             self.assertEqual(got["choices"][0]["finish_reason"], "length")
+
+
+class AcrossBackends(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="toki-slots-")
+        self.other = tempfile.mkdtemp(prefix="toki-slots-other-")
+        # 24M: a long answer keeps its slot busy for seconds.
+        self.model = th.generated_model("identity", params="24M", ctx=8192)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.other, ignore_errors=True)
+
+    def run_case(self, shared):
+        a = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=512,
+                           extra=["--slot-save-path", self.dir], name="across-a")
+        b = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=512,
+                           extra=["--slot-save-path", self.dir if shared else self.other],
+                           name="across-b")
+        toki = th.Toki([a, b], mode="fast", ubatch=512,
+                       extra=["--slot-dir", self.dir, "--slot-save-idle-ms", "100"])
+        try:
+            return self._run(a, b, toki)
+        finally:
+            toki.kill(signal.SIGTERM)
+            a.kill()
+            b.kill()
+
+    def _run(self, a, b, toki):
+        system = " ".join(f"rule {i}: keep the answer short and exact." for i in range(60))
+        x1 = [{"role": "system", "content": system},
+              {"role": "user", "content": "What is the first rule?"}]
+        st, r1 = toki.chat(x1, max_tokens=8)
+        self.assertEqual(st, 200, r1)
+        home = r1["cache"]["backend"]
+        away = b.url if home == a.url else a.url
+        # The idle save: X's first turn is a file now.
+        toki.wait_log("saved slot 0 as")
+        saved = [f for f in os.listdir(self.dir) if f.endswith(".json")]
+        self.assertEqual(len(saved), 1, saved)
+
+        # Y continues X on its backend (a hit) and answers at length there;
+        # X's other continuation then finds X's slot busy.
+        x1_answer = {"role": "assistant", "content": r1["choices"][0]["message"]["content"]}
+        y = x1 + [x1_answer, {"role": "user", "content": "Recite every rule."}]
+        home_port = int(home.rsplit(":", 1)[1])
+        done = {}
+
+        def long_answer():
+            c = http.client.HTTPConnection("127.0.0.1", toki.port, timeout=120)
+            c.request("POST", "/v1/chat/completions",
+                      body=json.dumps({"messages": y, "temperature": 0, "max_tokens": 6000,
+                                       "ignore_eos": True, "stream": True}),
+                      headers={"Content-Type": "application/json",
+                               "Authorization": "Bearer " + th.TEST_TOKEN})
+            r = c.getresponse()
+            done["status"] = r.status
+            done["conn"] = c
+            while not done.get("stop") and r.readline():
+                pass
+            c.close()
+        t = threading.Thread(target=long_answer, daemon=True)
+        t.start()
+        deadline = time.time() + 60
+        while True:  # Y is generating on X's backend
+            _, slots = th.request(home_port, "GET", "/slots")
+            s0 = slots[0]
+            nt = s0.get("next_token")
+            nt = nt[0] if isinstance(nt, list) and nt else (nt or {})
+            if s0.get("is_processing") and (nt.get("n_decoded") or 0) > 0:
+                break
+            self.assertLess(time.time(), deadline, "the long answer never started")
+            time.sleep(0.02)
+
+        x2 = x1 + [x1_answer, {"role": "user", "content": "And the second?"}]
+        st, r2 = toki.chat(x2, max_tokens=8)
+        _, slots = th.request(home_port, "GET", "/slots")
+        still_busy = slots[0].get("is_processing")
+        done["stop"] = True
+        self.assertEqual(st, 200, r2)
+        self.assertTrue(still_busy, "the long answer ended before the second turn ran")
+        self.assertEqual(r2["cache"]["backend"], away, r2["cache"])
+        t.join(timeout=60)
+        return r1, r2, toki.log_text(), saved[0][:-5]
+
+    def test_restored_on_the_idle_backend(self):
+        r1, r2, log, name = self.run_case(shared=True)
+        c = r2["cache"]
+        self.assertEqual(c["route"], "disk", c)
+        self.assertEqual(c["restored"], name, c)
+        # Only what follows the first turn's prompt was evaluated.
+        self.assertLess(r2["timings"]["prompt_n"],
+                        c["prompt_tokens"] - r1["cache"]["prompt_tokens"] + 32, c)
+        self.assertIn(f"restored {name} ", log)
+        self.assertIn(f"of {c['backend']}", log)
+
+    def test_restore_refused_where_the_folder_differs(self):
+        r1, r2, log, name = self.run_case(shared=False)
+        c = r2["cache"]
+        # Tried, failed, evaluated instead: the whole prompt, a right answer.
+        self.assertIn(f"restore of {name} (saved by ", log)
+        self.assertIn("is --slot-dir this backend's --slot-save-path?", log)
+        self.assertNotIn("restored", c)
+        self.assertEqual(r2["timings"]["prompt_n"], c["prompt_tokens"], c)
+        self.assertEqual(r2["choices"][0]["finish_reason"], "length")
+        # The file is sound and stays for the backend that wrote it.
+        self.assertTrue(os.path.exists(os.path.join(self.dir, name + ".json")))
+        self.assertNotIn(f"{name} is ", log)  # not discarded as missing or damaged
 
 
 if __name__ == "__main__":

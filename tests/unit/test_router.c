@@ -1121,6 +1121,82 @@ static void test_two_backends_balance(void **state)
 	router_free(r);
 }
 
+/* A conversation saved by one backend whose slot is busy now: with shared
+ * files (--slot-dir) and the same fingerprint, fast mode restores it into an
+ * idle backend; not without shared files, under another fingerprint, in
+ * exact mode, or on a backend where such a restore failed. */
+static struct router *saved_on_busy_backend(enum reuse_mode mode, int shared, const char *fp1,
+                                            struct router_backend **bs, struct router_saved **saved)
+{
+	struct router *r = mkrouter(mode, 2, 1, UB, bs);
+	r->shared_saved = shared;
+	for (int i = 0; i < 2; i++) {
+		bs[i]->can_save = 1;
+		snprintf(bs[i]->fingerprint, sizeof bs[i]->fingerprint, "%s", i ? fp1 : "fp-a");
+	}
+	const token_t *t = conv(1, 1000);
+	*saved =
+	    router_saved_add_tokens(r, bs[0], "toki-a-1", t, 1000, 1000, 1000 * 1000, 1, SEC(1));
+	assert_non_null(*saved);
+	snprintf((*saved)->fingerprint, sizeof(*saved)->fingerprint, "%s", "fp-a");
+	/* Backend 0's only slot runs another conversation for a while. */
+	assert_int_equal(router_slot_commit(r, slot_of(bs[0], 0), conv(2, 500), 500, 0, SEC(1)), 0);
+	router_slot_begin(r, slot_of(bs[0], 0), SEC(1), 10.0);
+	return r;
+}
+
+static void test_saved_restored_on_another_backend(void **state)
+{
+	struct router_backend *bs[2];
+	struct router_saved *e;
+	struct route_choice c;
+	const token_t *next = conv(1, 1100);
+
+	struct router *r = saved_on_busy_backend(REUSE_FAST, 1, "fp-a", bs, &e);
+	assert_int_equal(choose(r, next, 1100, SEC(2), &c), ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, slot_of(bs[1], 0));
+	assert_ptr_equal(c.restore, e);
+	assert_string_equal(c.kind, "disk");
+	assert_int_equal(c.reuse, 1000);
+	/* Restored there, the slot holds it like a state of its own. */
+	router_slot_begin(r, c.slot, SEC(2), 0.1);
+	assert_int_equal(router_slot_restored(r, c.slot, e, SEC(2)), 0);
+	assert_ptr_equal(c.slot->saved, e);
+	assert_int_equal(router_slot_commit(r, c.slot, next, 1100, 1000, SEC(3)), 0);
+	router_slot_end(r, c.slot, SEC(3));
+	assert_int_equal(choose(r, conv(1, 1200), 1200, SEC(4), &c), ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, slot_of(bs[1], 0));
+	assert_string_equal(c.kind, "hit");
+	router_free(r);
+
+	/* Where it cannot be restored, backend 1 never gets it from disk. */
+	struct {
+		enum reuse_mode mode;
+		int shared;
+		const char *fp;
+		int failed;
+	} no[] = {
+	    {REUSE_FAST, 0, "fp-a", 0},  /* each server its own folder */
+	    {REUSE_FAST, 1, "fp-b", 0},  /* another model, build or KV setting */
+	    {REUSE_FAST, 1, "", 0},      /* not discovered yet */
+	    {REUSE_EXACT, 1, "fp-a", 0}, /* bits are the machine's */
+	    {REUSE_FAST, 1, "fp-a", 1},  /* a restore of another's state failed there */
+	};
+	for (size_t k = 0; k < sizeof no / sizeof no[0]; k++) {
+		r = saved_on_busy_backend(no[k].mode, no[k].shared, no[k].fp, bs, &e);
+		bs[1]->foreign_restore_failed = no[k].failed;
+		enum route_status st = choose(r, next, 1100, SEC(2), &c);
+		assert_true(st == ROUTE_CHOSEN || st == ROUTE_WAIT);
+		assert_false(c.slot == slot_of(bs[1], 0) && c.restore);
+		/* Its own backend still restores it (waiting for its slot). */
+		if (c.restore) {
+			assert_ptr_equal(c.slot, slot_of(bs[0], 0));
+			assert_int_equal(st, ROUTE_WAIT);
+		}
+		router_free(r);
+	}
+}
+
 static void test_many_backends(void **state)
 {
 	/* More backends than the router's small on-stack table. */
@@ -1275,6 +1351,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_same_content_two_slots, teardown_seqs),
 	    cmocka_unit_test_teardown(test_two_backends_balance, teardown_seqs),
 	    cmocka_unit_test_teardown(test_many_backends, teardown_seqs),
+	    cmocka_unit_test_teardown(test_saved_restored_on_another_backend, teardown_seqs),
 	    cmocka_unit_test_teardown(test_message_schedule, teardown_seqs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
