@@ -5,7 +5,7 @@ to server i mod n, no id_slot: llama-server picks the slot itself), on the
 interleaved agent workload of bench/workload.py widened to six sessions.
 
   python3 bench/bench_fleet.py [--backends 1,2,3] [--slot-files] [--repeat N]
-                               [--toki build/toki] [--out FILE.json]
+                               [--toki build/toki] [--against OTHER] [--out FILE.json]
 
 The sessions run concurrently, as six agents would: the workload's schedule
 (session s starts s events after session 0) is replayed in steps, the
@@ -193,9 +193,10 @@ def summarize(results, limit, wall):
 
 # ---- the benchmark ----
 
-def run_one(n, target, requests, limit, model, slot_dir=False):
+def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None):
     """One configuration on fresh servers. slot_dir (toki only): the
-    servers share one --slot-save-path, toki's --slot-dir."""
+    servers share one --slot-save-path, toki's --slot-dir. toki_bin: another
+    toki binary than the harness's (--against)."""
     import shutil
     import tempfile
     th = common.harness()
@@ -209,8 +210,13 @@ def run_one(n, target, requests, limit, model, slot_dir=False):
                                           ubatch=512, cache_ram=0, extra=extra,
                                           name=f"fleet-bench-{n}-{k}"))
         if target == "toki":
-            toki = th.Toki(servers, mode="fast", ubatch=512, name=f"toki-fleet-bench-{n}",
-                           extra=("--slot-dir", sd) if sd else ())
+            default_bin = th.TOKI_BIN
+            th.TOKI_BIN = toki_bin or default_bin
+            try:
+                toki = th.Toki(servers, mode="fast", ubatch=512, name=f"toki-fleet-bench-{n}",
+                               extra=("--slot-dir", sd) if sd else ())
+            finally:
+                th.TOKI_BIN = default_bin
             send = toki_sender(toki.port, timeout=REQUEST_TIMEOUT)
         else:
             send = round_robin_sender([("127.0.0.1", s.port) for s in servers],
@@ -234,9 +240,11 @@ def run_one(n, target, requests, limit, model, slot_dir=False):
     return s
 
 
-def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1):
+def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None):
     """Every configuration `repeat` times, the repeats interleaved (this
-    machine is shared and its speed drifts); the table gives medians."""
+    machine is shared and its speed drifts); the table gives medians.
+    against: (label, binary) of another toki, run beside every toki
+    configuration."""
     model = model_path()
     requests, tokens, limit, ref_secs = reference(model)
     kinds = {}
@@ -246,21 +254,28 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1):
                f"limit {limit}, uncached run {ref_secs:.1f} s")
     configs = []
     for n in counts:
-        configs += [(n, "toki", False), (n, "round-robin", False)]
+        tokis = [(n, "toki", False, None)]
         if slot_files:
-            configs.append((n, "toki", True))
+            tokis.append((n, "toki", True, None))
+        if against:
+            tokis += [(n, t, sd, against) for (n, t, sd, _) in tokis]
+        configs += tokis[:1] + [(n, "round-robin", False, None)] + tokis[1:]
     runs = []
     for rep in range(repeat):
-        for n, target, sd in configs:
-            r = run_one(n, target, requests, limit, model, slot_dir=sd)
+        for n, target, sd, other in configs:
+            r = run_one(n, target, requests, limit, model, slot_dir=sd,
+                        toki_bin=other[1] if other else None)
             r["repeat"] = rep
+            r["against"] = other[0] if other else None
             runs.append(r)
     med = common.median
     rows = []
-    for n, target, sd in configs:
-        rs = [r for r in runs if (r["backends"], r["target"], r["slot_dir"]) == (n, target, sd)]
+    for n, target, sd, other in configs:
+        rs = [r for r in runs if (r["backends"], r["target"], r["slot_dir"], r["against"]) ==
+              (n, target, sd, other[0] if other else None)]
         walls = [r["wall_s"] for r in rs]
-        rows.append([n, ("toki fast + slot files" if sd else "toki fast")
+        rows.append([n, (("toki fast + slot files" if sd else "toki fast")
+                         + (f" ({other[0]})" if other else ""))
                      if target == "toki" else "round-robin",
                      med([r["req_per_s"] for r in rs]), med([r["gen_tok_per_s"] for r in rs]),
                      med([r["ttft_p50_ms"] for r in rs]), med([r["ttft_p95_ms"] for r in rs]),
@@ -295,9 +310,21 @@ def main():
     ap.add_argument("--slot-files", action="store_true",
                     help="also toki with slot files (the servers share one --slot-save-path, "
                          "toki's --slot-dir)")
+    ap.add_argument("--against", metavar="OTHER",
+                    help="another toki binary (an older build, say), run beside --toki in "
+                         "every toki configuration, interleaved; its rows carry its path")
     args = ap.parse_args()
     if not os.access(args.toki, os.X_OK):
         sys.exit(f"no toki binary at {args.toki}: build it first")
+    against = None
+    if args.against:
+        if not os.access(args.against, os.X_OK):
+            sys.exit(f"no toki binary at {args.against}")
+        import shutil
+        import tempfile
+        other = os.path.join(tempfile.mkdtemp(prefix="toki-bench-against-"), "toki")
+        shutil.copy2(args.against, other)  # as --toki is: a rebuild cannot swap it
+        against = (args.against, other)
     import signal
     # SIGTERM unwinds like Ctrl-C, so that the servers started are stopped.
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
@@ -306,7 +333,7 @@ def main():
     info["command"] = " ".join(["python3", "bench/bench_fleet.py"] + sys.argv[1:])
     t0 = time.perf_counter()
     r = bench_fleet(tuple(int(x) for x in args.backends.split(",")), args.slot_files,
-                    args.repeat)
+                    args.repeat, against)
     info["total_s"] = time.perf_counter() - t0
     info["loadavg_end"] = common.loadavg()
     header = (f"## Fleet benchmark\n\n- date: {info['date']}\n- machine: {info.get('cpu')}, "
