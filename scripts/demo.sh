@@ -2,24 +2,38 @@
 # One command from a fresh Debian/Ubuntu machine to the cache at work:
 # installs what is needed, builds toki, provisions a llama-server if none is
 # on PATH, writes a built-in random-weight demo model (no download), starts
-# llama-server with `toki serve` in front, and sends the same long prompt
-# twice: cold, then hot.
+# llama-server with `toki serve` in front in its default mode (exact), and
+# sends the same long prompt cold, hot, and uncached (cache_prompt: false,
+# toki's reference), comparing the hot answer with the uncached one, text and
+# every logprob; then the hot run again in fast mode, which promises no
+# identity.
 #   scripts/demo.sh           run the demo, then stop everything
 #   scripts/demo.sh --keep    leave llama-server and toki running afterwards
+#   TOKI_BIN=path             use this toki binary: no install, no build
+#                             (tests/integration/test_demo.py runs it so)
+#   TOKI_DEMO_PORT=N          toki's port (default 8787)
+# Exits non-zero when the hot answer differs from the uncached one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 keep=0
 [ "${1:-}" = "--keep" ] && keep=1
 
-scripts/install-deps.sh
-cmake -S . -B build -DTOKI_WERROR=OFF >/dev/null
-cmake --build build -j"$(nproc)" >/dev/null
+if [ -n "${TOKI_BIN:-}" ]; then
+	toki=$TOKI_BIN
+else
+	scripts/install-deps.sh
+	cmake -S . -B build -DTOKI_WERROR=OFF >/dev/null
+	cmake --build build -j"$(nproc)" >/dev/null
+	toki=build/toki
+fi
 llama=$(scripts/provision-llama-server.sh)
 
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/tokirecur/demo
+# A fresh slot folder: "cold" means cold (the last run's states would be restored).
+rm -rf "$cache/slots"
 mkdir -p "$cache/slots"
 model=$cache/demo-24M-16k.gguf
-[ -f "$model" ] || build/toki gguf gen -o "$model" --params 24M --ctx 16384 --seed 7
+[ -f "$model" ] || "$toki" gguf gen -o "$model" --params 24M --ctx 16384 --seed 7
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 lport=$(free_port)
@@ -28,16 +42,24 @@ tport=${TOKI_DEMO_PORT:-8787}
 "$llama" -m "$model" --host 127.0.0.1 --port "$lport" -np 2 -c 32768 --cache-ram 0 \
 	--slot-save-path "$cache/slots" >"$cache/llama-server.log" 2>&1 &
 lpid=$!
-build/toki serve --backend "http://127.0.0.1:$lport" --port "$tport" --reuse fast \
-	--slot-dir "$cache/slots" >"$cache/toki.log" 2>&1 &
-tpid=$!
-cleanup() { kill "$tpid" "$lpid" 2>/dev/null || true; }
-[ "$keep" = 1 ] || trap cleanup EXIT
+start_toki() { # $1: the reuse mode
+	"$toki" serve --backend "http://127.0.0.1:$lport" --port "$tport" --reuse "$1" \
+		--slot-dir "$cache/slots" >>"$cache/toki.log" 2>&1 &
+	tpid=$!
+}
+: >"$cache/toki.log"
+start_toki exact
+cleanup() {
+	kill "$tpid" "$lpid" 2>/dev/null || true
+	wait "$tpid" "$lpid" 2>/dev/null || true
+}
+trap cleanup EXIT
 
 echo "demo: llama-server on :$lport (log $cache/llama-server.log), toki on :$tport (log $cache/toki.log)"
-python3 - "$tport" <<'PY'
+client() { # $1: exact or fast
+	python3 - "$tport" "$1" <<'PY'
 import http.client, json, os, sys, time
-port = int(sys.argv[1])
+port, mode = int(sys.argv[1]), sys.argv[2]
 
 def token():
     if os.environ.get("TOKI_TOKEN"):
@@ -61,15 +83,15 @@ system = ("You are the on-call assistant for a small bakery. The bakery opens at
           "sells bread, cakes and coffee, and closes at six. Answer briefly. ") * 24
 body = {"messages": [{"role": "system", "content": system},
                      {"role": "user", "content": "When do you open?"}],
-        "max_tokens": 24, "temperature": 0, "stream": True}
+        "max_tokens": 24, "temperature": 0, "stream": True, "logprobs": True}
 
-def run():
+def run(**extra):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.time()
-    c.request("POST", "/v1/chat/completions", json.dumps(body),
+    c.request("POST", "/v1/chat/completions", json.dumps(dict(body, **extra)),
               {"Content-Type": "application/json", "Authorization": "Bearer " + token()})
     r = c.getresponse()
-    ttft = None; text = ""; last = None
+    ttft = None; text = ""; last = None; probs = []
     buf = b""
     while True:
         chunk = r.read1(65536)
@@ -81,26 +103,49 @@ def run():
             if not ev.startswith("data: ") or ev == "data: [DONE]": continue
             j = json.loads(ev[6:])
             for ch in j.get("choices", []):
+                probs += [(p["token"], p["logprob"])
+                          for p in (ch.get("logprobs") or {}).get("content") or []]
                 d = ch.get("delta", {}).get("content")
                 if d:
                     if ttft is None: ttft = time.time() - t0
                     text += d
             if "cache" in j: last = j
-    return ttft, time.time() - t0, text, last
+    total = time.time() - t0
+    return ttft if ttft is not None else total, total, (text, probs), last
 
-rows = []
-for label in ("cold", "hot"):
-    ttft, total, text, last = run()
-    rows.append((label, last["cache"]["prompt_tokens"], last["timings"]["prompt_n"],
-                 last["timings"]["cache_n"], ttft, total, text))
-print()
-print(f"{'':5} {'prompt':>7} {'evaluated':>10} {'cached':>7} {'TTFT':>9} {'total':>9}")
-for label, n, ev, ca, ttft, total, _ in rows:
-    print(f"{label:5} {n:7d} {ev:10d} {ca:7d} {ttft*1000:7.0f}ms {total*1000:7.0f}ms")
-print(f"\nspeed-up of time to first token: {rows[0][4]/rows[1][4]:.1f}x; "
-      f"outputs byte-identical: {rows[0][6] == rows[1][6]}")
+def row(label, r):
+    ttft, total, _, last = r
+    print(f"{label:8} {last['cache']['prompt_tokens']:7d} {last['timings']['prompt_n']:10d} "
+          f"{last['timings']['cache_n']:7d} {ttft*1000:7.0f}ms {total*1000:7.0f}ms")
+
+head = f"{'':8} {'prompt':>7} {'evaluated':>10} {'cached':>7} {'TTFT':>9} {'total':>9}"
+if mode == "exact":
+    cold, hot, raw = run(), run(), run(cache_prompt=False)
+    print("\nexact mode (the default): the prompt cold, hot, then uncached (cache_prompt: false)")
+    print(head)
+    row("cold", cold); row("hot", hot); row("uncached", raw)
+    print(f"\nspeed-up of time to first token: {cold[0]/hot[0]:.1f}x; hot answer identical to "
+          f"the uncached one (text and every logprob): {hot[2] == raw[2]}")
+    print(f"exact: {hot[3]['cache'].get('exact')} (toki's self-test at start)")
+    if hot[2] != raw[2]:
+        sys.exit("demo: the hot answer differs from the uncached one")
+else:
+    first, hot = run(), run()
+    print("\nfast mode (--reuse fast): every matching token reused, no identity promised")
+    print(head)
+    row("first", first); row("hot", hot)
 PY
+}
+client exact
+kill "$tpid" 2>/dev/null || true
+wait "$tpid" 2>/dev/null || true
+start_toki fast
+client fast
 if [ "$keep" = 1 ]; then
+	kill "$tpid" 2>/dev/null || true
+	wait "$tpid" 2>/dev/null || true
+	start_toki exact
+	trap - EXIT
 	echo "demo: still running. OpenAI-compatible API at http://127.0.0.1:$tport/v1" \
 		"(API key: the token in ~/.local/state/tokirecur/token); stop with: kill $tpid $lpid"
 fi

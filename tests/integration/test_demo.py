@@ -1,0 +1,67 @@
+"""scripts/demo.sh as a newcomer runs it, on the toki under test (TOKI_BIN:
+no install, no build) and the provisioned llama-server: exact mode, the
+default, cold (the whole prompt evaluated), hot (only the few tokens after
+the cached part), uncached (cache_prompt: false), the hot answer equal to
+the uncached one in text and every logprob, the self-test's verdict; then
+fast mode, labelled as promising no identity."""
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import toki_harness as th  # noqa: E402
+
+
+def rows(text):
+    """The table rows: label -> (prompt, evaluated, cached), per mode."""
+    out, mode = {}, None
+    for line in text.splitlines():
+        if line.startswith("exact mode"):
+            mode = "exact"
+        elif line.startswith("fast mode"):
+            mode = "fast"
+        m = re.match(r"(cold|hot|uncached|first)\s+(\d+)\s+(\d+)\s+(\d+)\s+\d+ms\s+\d+ms$", line)
+        if m and mode:
+            out[(mode, m.group(1))] = tuple(int(m.group(i)) for i in (2, 3, 4))
+    return out
+
+
+class Demo(unittest.TestCase):
+    def test_demo(self):
+        cache = os.path.join(th.WORK_DIR, "demo-cache")  # the demo model stays between runs
+        state = os.path.join(th.WORK_DIR, f"demo-state-{os.getpid()}")
+        env = dict(os.environ, TOKI_BIN=th.TOKI_BIN, TOKI_LLAMA_SERVER=th.llama_server_path(),
+                   XDG_CACHE_HOME=cache, TOKI_STATE_DIR=state,
+                   TOKI_DEMO_PORT=str(th.free_port()))
+        r = subprocess.run(["bash", os.path.join(th.SOURCE_DIR, "scripts", "demo.sh")], env=env,
+                           capture_output=True, text=True, timeout=600)
+        out = r.stdout
+        print(out, flush=True)
+        self.assertEqual(r.returncode, 0, out + r.stderr)
+        t = rows(out)
+        n, ev, ca = t[("exact", "cold")]
+        self.assertGreater(n, 1000)
+        self.assertEqual((ev, ca), (n, 0))
+        n_hot, ev, ca = t[("exact", "hot")]
+        self.assertEqual(n_hot, n)
+        self.assertLess(ev, 32)  # the generation prompt's few tokens
+        self.assertEqual(ev + ca, n)
+        self.assertEqual(t[("exact", "uncached")][1], n)
+        self.assertIn("hot answer identical to the uncached one (text and every logprob): True",
+                      out)
+        self.assertIn("exact: verified on this backend", out)
+        self.assertIn("fast mode (--reuse fast): every matching token reused, no identity "
+                      "promised", out)
+        n_fast, ev, ca = t[("fast", "hot")]
+        self.assertEqual(n_fast, n)
+        self.assertLessEqual(ev, 1 + 32)
+        # Nothing left running: the demo stops both servers without --keep.
+        ps = subprocess.run(["pgrep", "-f", "--", f"--port {env['TOKI_DEMO_PORT']}"],
+                            capture_output=True, text=True)
+        self.assertEqual(ps.stdout.strip(), "", "the demo left toki running")
+
+
+if __name__ == "__main__":
+    th.run_tests()
