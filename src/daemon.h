@@ -55,6 +55,7 @@ struct daemon {
 	struct backend **backends;
 	int n_backends;
 	struct proxy_req *waiting_head, *waiting_tail; /* requests waiting for a slot */
+	int n_waiting;                                 /* their number */
 	struct proxy_req *active;                      /* every request in flight, for shutdown */
 	struct daemon_stats stats;
 	struct event *sigint, *sigterm;

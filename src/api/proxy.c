@@ -11,6 +11,7 @@
 #include "api/api_error.h"
 #include "api/anthropic.h"
 #include "api/auth.h"
+#include "api/metrics.h"
 #include "api/request_check.h"
 #include "api/responses.h"
 #include "backend/backend.h"
@@ -119,6 +120,7 @@ struct proxy_req {
 	struct event *keepalive;
 	struct event *begin_timer; /* begins a streamed answer if the backend is slow to */
 	int64_t t_start_us, t_last_write_us, t_forward_us, t_first_byte_us;
+	int64_t t_route_us;      /* its first routing try: a wait for a slot starts there */
 	int64_t t_first_data_us; /* the first body bytes of a 200 stream from the backend */
 	struct proxy_req *wait_next, *wait_prev;
 	struct proxy_req *act_next, *act_prev;
@@ -219,6 +221,7 @@ static void wait_add(struct proxy_req *pr)
 	else
 		d->waiting_head = pr;
 	d->waiting_tail = pr;
+	d->n_waiting++;
 }
 
 static void wait_remove(struct proxy_req *pr)
@@ -235,6 +238,7 @@ static void wait_remove(struct proxy_req *pr)
 	else
 		d->waiting_tail = pr->wait_prev;
 	pr->wait_next = pr->wait_prev = NULL;
+	d->n_waiting--;
 	/* Out of the queue: no longer waiting. A request that left it still
 	 * marked PS_WAITING was never queued again when it had to wait once
 	 * more (routed after the prompt probes, its backend busy in exact
@@ -2271,9 +2275,12 @@ static void pr_try_route(struct proxy_req *pr)
 		return;
 	}
 	struct route_choice ch;
+	int64_t now_us = clock_now_us();
+	if (!pr->t_route_us)
+		pr->t_route_us = now_us;
 	enum route_status st =
 	    router_choose_sched(d->router, pr->tokens, pr->n_tokens, pr->bounds, pr->n_bounds,
-	                        clock_now_us(), pr->allowed & ~pr->excluded, &ch);
+	                        now_us, pr->allowed & ~pr->excluded, &ch);
 	if (st == ROUTE_NO_BACKEND && !d->supervisor) {
 		wait_remove(pr);
 		fail(pr, 503, "no backend is up");
@@ -2313,6 +2320,8 @@ static void pr_try_route(struct proxy_req *pr)
 	else
 		d->stats.misses++;
 	d->stats.prompt_tokens += pr->n_tokens;
+	rb->routes[router_route_kind(ch.kind)]++;
+	router_histogram_observe(&rb->wait, (double)(now_us - pr->t_route_us) / 1e6);
 	if (ch.restore)
 		ch.restore->pinned++;
 	/* Fast mode evaluates the prompt in one step, from whatever matches. */
@@ -2953,7 +2962,6 @@ static int is_passthrough(const char *method, const char *path)
 	    "/detokenize",
 	    "/props",
 	    "/slots",
-	    "/metrics",
 	    "/apply-template",
 	    "/embedding",
 	    "/embeddings",
@@ -3007,6 +3015,9 @@ void proxy_handle(struct http_request *req, void *ctx)
 		handle_health(d, req);
 	} else if (!strcmp(path, "/toki/stats")) {
 		handle_stats(d, req);
+	} else if (!strcmp(path, "/metrics")) {
+		/* Every backend's series and toki's own, in one scrape. */
+		metrics_handle(d, req);
 	} else if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/chat/completions")) {
 		if (!post)
 			http_respond_error(req, 405, "use POST");

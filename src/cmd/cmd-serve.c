@@ -324,6 +324,8 @@ static int start_managed(struct managed *m, struct daemon *d)
 	argv[n++] = "0";
 	argv[n++] = "--slot-save-path";
 	argv[n++] = slot_dir;
+	/* Its series, labelled, in toki's /metrics (docs/metrics.md). */
+	argv[n++] = "--metrics";
 	for (int i = 0; i < m->n_args; i++)
 		argv[n++] = m->args[i];
 	argv[n] = NULL;

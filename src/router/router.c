@@ -936,14 +936,47 @@ struct router_saved *router_saved_victim_on(struct router *r, const struct route
 	return victim;
 }
 
+const char *const router_route_kind_names[ROUTE_KINDS] = {"hit", "partial", "miss", "disk"};
+
+int router_route_kind(const char *kind)
+{
+	for (int i = 0; i < ROUTE_KINDS; i++)
+		if (kind && !strcmp(kind, router_route_kind_names[i]))
+			return i;
+	return ROUTE_MISS;
+}
+
+/* From a hit's few milliseconds to a queue behind long prefills. */
+const double router_histogram_bounds[ROUTER_HISTOGRAM_BOUNDS] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+void router_histogram_observe(struct router_histogram *h, double seconds)
+{
+	if (!(seconds >= 0))
+		seconds = 0;
+	for (int i = 0; i < ROUTER_HISTOGRAM_BOUNDS; i++)
+		if (seconds <= router_histogram_bounds[i])
+			h->le[i]++;
+	h->count++;
+	h->sum += seconds;
+}
+
 void router_backend_note_restore(struct router_backend *b, uint64_t bytes, double ms)
 {
+	b->restores++;
+	b->restore_bytes += bytes;
+	if (ms > 0)
+		b->restore_s += ms / 1000.0;
 	if (bytes >= (1u << 20) && ms > 0)
 		ewma(&b->restore_bps, (double)bytes * 1000.0 / ms);
 }
 
 void router_backend_note_save(struct router_backend *b, uint64_t bytes, double ms)
 {
+	b->saves++;
+	b->save_bytes += bytes;
+	if (ms > 0)
+		b->save_s += ms / 1000.0;
 	if (bytes >= (1u << 20) && ms > 0)
 		ewma(&b->save_bps, (double)bytes * 1000.0 / ms);
 }

@@ -92,6 +92,23 @@ struct router_saved {
 	struct router_saved *prev, *next;
 };
 
+/* Routes by kind: a slot that held the whole match, part of it, nothing
+ * of it, or a saved state restored. */
+enum { ROUTE_HIT, ROUTE_PARTIAL, ROUTE_MISS, ROUTE_DISK, ROUTE_KINDS };
+int router_route_kind(const char *kind);
+extern const char *const router_route_kind_names[ROUTE_KINDS];
+
+/* A latency histogram in Prometheus' shape: cumulative counts at fixed
+ * upper bounds (seconds), their sum and count. */
+#define ROUTER_HISTOGRAM_BOUNDS 14
+extern const double router_histogram_bounds[ROUTER_HISTOGRAM_BOUNDS];
+struct router_histogram {
+	uint64_t le[ROUTER_HISTOGRAM_BOUNDS]; /* observations <= bound i */
+	uint64_t count;
+	double sum;
+};
+void router_histogram_observe(struct router_histogram *h, double seconds);
+
 struct router_backend {
 	int index;
 	char *url;
@@ -128,6 +145,13 @@ struct router_backend {
 	int ram_cache;
 	unsigned discoveries; /* times it was (re)discovered: each start or restart seen */
 	uint64_t evaluated_tokens, cached_tokens, requests;
+	/* For /metrics: requests routed here by kind (router_route_kind), slot
+	 * files written and read here (count, bytes, seconds), and the time
+	 * routed requests waited for a slot. */
+	uint64_t routes[ROUTE_KINDS];
+	uint64_t saves, save_bytes, restores, restore_bytes;
+	double save_s, restore_s;
+	struct router_histogram wait;
 };
 
 struct router {
