@@ -170,6 +170,22 @@ class Metrics(unittest.TestCase):
         for e in exprs:
             self._wait_value(prom_port, e, lambda r: bool(r))
 
+    def test_z_backend_killed(self):
+        """Last: a backend killed between scrapes. The scrape toki answers
+        while it may still count it up goes through the failed call (its
+        series left out, 200 all the same); then toki says it is down."""
+        self.a.kill()
+        deadline = time.time() + 60
+        while True:
+            s = samples(scrape(self.toki.port))
+            self.assertFalse([n for n, _ in s if n.startswith("llamacpp:")])
+            self.assertEqual(s[("toki_backend_metrics_up", frozenset({("backend", self.a.url)}))],
+                             0)
+            if s[("toki_backend_up", frozenset({("backend", self.a.url)}))] == 0:
+                break
+            self.assertLess(time.time(), deadline, "toki never saw the backend down")
+            time.sleep(0.1)
+
 
 if __name__ == "__main__":
     th.run_tests()
