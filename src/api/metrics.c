@@ -1,5 +1,7 @@
 #include "api/metrics.h"
 
+#include "api/request_check.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,6 +302,52 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 			            vs[counters[k].what]);
 		}
 	}
+
+	static const char *const apis[4] = {"chat", "completion", "messages", "responses"};
+	_Static_assert(KIND_COUNT == 4, "an API without a label");
+	family(o, "toki_routed_requests_total", "counter",
+	       "Requests routed to the backend, by API: chat (OpenAI chat completions), "
+	       "completion (completions), messages (Anthropic), responses (OpenAI responses).");
+	for (int i = 0; i < d->n_backends; i++)
+		for (int k = 0; k < 4; k++) {
+			char extra[64];
+			snprintf(extra, sizeof extra, ",api=\"%s\"", apis[k]);
+			per_backend(o, "toki_routed_requests_total", d->backends[i], extra,
+			            (double)d->backends[i]->routed_by_api[k]);
+		}
+	family(o, "toki_prompts_total", "counter",
+	       "Prompts made for requests routed through the backend, by who made them: toki "
+	       "(its own template and tokenizer) or the server (/apply-template, /tokenize).");
+	for (int i = 0; i < d->n_backends; i++) {
+		per_backend(o, "toki_prompts_total", d->backends[i], ",made_by=\"toki\"",
+		            (double)d->backends[i]->prompt_local);
+		per_backend(o, "toki_prompts_total", d->backends[i], ",made_by=\"server\"",
+		            (double)d->backends[i]->prompt_server);
+	}
+	family(o, "toki_prompt_seconds_total", "counter",
+	       "Seconds spent making those prompts, by who made them.");
+	for (int i = 0; i < d->n_backends; i++) {
+		per_backend(o, "toki_prompt_seconds_total", d->backends[i], ",made_by=\"toki\"",
+		            (double)d->backends[i]->prompt_local_us / 1e6);
+		per_backend(o, "toki_prompt_seconds_total", d->backends[i], ",made_by=\"server\"",
+		            (double)d->backends[i]->prompt_server_us / 1e6);
+	}
+	family(o, "toki_exact_requests_total", "counter",
+	       "Exact mode's routed requests by schedule: messages (chunks where messages start), "
+	       "or grid (llama-server's own micro-batches: a raw prompt, or a chat prompt toki "
+	       "could not make itself, which reuses less).");
+	for (int i = 0; i < d->n_backends; i++) {
+		per_backend(o, "toki_exact_requests_total", d->backends[i],
+		            ",schedule=\"messages\"", (double)d->backends[i]->exact_schedule[0]);
+		per_backend(o, "toki_exact_requests_total", d->backends[i], ",schedule=\"grid\"",
+		            (double)d->backends[i]->exact_schedule[1]);
+	}
+	family(o, "toki_exact_cold_replans_total", "counter",
+	       "Exact-mode requests evaluated again from an empty slot after the server reused "
+	       "other than planned (the answer stays exact; the reuse is lost).");
+	for (int i = 0; i < d->n_backends; i++)
+		per_backend(o, "toki_exact_cold_replans_total", d->backends[i], NULL,
+		            (double)d->backends[i]->exact_cold_replans);
 
 	family(o, "toki_queue_wait_seconds", "histogram",
 	       "Time a routed request waited for its slot, from its first routing try.");

@@ -2321,6 +2321,12 @@ static void pr_try_route(struct proxy_req *pr)
 		d->stats.misses++;
 	d->stats.prompt_tokens += pr->n_tokens;
 	rb->routes[router_route_kind(ch.kind)]++;
+	if (pr->kind < KIND_COUNT && !pr->replans)
+		pr->backend->routed_by_api[pr->kind]++;
+	if (exact_mode(pr) && !pr->replans)
+		pr->backend->exact_schedule[pr->n_bounds ? 0 : 1]++;
+	if (exact_mode(pr) && pr->force_cold)
+		pr->backend->exact_cold_replans++;
 	router_histogram_observe(&rb->wait, (double)(now_us - pr->t_route_us) / 1e6);
 	if (ch.restore)
 		ch.restore->pinned++;

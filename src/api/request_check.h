@@ -6,7 +6,7 @@
 
 #include <jansson.h>
 
-enum route_kind { KIND_CHAT, KIND_COMPLETION, KIND_ANTHROPIC, KIND_RESPONSES };
+enum route_kind { KIND_CHAT, KIND_COMPLETION, KIND_ANTHROPIC, KIND_RESPONSES, KIND_COUNT };
 
 /* NULL when body is fit for a route of this kind, else what is wrong, in
  * words for the client's 400. */

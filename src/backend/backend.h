@@ -48,6 +48,11 @@ struct backend {
 	struct prompt_audit *audits; /* in flight */
 	uint64_t prompt_local, prompt_server, prompt_audits, prompt_mismatches;
 	uint64_t prompt_local_us, prompt_server_us; /* time spent making prompts, each way */
+	/* For /metrics: routed requests by API (enum route_kind, request_check.h);
+	 * exact mode's by schedule (0: messages, 1: grid) and those planned again
+	 * from an empty slot after the server disagreed. */
+	uint64_t routed_by_api[4];
+	uint64_t exact_schedule[2], exact_cold_replans;
 	/* Exact mode's self-test (backend/selftest.h), run at every discovery. */
 	struct selftest selftest;
 	/* The llama-server behind it when toki started it (toki serve

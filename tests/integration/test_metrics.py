@@ -146,8 +146,24 @@ class Metrics(unittest.TestCase):
             self.assertEqual(st, 200, r)
             conv += [{"role": "assistant", "content": r["choices"][0]["message"]["content"]},
                      {"role": "user", "content": f"And turn {turn}?"}]
+        # A raw prompt: the completion API, on exact mode's grid schedule.
+        st, r = th.request(self.toki.port, "POST", "/completion",
+                           {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0})
+        self.assertEqual(st, 200, r)
         self._wait_value(prom_port, "sum(toki_requests_total)",
-                         lambda r: r and r[0][1] == n0 + 3)
+                         lambda r: r and r[0][1] == n0 + 4)
+        by_api = {m["api"]: v for m, v in
+                  self._query(prom_port, "sum by (api) (toki_routed_requests_total)")}
+        self.assertGreaterEqual(by_api["chat"], 3)
+        self.assertGreaterEqual(by_api["completion"], 1)
+        self.assertEqual(by_api["messages"] + by_api["responses"], 0)
+        sched = {m["schedule"]: v for m, v in
+                 self._query(prom_port, "sum by (schedule) (toki_exact_requests_total)")}
+        self.assertGreaterEqual(sched["messages"], 3)
+        self.assertGreaterEqual(sched["grid"], 1)
+        made = {m["made_by"]: v for m, v in
+                self._query(prom_port, "sum by (made_by) (toki_prompts_total)")}
+        self.assertGreaterEqual(made["toki"], 3)  # its own template and tokenizer
         # The conversation's later turns were hits, on a backend named.
         hits = self._wait_value(prom_port, 'toki_routes_total{route="hit"} > 0',
                                 lambda r: bool(r))
