@@ -24,11 +24,10 @@ struct backend {
 	int discovering;
 	int ever_up;
 	char *build_info;
-	char *model_id;       /* id reported by /v1/models */
-	json_t *models;       /* the backend's /v1/models answer */
-	char *model_path;     /* /props model_path */
-	json_t *props;        /* the last /props answer */
-	char fingerprint[72]; /* what its saved states must match (slot_store) */
+	char *model_id;   /* id reported by /v1/models */
+	json_t *models;   /* the backend's /v1/models answer */
+	char *model_path; /* /props model_path */
+	json_t *props;    /* the last /props answer */
 	/* Without --slot-dir: bytes written under each name toki used in the
 	 * server's own folder (0: never used), what that folder holds of toki's. */
 	uint64_t remote_bytes[SLOT_REMOTE_MAX_NAMES];

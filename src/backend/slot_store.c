@@ -118,9 +118,8 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 	unsigned char dig[SHA256_DIGEST_LENGTH];
 	SHA256((const unsigned char *)(s ? s : ""), s ? strlen(s) : 0, dig);
 	for (int i = 0; i < 32; i++)
-		snprintf(b->fingerprint + 2 * i, 3, "%02x", dig[i]);
-	snprintf(b->rb->fingerprint, sizeof b->rb->fingerprint, "%s", b->fingerprint);
-	log_info("backend %s fingerprint %.16s (%s)", b->rb->url, b->fingerprint, s ? s : "");
+		snprintf(b->rb->fingerprint + 2 * i, 3, "%02x", dig[i]);
+	log_info("backend %s fingerprint %.16s (%s)", b->rb->url, b->rb->fingerprint, s ? s : "");
 	free(s);
 }
 
@@ -353,7 +352,7 @@ static void save_remote_done(struct save_op *op, long long written, double ms)
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
 	struct router_saved *e = index_saved(op, (uint64_t)written);
 	if (e) {
-		snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->fingerprint);
+		snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->rb->fingerprint);
 		d->stats.saves++;
 		log_info("saved slot %d as %s in the server's folder (%zu tokens, %lld bytes, "
 		         "%.1f ms)",
@@ -438,7 +437,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 		save_finish(op, NULL);
 		return;
 	}
-	snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->fingerprint);
+	snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->rb->fingerprint);
 	if (write_sidecar(d, e, sum) != 0) {
 		log_warn("cannot write the index file of %s: %s", e->name, strerror(errno));
 		slot_store_delete(d, e);
@@ -494,7 +493,7 @@ static int remote_name(struct daemon *d, struct backend *b, const struct router_
 	uint64_t est = (uint64_t)(b->rb->kv_bytes_per_token * (double)s->n_tokens);
 	for (int pass = 0; pass < 2; pass++) {
 		for (int k = 0; k < SLOT_REMOTE_MAX_NAMES; k++) {
-			snprintf(out, n, "toki-%.12s-n%d", b->fingerprint, k);
+			snprintf(out, n, "toki-%.12s-n%d", b->rb->fingerprint, k);
 			int used = b->remote_bytes[k] != 0;
 			if (router_saved_find(d->router, out) || used != (pass == 0))
 				continue;
@@ -549,7 +548,7 @@ int slot_store_save(struct daemon *d, struct backend *b, struct router_slot *s,
 	}
 	op->hits = s->hits;
 	if (d->cfg.slot_dir)
-		snprintf(op->name, sizeof op->name, "toki-%.12s-%llx-%llx", b->fingerprint,
+		snprintf(op->name, sizeof op->name, "toki-%.12s-%llx-%llx", b->rb->fingerprint,
 		         (unsigned long long)d->started_us, (unsigned long long)++d->save_counter);
 	else if ((op->remote_k = remote_name(d, b, s, op->name, sizeof op->name)) < 0) {
 		free(op->tokens);
@@ -675,7 +674,7 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 		    json_integer_value(json_object_get(o, "bytes")) == (json_int_t)ds.st_size &&
 		    json_integer_value(json_object_get(o, "aligned")) >= 0 &&
 		    (size_t)json_integer_value(json_object_get(o, "aligned")) <= n;
-		if (!o || !fp || strcmp(fp, b->fingerprint) != 0 || !n || !fits ||
+		if (!o || !fp || strcmp(fp, b->rb->fingerprint) != 0 || !n || !fits ||
 		    (size_t)json_integer_value(json_object_get(o, "n_tokens")) != n) {
 			/* Made under another model, build or KV setting (or
 			 * unreadable): never loaded. With one backend nothing
@@ -737,7 +736,7 @@ void slot_store_backend_ready(struct daemon *d, struct backend *b, const char *m
 	struct router_saved *e = d->router->saved_head;
 	while (e) {
 		struct router_saved *next = e->next;
-		if (e->backend == b->rb && strcmp(e->fingerprint, b->fingerprint) != 0 &&
+		if (e->backend == b->rb && strcmp(e->fingerprint, b->rb->fingerprint) != 0 &&
 		    !e->pinned) {
 			log_warn("slot file %s was made under other settings: discarded", e->name);
 			d->stats.discarded_files++;

@@ -125,8 +125,8 @@ struct router_backend {
 	double kv_bytes_per_token; /* learned from saved files */
 	int can_save;              /* the backend has a slot-save path: save/restore works */
 	/* What a saved state must have been made under to be restored here:
-	 * the model, server build and KV settings (slot_store's fingerprint);
-	 * "" until discovery has computed it. */
+	 * the model, server build and KV settings, as hex (slot_store computes
+	 * it at each discovery; its file names start with it); "" until then. */
 	char fingerprint[72];
 	/* A state another backend saved failed to restore here: this server's
 	 * --slot-save-path is not the folder the others write. Only its own
