@@ -1923,25 +1923,26 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	long long n_read = json_integer_value(json_object_get(o, "n_read"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "restore_ms"));
 	json_decref(o);
-	if (!o && e->backend != pr->slot->backend) {
-		/* Another backend's state: the file may well be sound, and this
-		 * server not reading the folder its writer does. */
-		log_warn("restore of %s (saved by %s) into slot %d of %s failed (%d): %.*s; is "
-		         "--slot-dir this backend's --slot-save-path? Only its own states are "
-		         "restored there from now on",
-		         e->name, e->backend->url, pr->slot->id, pr->slot->backend->url, status,
-		         (int)(len > 200 ? 200 : len), body);
-		pr->slot->backend->foreign_restore_failed = 1;
-		unpin_restore(pr);
-		restore_instead_recompute(pr);
-		return;
-	}
 	if (!o) {
-		/* The file is gone or refused: forget it, and the slot. */
-		log_warn("restore of %s into slot %d failed (%d): %.*s", e->name, pr->slot->id,
-		         status, (int)(len > 200 ? 200 : len), body);
-		unpin_restore(pr);
-		daemon_saved_delete(d, e);
+		int shown = (int)(len > 200 ? 200 : len);
+		if (e->backend != pr->slot->backend) {
+			/* Another backend's state: the file may well be sound, and
+			 * this server not reading the folder its writer does. */
+			log_warn(
+			    "restore of %s (saved by %s) into slot %d of %s failed (%d): %.*s; "
+			    "is --slot-dir this backend's --slot-save-path? Only its own "
+			    "states are restored there from now on",
+			    e->name, e->backend->url, pr->slot->id, pr->slot->backend->url, status,
+			    shown, body);
+			pr->slot->backend->foreign_restore_failed = 1;
+			unpin_restore(pr);
+		} else {
+			/* The file is gone or refused: forget it, and the slot. */
+			log_warn("restore of %s into slot %d failed (%d): %.*s", e->name,
+			         pr->slot->id, status, shown, body);
+			unpin_restore(pr);
+			daemon_saved_delete(d, e);
+		}
 		restore_instead_recompute(pr);
 		return;
 	}
@@ -2312,15 +2313,16 @@ static void pr_try_route(struct proxy_req *pr)
 	pr->slot = ch.slot;
 	pr->backend = d->backends[rb->index];
 	router_slot_begin(d->router, pr->slot, clock_now_us(), ch.est_prefill_s);
+	int kind = router_route_kind(ch.kind);
 	d->stats.routed++;
-	if (!strcmp(ch.kind, "hit"))
+	if (kind == ROUTE_HIT)
 		d->stats.hits++;
-	else if (!strcmp(ch.kind, "partial"))
+	else if (kind == ROUTE_PARTIAL)
 		d->stats.partials++;
 	else
 		d->stats.misses++;
 	d->stats.prompt_tokens += pr->n_tokens;
-	rb->routes[router_route_kind(ch.kind)]++;
+	rb->routes[kind]++;
 	if (pr->kind < KIND_COUNT && !pr->replans)
 		pr->backend->routed_by_api[pr->kind]++;
 	if (exact_mode(pr) && !pr->replans)
