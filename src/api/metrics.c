@@ -200,17 +200,20 @@ static void value(struct strbuf *o, double v)
 	strbuf_appends(o, num);
 }
 
-/* name{backend="url"<extra>} v */
+/* name{backend="url"} v, or with a key name{backend="url",key="val"} v. */
 static void per_backend(struct strbuf *o, const char *name, const struct backend *b,
-                        const char *extra, double v)
+                        const char *key, const char *val, double v)
 {
 	strbuf_appends(o, name);
 	strbuf_appends(o, "{backend=\"");
 	metrics_label_value(o, b->rb->url);
-	strbuf_appends(o, "\"");
-	if (extra)
-		strbuf_appends(o, extra);
-	strbuf_appends(o, "}");
+	if (key) {
+		strbuf_appends(o, "\",");
+		strbuf_appends(o, key);
+		strbuf_appends(o, "=\"");
+		metrics_label_value(o, val);
+	}
+	strbuf_appends(o, "\"}");
 	value(o, v);
 }
 
@@ -254,8 +257,7 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 			                     rb->in_flight,
 			                     (double)rb->discoveries,
 			                     b->selftest.state == SELFTEST_VERIFIED};
-			double v = vs[k];
-			per_backend(o, fam[k].name, b, NULL, v);
+			per_backend(o, fam[k].name, b, NULL, NULL, vs[k]);
 		}
 	}
 
@@ -263,27 +265,24 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	       "Requests routed to a slot, by route: hit (the slot held the whole match), "
 	       "partial, miss, disk (a saved state restored).");
 	for (int i = 0; i < d->n_backends; i++)
-		for (int k = 0; k < ROUTE_KINDS; k++) {
-			char extra[64];
-			snprintf(extra, sizeof extra, ",route=\"%s\"", router_route_kind_names[k]);
-			per_backend(o, "toki_routes_total", d->backends[i], extra,
+		for (int k = 0; k < ROUTE_KINDS; k++)
+			per_backend(o, "toki_routes_total", d->backends[i], "route",
+			            router_route_kind_names[k],
 			            (double)d->backends[i]->rb->routes[k]);
-		}
 
 	struct {
 		const char *name, *help;
-		int what;
 	} const counters[] = {
-	    {"toki_requests_total", "Routed requests that ended on the backend.", 0},
+	    {"toki_requests_total", "Routed requests that ended on the backend."},
 	    {"toki_evaluated_tokens_total",
-	     "Prompt tokens the backend evaluated for toki's requests (its timings.prompt_n).", 1},
-	    {"toki_cached_tokens_total", "Prompt tokens the backend reused from its cache.", 2},
-	    {"toki_slot_saves_total", "Slot states saved to files.", 3},
-	    {"toki_slot_save_bytes_total", "Bytes of slot states saved.", 4},
-	    {"toki_slot_save_seconds_total", "Seconds the backend spent saving slots.", 5},
-	    {"toki_slot_restores_total", "Saved states restored into a slot.", 6},
-	    {"toki_slot_restore_bytes_total", "Bytes of saved states restored.", 7},
-	    {"toki_slot_restore_seconds_total", "Seconds the backend spent restoring slots.", 8},
+	     "Prompt tokens the backend evaluated for toki's requests (its timings.prompt_n)."},
+	    {"toki_cached_tokens_total", "Prompt tokens the backend reused from its cache."},
+	    {"toki_slot_saves_total", "Slot states saved to files."},
+	    {"toki_slot_save_bytes_total", "Bytes of slot states saved."},
+	    {"toki_slot_save_seconds_total", "Seconds the backend spent saving slots."},
+	    {"toki_slot_restores_total", "Saved states restored into a slot."},
+	    {"toki_slot_restore_bytes_total", "Bytes of saved states restored."},
+	    {"toki_slot_restore_seconds_total", "Seconds the backend spent restoring slots."},
 	};
 	for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++) {
 		family(o, counters[k].name, "counter", counters[k].help);
@@ -298,8 +297,10 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 			                     (double)rb->restores,
 			                     (double)rb->restore_bytes,
 			                     rb->restore_s};
-			per_backend(o, counters[k].name, d->backends[i], NULL,
-			            vs[counters[k].what]);
+			_Static_assert(sizeof vs / sizeof vs[0] ==
+			                   sizeof counters / sizeof counters[0],
+			               "a counter without a value");
+			per_backend(o, counters[k].name, d->backends[i], NULL, NULL, vs[k]);
 		}
 	}
 
@@ -309,44 +310,45 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	       "Requests routed to the backend, by API: chat (OpenAI chat completions), "
 	       "completion (completions), messages (Anthropic), responses (OpenAI responses).");
 	for (int i = 0; i < d->n_backends; i++)
-		for (int k = 0; k < 4; k++) {
-			char extra[64];
-			snprintf(extra, sizeof extra, ",api=\"%s\"", apis[k]);
-			per_backend(o, "toki_routed_requests_total", d->backends[i], extra,
+		for (int k = 0; k < 4; k++)
+			per_backend(o, "toki_routed_requests_total", d->backends[i], "api", apis[k],
 			            (double)d->backends[i]->routed_by_api[k]);
-		}
+
+	static const char *const made_by[2] = {"toki", "server"};
 	family(o, "toki_prompts_total", "counter",
 	       "Prompts made for requests routed through the backend, by who made them: toki "
 	       "(its own template and tokenizer) or the server (/apply-template, /tokenize).");
 	for (int i = 0; i < d->n_backends; i++) {
-		per_backend(o, "toki_prompts_total", d->backends[i], ",made_by=\"toki\"",
-		            (double)d->backends[i]->prompt_local);
-		per_backend(o, "toki_prompts_total", d->backends[i], ",made_by=\"server\"",
-		            (double)d->backends[i]->prompt_server);
+		const struct backend *b = d->backends[i];
+		const double n[2] = {(double)b->prompt_local, (double)b->prompt_server};
+		for (int k = 0; k < 2; k++)
+			per_backend(o, "toki_prompts_total", b, "made_by", made_by[k], n[k]);
 	}
 	family(o, "toki_prompt_seconds_total", "counter",
 	       "Seconds spent making those prompts, by who made them.");
 	for (int i = 0; i < d->n_backends; i++) {
-		per_backend(o, "toki_prompt_seconds_total", d->backends[i], ",made_by=\"toki\"",
-		            (double)d->backends[i]->prompt_local_us / 1e6);
-		per_backend(o, "toki_prompt_seconds_total", d->backends[i], ",made_by=\"server\"",
-		            (double)d->backends[i]->prompt_server_us / 1e6);
+		const struct backend *b = d->backends[i];
+		const double sec[2] = {(double)b->prompt_local_us / 1e6,
+		                       (double)b->prompt_server_us / 1e6};
+		for (int k = 0; k < 2; k++)
+			per_backend(o, "toki_prompt_seconds_total", b, "made_by", made_by[k],
+			            sec[k]);
 	}
+
+	static const char *const schedules[2] = {"messages", "grid"};
 	family(o, "toki_exact_requests_total", "counter",
 	       "Exact mode's routed requests by schedule: messages (chunks where messages start), "
 	       "or grid (llama-server's own micro-batches: a raw prompt, or a chat prompt toki "
 	       "could not make itself, which reuses less).");
-	for (int i = 0; i < d->n_backends; i++) {
-		per_backend(o, "toki_exact_requests_total", d->backends[i],
-		            ",schedule=\"messages\"", (double)d->backends[i]->exact_schedule[0]);
-		per_backend(o, "toki_exact_requests_total", d->backends[i], ",schedule=\"grid\"",
-		            (double)d->backends[i]->exact_schedule[1]);
-	}
+	for (int i = 0; i < d->n_backends; i++)
+		for (int k = 0; k < 2; k++)
+			per_backend(o, "toki_exact_requests_total", d->backends[i], "schedule",
+			            schedules[k], (double)d->backends[i]->exact_schedule[k]);
 	family(o, "toki_exact_cold_replans_total", "counter",
 	       "Exact-mode requests evaluated again from an empty slot after the server reused "
 	       "other than planned (the answer stays exact; the reuse is lost).");
 	for (int i = 0; i < d->n_backends; i++)
-		per_backend(o, "toki_exact_cold_replans_total", d->backends[i], NULL,
+		per_backend(o, "toki_exact_cold_replans_total", d->backends[i], NULL, NULL,
 		            (double)d->backends[i]->exact_cold_replans);
 
 	family(o, "toki_queue_wait_seconds", "histogram",
@@ -354,17 +356,14 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	for (int i = 0; i < d->n_backends; i++) {
 		const struct router_histogram *h = &d->backends[i]->rb->wait;
 		for (int k = 0; k <= ROUTER_HISTOGRAM_BOUNDS; k++) {
-			char extra[64];
+			char le[32] = "+Inf";
 			if (k < ROUTER_HISTOGRAM_BOUNDS)
-				snprintf(extra, sizeof extra, ",le=\"%g\"",
-				         router_histogram_bounds[k]);
-			else
-				snprintf(extra, sizeof extra, ",le=\"+Inf\"");
-			per_backend(o, "toki_queue_wait_seconds_bucket", d->backends[i], extra,
+				snprintf(le, sizeof le, "%g", router_histogram_bounds[k]);
+			per_backend(o, "toki_queue_wait_seconds_bucket", d->backends[i], "le", le,
 			            (double)(k < ROUTER_HISTOGRAM_BOUNDS ? h->le[k] : h->count));
 		}
-		per_backend(o, "toki_queue_wait_seconds_sum", d->backends[i], NULL, h->sum);
-		per_backend(o, "toki_queue_wait_seconds_count", d->backends[i], NULL,
+		per_backend(o, "toki_queue_wait_seconds_sum", d->backends[i], NULL, NULL, h->sum);
+		per_backend(o, "toki_queue_wait_seconds_count", d->backends[i], NULL, NULL,
 		            (double)h->count);
 	}
 
