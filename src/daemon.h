@@ -10,7 +10,7 @@
 
 struct http_server;
 struct backend;
-struct proxy_req;
+struct serve_state;
 
 struct daemon_config {
 	const char *host;
@@ -54,9 +54,13 @@ struct daemon {
 	struct router *router;
 	struct backend **backends;
 	int n_backends;
-	struct proxy_req *waiting_head, *waiting_tail; /* requests waiting for a slot */
-	int n_waiting;                                 /* their number */
-	struct proxy_req *active;                      /* every request in flight, for shutdown */
+	struct serve_state *serve; /* the request path's queue and requests (src/serve/) */
+	int n_waiting;             /* requests waiting for a slot or a backend */
+	/* Told which backends' slots changed (bit i: backend i), on the loop
+	 * turn after the change: the request path's queue sets it (serve_init),
+	 * so that nothing here calls up into it. */
+	void (*on_slots_changed)(struct daemon *d, uint64_t backends);
+	uint64_t changed; /* backends changed since the hook last ran */
 	struct daemon_stats stats;
 	struct event *sigint, *sigterm;
 	struct supervisor *supervisor; /* the llama-server toki started, if any */
@@ -69,16 +73,11 @@ struct daemon {
 	int exit_code;      /* what toki serve exits with once its loop ends */
 };
 
-/* A slot ended or a backend came up: the waiting requests are retried on
- * the next turn of the loop, never inside the caller's own callback (a
- * retry can finish requests, and the caller may be in the middle of one). */
-void daemon_slots_changed(struct daemon *d);
+/* A slot of backend `index` ended, or the backend came up or finished its
+ * probes: the waiting requests that may run there are retried on the next
+ * turn of the loop, never inside the caller's own callback (a retry can
+ * finish requests, and the caller may be in the middle of one). */
+void daemon_slots_changed(struct daemon *d, int index);
 void daemon_free_events(struct daemon *d);
-/* Saved slot files: delete one (file and index), keep the total under the
- * cap, forget all of a backend's. */
-void daemon_saved_delete(struct daemon *d, struct router_saved *e);
-void daemon_saved_enforce_budget(struct daemon *d);
-/* The first healthy backend, for routes that need no slot. */
-struct backend *daemon_any_backend(struct daemon *d);
 
 #endif

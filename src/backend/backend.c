@@ -323,7 +323,7 @@ static void mark_self_cached(struct backend *b)
 
 /* Does the server keep slot states in its RAM (--cache-ram, on by default)?
  * toki cannot see that cache, and in fast mode without slot files the
- * server's own slot choice is then the better one (api/proxy.c,
+ * server's own slot choice is then the better one (serve/exec.c,
  * server_picks_slot): replacing a slot's content whole saves it there, where
  * a partial reuse that toki would pick cuts it and loses the rest. Learning
  * it only from the first load out of that RAM came too late: the requests
@@ -514,7 +514,7 @@ static void discovered(struct backend *b)
 		    t->remedy ? "The remedy toki knows did not help"
 		              : "On ggml-vulkan, start llama-server with "
 		                "GGML_VK_DISABLE_COOPMAT=1");
-	daemon_slots_changed(b->d);
+	daemon_slots_changed(b->d, b->rb->index);
 }
 
 static void on_models_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -716,4 +716,12 @@ void backend_expect_restart(struct backend *b)
 {
 	backend_mark_down(b, "its llama-server died");
 	b->ever_up = 0;
+}
+
+struct backend *backend_any_up(struct daemon *d)
+{
+	for (int i = 0; i < d->n_backends; i++)
+		if (backend_is_up(d->backends[i]))
+			return d->backends[i];
+	return NULL;
 }

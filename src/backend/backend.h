@@ -71,6 +71,8 @@ int backend_set_key(struct backend *b, const char *key);
 /* Starts discovery now and health checks every interval. */
 void backend_start(struct backend *b);
 int backend_is_up(const struct backend *b);
+/* The first healthy backend, for routes that need no slot (NULL: none). */
+struct backend *backend_any_up(struct daemon *d);
 /* A call failed to connect: take the backend out until a health check
  * succeeds again. */
 void backend_mark_down(struct backend *b, const char *why);

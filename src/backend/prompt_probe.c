@@ -142,7 +142,7 @@ static void probe_finish(struct prompt_probe *p)
 	probe_free(p);
 	/* Exact mode holds chat requests while the probes run (their
 	 * schedule depends on who makes the prompt): they go now. */
-	daemon_slots_changed(b->d);
+	daemon_slots_changed(b->d, b->rb->index);
 }
 
 static void probe_error(struct backend_call *call, enum backend_error err, void *arg)

@@ -359,7 +359,7 @@ static void save_remote_done(struct save_op *op, long long written, double ms)
 		         op->slot->id, e->name, e->n_tokens, written,
 		         (double)(clock_now_us() - op->t0) / 1000.0);
 		e->pinned++;
-		daemon_saved_enforce_budget(d);
+		slot_store_enforce_budget(d);
 		e->pinned--;
 	}
 	save_finish(op, e);
@@ -451,7 +451,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 	/* Older states make room first; a state larger than the whole cap
 	 * does not stay. */
 	e->pinned++;
-	daemon_saved_enforce_budget(d);
+	slot_store_enforce_budget(d);
 	e->pinned--;
 	if (d->router->saved_bytes > d->cfg.slot_disk_bytes) {
 		d->stats.saved_evictions++;
@@ -723,7 +723,7 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 	if (loaded || dropped)
 		log_info("slot files: %d states indexed from %s, %d discarded", loaded,
 		         d->cfg.slot_dir, dropped);
-	daemon_saved_enforce_budget(d);
+	slot_store_enforce_budget(d);
 }
 
 void slot_store_backend_ready(struct daemon *d, struct backend *b, const char *model_path)
@@ -759,10 +759,11 @@ static void idle_save_done(struct router_saved *e, void *arg)
 {
 	struct idle_save *is = arg;
 	struct daemon *d = is->d;
+	int index = is->slot->backend->index;
 	router_slot_end(d->router, is->slot, clock_now_us());
 	d->saving = 0;
 	free(is);
-	daemon_slots_changed(d);
+	daemon_slots_changed(d, index);
 }
 
 /* A slot worth a file: long enough, not on disk already, idle. */
@@ -886,4 +887,17 @@ void slot_store_free_pending(struct daemon *d)
 		event_free(sa->timeout);
 	free(sa);
 	d->save_all = NULL;
+}
+
+void slot_store_enforce_budget(struct daemon *d)
+{
+	while (d->router->saved_bytes > d->cfg.slot_disk_bytes) {
+		struct router_saved *e = router_saved_victim(d->router);
+		if (!e)
+			break;
+		d->stats.saved_evictions++;
+		log_info("slot file %s evicted (%zu tokens, %llu bytes): over the disk cap", e->name,
+		         e->n_tokens, (unsigned long long)e->bytes);
+		slot_store_delete(d, e);
+	}
 }

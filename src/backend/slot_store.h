@@ -49,6 +49,8 @@ void slot_store_tick(struct daemon *d);
 void slot_store_save_all(struct daemon *d, int timeout_s, void (*done)(void *arg), void *arg);
 /* Deletes a state's files and forgets it. */
 void slot_store_delete(struct daemon *d, struct router_saved *e);
+/* Deletes the least worth keeping until the files are under the disk cap. */
+void slot_store_enforce_budget(struct daemon *d);
 /* Frees what slot_store_save_all left (after the event loop ended). */
 void slot_store_free_pending(struct daemon *d);
 

@@ -16,11 +16,11 @@
 
 #include "api/api_error.h"
 #include "api/auth.h"
-#include "api/proxy.h"
 #include "backend/backend.h"
 #include "cmd/cmd.h"
 #include "daemon.h"
 #include "http/http_server.h"
+#include "serve/serve.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/net.h"
@@ -101,7 +101,7 @@ static void on_llama_exit(void *arg)
 
 static void every_second(evutil_socket_t fd, short what, void *arg)
 {
-	proxy_expire_waiting(arg, clock_now_us());
+	serve_expire_waiting(arg, clock_now_us());
 	slot_store_tick(arg);
 }
 
@@ -370,7 +370,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	log_info("signal %d: shutting down", (int)sig);
 	d->shutting_down = 1;
 	http_server_stop_listening(d->http);
-	proxy_abort_all(d, "toki is shutting down");
+	serve_abort_all(d, "toki is shutting down");
 	/* What the slots hold is saved, so that it survives the restart. */
 	slot_store_save_all(d, 30, saved_then_exit, d);
 }
@@ -629,7 +629,11 @@ int cmd_serve(int argc, char **argv)
 	struct http_server_limits limits;
 	http_server_default_limits(&limits);
 	limits.max_body_bytes = d.cfg.max_body_bytes;
-	d.http = http_server_new(d.base, &limits, proxy_handle, &d, api_error_body);
+	if (serve_init(&d) != 0) {
+		fprintf(stderr, "toki serve: out of memory\n");
+		return 1;
+	}
+	d.http = http_server_new(d.base, &limits, serve_handle, &d, api_error_body);
 	/* Browser clients that worked against llama-server preflight: answer
 	 * them as it does. Every route still needs the token, which a page
 	 * from another origin does not have. */
@@ -682,6 +686,7 @@ int cmd_serve(int argc, char **argv)
 	free(d.backends);
 	router_free(d.router);
 	daemon_free_events(&d);
+	serve_free(&d);
 	event_free(sweeper);
 	event_free(d.sigint);
 	event_free(d.sigterm);

@@ -112,7 +112,7 @@ struct plan_step {
 	size_t upto;
 };
 
-/* What a request does on its backend, in order: the executor (api/proxy.c)
+/* What a request does on its backend, in order: the executor (serve/exec.c)
  * runs one step at a time and the next when it ends. */
 struct plan {
 	struct plan_step *steps;

@@ -1,0 +1,536 @@
+#include "serve/answer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/dtoa.h"
+
+/* What the backend sends is parsed allowing NUL in strings: a model can
+ * emit a NUL byte (its <0x00> token), which llama-server writes as \u0000;
+ * without the flag jansson refuses the whole answer. */
+#define BACKEND_JSON JSON_ALLOW_NUL
+
+/* ---- the cache block, as text ---- */
+
+static void text_put(struct strbuf *t, const char *s, size_t n)
+{
+	strbuf_append(t, s, n);
+}
+
+static void text_printf(struct strbuf *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void text_printf(struct strbuf *t, const char *fmt, ...)
+{
+	char buf[256];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof buf)
+		t->failed = 1;
+	else
+		text_put(t, buf, (size_t)n);
+}
+
+/* ,"key": (no comma before the first key). */
+static void text_key(struct strbuf *t, const char *key)
+{
+	if (t->len > 1)
+		text_put(t, ",", 1);
+	text_put(t, "\"", 1);
+	text_put(t, key, strlen(key));
+	text_put(t, "\":", 2);
+}
+
+/* ,"key":"value" with value escaped as JSON requires. */
+static void text_key_string(struct strbuf *t, const char *key, const char *v)
+{
+	text_key(t, key);
+	text_put(t, "\"", 1);
+	for (const unsigned char *c = (const unsigned char *)(v ? v : ""); *c; c++) {
+		if (*c == '"' || *c == '\\') {
+			char e[2] = {'\\', (char)*c};
+			text_put(t, e, 2);
+		} else if (*c < 0x20) {
+			text_printf(t, "\\u%04x", *c);
+		} else {
+			text_put(t, (const char *)c, 1);
+		}
+	}
+	text_put(t, "\"", 1);
+}
+
+static void text_key_int(struct strbuf *t, const char *key, long long v)
+{
+	char num[24], *e = num + sizeof num, *p = e;
+	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+	do
+		*--p = (char)('0' + u % 10);
+	while (u /= 10);
+	if (v < 0)
+		*--p = '-';
+	text_key(t, key);
+	text_put(t, p, (size_t)(e - p));
+}
+
+/* Numbers that are estimates or times use the shortest form that reads
+ * back exactly (util/dtoa.h). */
+static void text_key_real(struct strbuf *t, const char *key, double v)
+{
+	char num[40];
+	size_t n;
+	if (v != v || v - v != 0) /* NaN or infinite: JSON has no such number */
+		n = (size_t)snprintf(num, sizeof num, "null");
+	else
+		n = dtoa_nlohmann(v, num);
+	text_key(t, key);
+	text_put(t, num, n);
+}
+
+static void text_key_raw(struct strbuf *t, const char *key, const char *raw)
+{
+	text_key(t, key);
+	text_put(t, raw, strlen(raw));
+}
+
+char *answer_cache_text(const struct cache_facts *f)
+{
+	struct strbuf t = {0};
+	text_put(&t, "{", 1);
+	text_key_string(&t, "backend", f->backend ? f->backend : "");
+	if (f->slot >= 0)
+		text_key_int(&t, "slot", f->slot);
+	else
+		text_key_raw(&t, "slot", "null");
+	text_key_string(&t, "route", f->route);
+	text_key_string(&t, "mode", f->mode);
+	text_key_int(&t, "prompt_tokens", f->prompt_tokens);
+	text_key_int(&t, "matched", f->matched);
+	text_key_int(&t, "reuse", f->reuse);
+	if (f->have_counts) {
+		text_key_int(&t, "cached", f->cached);
+		text_key_int(&t, "evaluated", f->evaluated);
+	}
+	if (f->exact) {
+		/* "messages": chunks that end where messages start; "grid":
+		 * llama-server's own schedule (--reuse grid, or no prompt of
+		 * toki's own to find messages in). */
+		text_key_string(&t, "schedule", f->schedule);
+		text_key_int(&t, "chunks", f->chunks);
+		text_key_int(&t, "steps", f->steps);
+		if (f->verdict) /* whether the promise holds on this backend */
+			text_key_string(&t, "exact", f->verdict);
+	}
+	text_key_raw(&t, "trimmed", f->trimmed ? "true" : "false");
+	text_key_int(&t, "max_tokens", f->max_tokens);
+	if (f->max_tokens_clamped)
+		text_key_raw(&t, "max_tokens_clamped", "true");
+	if (f->restored)
+		text_key_string(&t, "restored", f->restored);
+	text_key_real(&t, "est_prefill_ms", f->est_prefill_ms);
+	text_key_string(&t, "tokenized", f->tokenized);
+	if (f->templated)
+		text_key_string(&t, "templated", f->templated);
+	if (f->tokenize_ms > 0)
+		text_key_real(&t, "tokenize_ms", f->tokenize_ms);
+	text_put(&t, "}", 1);
+	if (t.failed) {
+		free(t.p);
+		return NULL;
+	}
+	return t.p;
+}
+
+json_t *answer_cache_json(const struct cache_facts *f)
+{
+	char *text = answer_cache_text(f);
+	json_error_t jerr;
+	json_t *c = text ? json_loads(text, 0, &jerr) : NULL;
+	free(text);
+	return c ? c : json_object();
+}
+
+int answer_cache_wanted(const json_t *body)
+{
+	const json_t *f = json_object_get(body, "response_fields");
+	if (!json_is_array(f))
+		return 1;
+	size_t i;
+	const json_t *v;
+	json_array_foreach(f, i, v)
+	{
+		const char *name = json_string_value(v);
+		if (name && (!strcmp(name, "cache") || !strncmp(name, "cache/", 6)))
+			return 1;
+	}
+	return 0;
+}
+
+/* ---- byte surgery on the answer ---- */
+
+/* Where the JSON object in text (an event's "data:" or a whole body)
+ * opens and closes; 0 when there is none. */
+static int object_span(const char *text, size_t len, size_t *open_at, size_t *close_at)
+{
+	size_t open = 0;
+	const char *data = memmem(text, len, "data:", 5);
+	if (data && (data == text || data[-1] == '\n' || data[-1] == '\r'))
+		open = (size_t)(data - text) + 5;
+	while (open < len && (text[open] == ' ' || text[open] == '\n' || text[open] == '\r' ||
+	                      text[open] == '\t'))
+		open++;
+	size_t close = len;
+	while (close > open && text[close - 1] != '}')
+		close--;
+	if (open >= len || text[open] != '{' || close <= open + 1)
+		return 0;
+	*open_at = open;
+	*close_at = close;
+	return 1;
+}
+
+/* text with text[at..end) replaced by repl (rl bytes), in a new buffer. */
+static char *splice(const char *text, size_t len, size_t at, size_t end, const char *repl,
+                    size_t rl, size_t *out_len)
+{
+	size_t n = len - (end - at) + rl;
+	char *out = malloc(n + 1);
+	if (!out)
+		return NULL;
+	memcpy(out, text, at);
+	memcpy(out + at, repl, rl);
+	memcpy(out + at + rl, text + end, len - end);
+	out[n] = 0;
+	*out_len = n;
+	return out;
+}
+
+/* When a request ran in several backend steps, the last step's timings and
+ * usage describe only that step: they are rewritten to describe the whole
+ * request. Only the counts change: every other byte stays as the server
+ * wrote it. A new buffer, or NULL when nothing changes. */
+static char *whole_request_counts(const char *text, size_t len, const struct answer_totals *w,
+                                  size_t *out_len)
+{
+	long long cached = w->cached, evaluated = w->evaluated;
+	double ms = w->prompt_ms;
+	char *cur = NULL;
+	size_t cur_len = len;
+	const char *src = text;
+	/* The last "timings":{...}, a flat object. */
+	static const char tk[] = "\"timings\":";
+	const char *at = NULL;
+	for (const char *q = src; (q = memmem(q, cur_len - (size_t)(q - src), tk, sizeof tk - 1));
+	     q++)
+		at = q;
+	const char *ob = at ? at + sizeof tk - 1 : NULL;
+	const char *cb = ob && ob < src + cur_len && *ob == '{'
+	                     ? memchr(ob, '}', cur_len - (size_t)(ob - src))
+	                     : NULL;
+	if (cb) {
+		json_error_t jerr;
+		json_t *t = json_loadb(ob, (size_t)(cb - ob) + 1, 0, &jerr);
+		if (json_is_object(t)) {
+			json_object_set_new(t, "cache_n", json_integer(cached));
+			json_object_set_new(t, "prompt_n", json_integer(evaluated));
+			json_object_set_new(t, "prompt_ms", json_real(ms));
+			if (evaluated > 0 && ms > 0) {
+				json_object_set_new(t, "prompt_per_token_ms",
+				                    json_real(ms / (double)evaluated));
+				json_object_set_new(t, "prompt_per_second",
+				                    json_real(1000.0 * (double)evaluated / ms));
+			}
+			char *js = json_dumps(t, JSON_COMPACT);
+			if (js) {
+				size_t nl = 0;
+				char *next = splice(src, cur_len, (size_t)(ob - src),
+				                    (size_t)(cb - src) + 1, js, strlen(js), &nl);
+				if (next) {
+					free(cur);
+					cur = next;
+					src = cur;
+					cur_len = nl;
+				}
+				free(js);
+			}
+		}
+		json_decref(t);
+	}
+	/* usage's cached_tokens (prompt_tokens_details, input_tokens_details). */
+	static const char ck[] = "\"cached_tokens\":";
+	char num[32];
+	int nn = snprintf(num, sizeof num, "%lld", cached);
+	for (size_t from = 0;;) {
+		const char *q = memmem(src + from, cur_len - from, ck, sizeof ck - 1);
+		if (!q)
+			break;
+		size_t v = (size_t)(q - src) + sizeof ck - 1, e = v;
+		while (e < cur_len && ((src[e] >= '0' && src[e] <= '9') || src[e] == '-'))
+			e++;
+		if (e == v) {
+			from = v;
+			continue;
+		}
+		size_t nl = 0;
+		char *next = splice(src, cur_len, v, e, num, (size_t)nn, &nl);
+		if (!next)
+			break;
+		free(cur);
+		cur = next;
+		src = cur;
+		cur_len = nl;
+		from = v + (size_t)nn;
+	}
+	if (cur)
+		*out_len = cur_len;
+	return cur;
+}
+
+/* Inserts ,"cache":{...} before the final '}' of the JSON object held in
+ * text (an event's data, or a whole body), keeping every other byte. A new
+ * buffer, or NULL when the text is not an object. */
+static char *inject_cache_text(const char *text, size_t len, const char *cs, size_t *out_len)
+{
+	size_t open, close;
+	if (!object_span(text, len, &open, &close))
+		return NULL;
+	/* An empty object must not get a leading comma. */
+	size_t k = close - 1;
+	while (k > open + 1 && (text[k - 1] == ' ' || text[k - 1] == '\n' || text[k - 1] == '\t' ||
+	                        text[k - 1] == '\r'))
+		k--;
+	int empty = k == open + 1;
+	size_t cl = strlen(cs);
+	size_t n = len + cl + 12;
+	char *out = malloc(n);
+	if (!out)
+		return NULL;
+	size_t pos = close - 1;
+	memcpy(out, text, pos);
+	int w = snprintf(out + pos, n - pos, "%s\"cache\":%s", empty ? "" : ",", cs);
+	memcpy(out + pos + (size_t)w, text + pos, len - pos);
+	*out_len = pos + (size_t)w + (len - pos);
+	return out;
+}
+
+char *answer_rewrite(const char *text, size_t len, const struct answer_totals *totals,
+                     const char *cache_text, size_t *out_len)
+{
+	size_t wl = 0;
+	char *whole = totals && totals->steps ? whole_request_counts(text, len, totals, &wl) : NULL;
+	if (!cache_text) {
+		if (whole)
+			*out_len = wl;
+		return whole;
+	}
+	char *out = whole ? inject_cache_text(whole, wl, cache_text, out_len)
+	                  : inject_cache_text(text, len, cache_text, out_len);
+	if (!out && whole) { /* not an object: the counts alone */
+		*out_len = wl;
+		return whole;
+	}
+	free(whole);
+	return out;
+}
+
+/* ---- timings ---- */
+
+void answer_timings_of(const json_t *obj, struct answer_timings *out)
+{
+	const json_t *t = json_object_get(obj, "timings");
+	if (!json_is_object(t)) {
+		/* No timings (the Responses API without streaming): usage has the
+		 * same two numbers, as total and cached input tokens. */
+		const json_t *u = json_object_get(obj, "usage");
+		if (!json_is_object(u) && json_is_object(json_object_get(obj, "response")))
+			u = json_object_get(json_object_get(obj, "response"), "usage");
+		const json_t *total = json_object_get(u, "input_tokens");
+		const json_t *cached =
+		    json_object_get(json_object_get(u, "input_tokens_details"), "cached_tokens");
+		if (!json_is_integer(total)) {
+			total = json_object_get(u, "prompt_tokens");
+			cached = json_object_get(json_object_get(u, "prompt_tokens_details"),
+			                         "cached_tokens");
+		}
+		if (!json_is_integer(total))
+			return;
+		out->seen = 1;
+		out->cache_n = json_integer_value(cached);
+		out->prompt_n = json_integer_value(total) - out->cache_n;
+		out->prompt_ms = 0;
+		out->predicted_n = 0;
+		out->predicted_ms = 0;
+		return;
+	}
+	out->seen = 1;
+	out->cache_n = json_integer_value(json_object_get(t, "cache_n"));
+	out->prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
+	out->prompt_ms = json_number_value(json_object_get(t, "prompt_ms"));
+	out->predicted_n = json_integer_value(json_object_get(t, "predicted_n"));
+	out->predicted_ms = json_number_value(json_object_get(t, "predicted_ms"));
+}
+
+/* Numbers toki does not use are skipped, not converted. */
+int answer_scan_timings(const char *p, const char *end, struct answer_timings *out)
+{
+	long long cache_n = -1, prompt_n = -1, predicted_n = 0;
+	double prompt_ms = 0, predicted_ms = 0;
+#define SKIP_WS()                                                                                  \
+	while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))                   \
+	p++
+	SKIP_WS();
+	if (p >= end || *p++ != '{')
+		return 0;
+	for (;;) {
+		SKIP_WS();
+		if (p < end && *p == '}')
+			break;
+		if (p >= end || *p++ != '"')
+			return 0;
+		const char *key = p;
+		while (p < end && *p != '"' && *p != '\\')
+			p++;
+		if (p >= end || *p != '"')
+			return 0;
+		size_t klen = (size_t)(p++ - key);
+		SKIP_WS();
+		if (p >= end || *p++ != ':')
+			return 0;
+		SKIP_WS();
+		char num[48];
+		size_t n = 0;
+		while (p < end && n < sizeof num - 1 &&
+		       ((*p >= '0' && *p <= '9') || *p == '-' || *p == '+' || *p == '.' ||
+		        *p == 'e' || *p == 'E'))
+			num[n++] = *p++;
+		if (!n || n == sizeof num - 1)
+			return 0;
+		num[n] = 0;
+#define IS(k) (klen == sizeof k - 1 && !memcmp(key, k, klen))
+		if (IS("cache_n"))
+			cache_n = strtoll(num, NULL, 10);
+		else if (IS("prompt_n"))
+			prompt_n = strtoll(num, NULL, 10);
+		else if (IS("predicted_n"))
+			predicted_n = strtoll(num, NULL, 10);
+		else if (IS("prompt_ms"))
+			prompt_ms = strtod(num, NULL);
+		else if (IS("predicted_ms"))
+			predicted_ms = strtod(num, NULL);
+#undef IS
+		SKIP_WS();
+		if (p < end && *p == ',') {
+			p++;
+			continue;
+		}
+		if (p < end && *p == '}')
+			break;
+		return 0;
+	}
+#undef SKIP_WS
+	if (cache_n < 0 || prompt_n < 0)
+		return 0;
+	out->seen = 1;
+	out->cache_n = cache_n;
+	out->prompt_n = prompt_n;
+	out->prompt_ms = prompt_ms;
+	out->predicted_n = predicted_n;
+	out->predicted_ms = predicted_ms;
+	return 1;
+}
+
+/* The last occurrence of the key is the real one (llama-server writes it
+ * after everything generated), and reading only that object spares parsing
+ * the whole answer: most of the daemon's work on a short request. */
+void answer_timings_in_body(const char *body, size_t len, struct answer_timings *t)
+{
+	static const char key[] = "\"timings\":";
+	const char *at = NULL;
+	for (const char *p = body; (p = memmem(p, len - (size_t)(p - body), key, sizeof key - 1));
+	     p++)
+		at = p;
+	if (at && answer_scan_timings(at + sizeof key - 1, body + len, t))
+		return;
+	json_error_t jerr;
+	json_t *obj = json_loadb(body, len, BACKEND_JSON, &jerr);
+	if (obj)
+		answer_timings_of(obj, t);
+	json_decref(obj);
+}
+
+/* ---- events ---- */
+
+char *answer_progress_whole(json_t *event, long long cached, double steps_ms)
+{
+	json_t *pp = json_object_get(event, "prompt_progress");
+	if (json_is_object(pp)) {
+		json_object_set_new(pp, "cache", json_integer(cached));
+		json_object_set_new(
+		    pp, "time_ms",
+		    json_real(json_number_value(json_object_get(pp, "time_ms")) + steps_ms));
+	}
+	return json_dumps(event, JSON_COMPACT);
+}
+
+void answer_end_turn_at_cap(json_t *chat)
+{
+	size_t i;
+	json_t *ch;
+	json_array_foreach(json_object_get(chat, "choices"), i, ch)
+	{
+		const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
+		if (fr && !strcmp(fr, "length"))
+			json_object_set_new(ch, "finish_reason", json_string("stop"));
+	}
+}
+
+enum answer_event answer_event_kind(const char *data)
+{
+	if (!data)
+		return ANSWER_EVENT_OTHER;
+	if (!strcmp(data, "[DONE]"))
+		return ANSWER_EVENT_DONE;
+	if (strstr(data, "\"prompt_progress\""))
+		return ANSWER_EVENT_PROGRESS;
+	if (strstr(data, "\"timings\""))
+		return ANSWER_EVENT_TIMINGS;
+	return ANSWER_EVENT_OTHER;
+}
+
+int answer_hold_keep(struct answer_hold *h, const char *raw, size_t len, struct strbuf *out)
+{
+	answer_hold_release(h, NULL, NULL, out);
+	h->p = malloc(len ? len : 1);
+	if (!h->p) {
+		strbuf_append(out, raw, len);
+		return -1;
+	}
+	memcpy(h->p, raw, len);
+	h->len = len;
+	return 0;
+}
+
+void answer_hold_release(struct answer_hold *h, const struct answer_totals *totals,
+                         const char *cache_text, struct strbuf *out)
+{
+	if (!h->p)
+		return;
+	size_t n = 0;
+	char *re =
+	    totals || cache_text ? answer_rewrite(h->p, h->len, totals, cache_text, &n) : NULL;
+	if (re)
+		strbuf_append(out, re, n);
+	else
+		strbuf_append(out, h->p, h->len);
+	free(re);
+	answer_hold_free(h);
+}
+
+void answer_hold_free(struct answer_hold *h)
+{
+	free(h->p);
+	h->p = NULL;
+	h->len = 0;
+}
