@@ -1,6 +1,6 @@
 /* POST /v1/messages and /v1/messages/count_tokens bodies: json_loadb, the
  * proxy's type checks, then the Anthropic -> chat converters
- * (src/api/anthropic.c), as proxy.c's start_request runs them. Also the
+ * (src/api/anthropic.c), as serve/req.c's req_start runs them. Also the
  * chat and completion checks on the same body (POST /v1/chat/completions,
  * /v1/completions), and the converted body's serialisation. */
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* The Anthropic stream translator (src/api/anthropic.c) fed whatever a
  * backend streams: the input is a raw SSE byte stream, split into events
  * (src/http/sse.c) and each event's data parsed as a chat chunk, exactly as
- * proxy.c does for /v1/messages. What comes out must be well-formed
+ * serve/reply.c does for /v1/messages. What comes out must be well-formed
  * Anthropic SSE: whole "event: T\ndata: {...,"type":"T"}\n\n" events, nothing
  * after message_stop or an error. Each chunk also goes through
  * anthropic_from_chat (a non-streamed answer) and anthropic_dump_json. */

@@ -9,6 +9,7 @@
 #include "backend/slot_store.h"
 #include "model/gguf.h"
 #include "util/log.h"
+#include "util/json_body.h"
 
 struct backend *backend_new(struct daemon *d, const char *url, char *err, size_t errlen)
 {
@@ -183,8 +184,7 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	json_error_t jerr;
-	json_t *props = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *props = json_body(status, body, len, -1, 0);
 	if (!json_is_object(props)) {
 		json_decref(props);
 		discovery_bad_answer(b, "/props", status, body, len);
@@ -233,8 +233,7 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	json_error_t jerr;
-	json_t *slots = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *slots = json_body(status, body, len, -1, 0);
 	if (!json_is_array(slots) || json_array_size(slots) == 0) {
 		json_decref(slots);
 		/* 501 is how llama-server refuses /slots under --no-slots (/props
@@ -439,8 +438,7 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 			discovery_failed(b, "out of memory");
 		return;
 	}
-	json_error_t jerr;
-	json_t *r = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *r = json_body(status, body, len, -1, 0);
 	if (b->ram_probe_step == 4) {
 		/* Is the first slot, idle since A, empty now? */
 		size_t i;
@@ -522,8 +520,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	json_error_t jerr;
-	json_t *models = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *models = json_body(status, body, len, -1, 0);
 	const char *id = json_string_value(
 	    json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
 	free(b->model_id);

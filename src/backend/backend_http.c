@@ -29,10 +29,10 @@ struct backend_http {
 	int n_open;
 	int max_open; /* 0: no limit */
 	/* Calls waiting for a connection, oldest first. */
-	struct backend_call *waiting_head, *waiting_tail;
-	struct event *kick; /* starts waiting calls outside libevent's callbacks */
-	struct backend_call *calls; /* every call not yet freed, for backend_http_free */
-	struct evkeyvalq extra_headers; /* added to every call */
+	TAILQ_HEAD(, backend_call) waiting;
+	struct event *kick;              /* starts waiting calls outside libevent's callbacks */
+	LIST_HEAD(, backend_call) calls; /* every call not yet freed, for backend_http_free */
+	struct evkeyvalq extra_headers;  /* added to every call */
 };
 
 struct backend_call {
@@ -48,9 +48,9 @@ struct backend_call {
 	int finished;
 	int retried;
 	int queued; /* on the waiting list, no connection yet */
-	struct backend_call *prev_call, *next_call;
-	struct backend_call *next_waiting;
-	struct event *deferred; /* for cancellation outside libevent's callbacks */
+	LIST_ENTRY(backend_call) call_link;
+	TAILQ_ENTRY(backend_call) wait_link; /* on bh->waiting while queued */
+	struct event *deferred;              /* for cancellation outside libevent's callbacks */
 	/* What was sent, kept to send it again once (see on_done_cb). */
 	enum evhttp_cmd_type type;
 	char *uri;
@@ -62,15 +62,19 @@ struct backend_call {
 const char *backend_error_text(enum backend_error err)
 {
 	switch (err) {
-	case BACKEND_ERR_CONNECT: return "backend unreachable";
-	case BACKEND_ERR_RESET: return "backend connection broke";
-	case BACKEND_ERR_TIMEOUT: return "backend timed out";
-	default: return "backend error";
+	case BACKEND_ERR_CONNECT:
+		return "backend unreachable";
+	case BACKEND_ERR_RESET:
+		return "backend connection broke";
+	case BACKEND_ERR_TIMEOUT:
+		return "backend timed out";
+	default:
+		return "backend error";
 	}
 }
 
 struct backend_http *backend_http_new(struct event_base *base, const char *url, int timeout_s,
-				      char *err, size_t errlen)
+                                      char *err, size_t errlen)
 {
 	struct evhttp_uri *uri = evhttp_uri_parse(url);
 	if (!uri || !evhttp_uri_get_host(uri) || !evhttp_uri_get_scheme(uri) ||
@@ -97,6 +101,8 @@ struct backend_http *backend_http_new(struct event_base *base, const char *url, 
 		bh->base_path[--bl] = '\0';
 	bh->timeout_s = timeout_s;
 	TAILQ_INIT(&bh->extra_headers);
+	TAILQ_INIT(&bh->waiting);
+	LIST_INIT(&bh->calls);
 	evhttp_uri_free(uri);
 	/* Strip the trailing slash from the URL we report. */
 	size_t ul = strlen(bh->url);
@@ -114,8 +120,8 @@ void backend_http_free(struct backend_http *bh)
 	/* Calls still out (a health check at shutdown, a cancel whose deferred
 	 * end has not run): their connections go, with the requests libevent
 	 * holds on them, and no handler runs. */
-	while (bh->calls) {
-		struct backend_call *call = bh->calls;
+	struct backend_call *call;
+	while ((call = LIST_FIRST(&bh->calls))) {
 		if (call->conn) {
 			evhttp_connection_free(call->conn->evcon);
 			free(call->conn);
@@ -182,7 +188,7 @@ static void conn_give_back(struct backend_http *bh, struct pooled_conn *c, int r
 		c->next = bh->idle;
 		bh->idle = c;
 	}
-	if (bh->waiting_head && bh->kick)
+	if (!TAILQ_EMPTY(&bh->waiting) && bh->kick)
 		event_active(bh->kick, 0, 0);
 }
 
@@ -193,13 +199,7 @@ static int conn_available(const struct backend_http *bh)
 
 static void call_free(struct backend_call *call)
 {
-	struct backend_http *bh = call->bh;
-	if (call->prev_call)
-		call->prev_call->next_call = call->next_call;
-	else if (bh->calls == call)
-		bh->calls = call->next_call;
-	if (call->next_call)
-		call->next_call->prev_call = call->prev_call;
+	LIST_REMOVE(call, call_link);
 	if (call->body)
 		evbuffer_free(call->body);
 	if (call->deferred)
@@ -244,11 +244,19 @@ static void on_error_cb(enum evhttp_request_error e, void *arg)
 {
 	struct backend_call *call = arg;
 	switch (e) {
-	case EVREQ_HTTP_TIMEOUT: call->err = BACKEND_ERR_TIMEOUT; break;
-	case EVREQ_HTTP_EOF: call->err = call->status ? BACKEND_ERR_RESET : BACKEND_ERR_CONNECT; break;
+	case EVREQ_HTTP_TIMEOUT:
+		call->err = BACKEND_ERR_TIMEOUT;
+		break;
+	case EVREQ_HTTP_EOF:
+		call->err = call->status ? BACKEND_ERR_RESET : BACKEND_ERR_CONNECT;
+		break;
 	case EVREQ_HTTP_INVALID_HEADER:
-	case EVREQ_HTTP_DATA_TOO_LONG: call->err = BACKEND_ERR_OTHER; break;
-	default: call->err = call->status ? BACKEND_ERR_RESET : BACKEND_ERR_CONNECT; break;
+	case EVREQ_HTTP_DATA_TOO_LONG:
+		call->err = BACKEND_ERR_OTHER;
+		break;
+	default:
+		call->err = call->status ? BACKEND_ERR_RESET : BACKEND_ERR_CONNECT;
+		break;
 	}
 }
 
@@ -312,15 +320,10 @@ static void on_done_cb(struct evhttp_request *req, void *arg)
 static int call_send(struct backend_call *call, struct pooled_conn *conn)
 {
 	struct backend_http *bh = call->bh;
-	if (!conn && (!conn_available(bh) || (!call->queued && bh->waiting_head))) {
+	if (!conn && (!conn_available(bh) || (!call->queued && !TAILQ_EMPTY(&bh->waiting)))) {
 		/* At the limit (or others wait first): wait for a connection. */
 		call->queued = 1;
-		call->next_waiting = NULL;
-		if (bh->waiting_tail)
-			bh->waiting_tail->next_waiting = call;
-		else
-			bh->waiting_head = call;
-		bh->waiting_tail = call;
+		TAILQ_INSERT_TAIL(&bh->waiting, call, wait_link);
 		return 0;
 	}
 	call->queued = 0;
@@ -340,14 +343,14 @@ static int call_send(struct backend_call *call, struct pooled_conn *conn)
 	evhttp_add_header(hdr, "Connection", "keep-alive");
 	struct evkeyval *kv;
 	TAILQ_FOREACH(kv, &bh->extra_headers, next)
-		evhttp_add_header(hdr, kv->key, kv->value);
+	evhttp_add_header(hdr, kv->key, kv->value);
 	if (call->has_payload) {
 		char cl[32];
 		snprintf(cl, sizeof cl, "%zu", call->payload_len);
 		evhttp_add_header(hdr, "Content-Type", "application/json");
 		evhttp_add_header(hdr, "Content-Length", cl);
 		evbuffer_add(evhttp_request_get_output_buffer(call->req), call->payload,
-			     call->payload_len);
+		             call->payload_len);
 	}
 	if (evhttp_make_request(call->conn->evcon, call->req, call->type, call->uri) != 0) {
 		/* evhttp_make_request frees the request on failure. */
@@ -364,19 +367,10 @@ fail:
 	return -1;
 }
 
+/* A queued call leaves the list when it is sent or cancelled. */
 static void waiting_remove(struct backend_http *bh, struct backend_call *call)
 {
-	struct backend_call **pp = &bh->waiting_head, *prev = NULL;
-	while (*pp && *pp != call) {
-		prev = *pp;
-		pp = &(*pp)->next_waiting;
-	}
-	if (!*pp)
-		return;
-	*pp = call->next_waiting;
-	if (bh->waiting_tail == call)
-		bh->waiting_tail = prev;
-	call->next_waiting = NULL;
+	TAILQ_REMOVE(&bh->waiting, call, wait_link);
 }
 
 static void kick_cb(evutil_socket_t fd, short what, void *arg)
@@ -384,8 +378,8 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	struct backend_http *bh = arg;
-	while (bh->waiting_head && conn_available(bh)) {
-		struct backend_call *call = bh->waiting_head;
+	struct backend_call *call;
+	while ((call = TAILQ_FIRST(&bh->waiting)) && conn_available(bh)) {
 		waiting_remove(bh, call);
 		if (call_send(call, NULL) != 0) {
 			call->finished = 1;
@@ -398,13 +392,13 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg)
 void backend_http_set_max_connections(struct backend_http *bh, int n)
 {
 	bh->max_open = n > 0 ? n : 0;
-	if (bh->waiting_head && bh->kick)
+	if (!TAILQ_EMPTY(&bh->waiting) && bh->kick)
 		event_active(bh->kick, 0, 0);
 }
 
 struct backend_call *backend_call_start(struct backend_http *bh, const char *method,
-					const char *path, const char *body, size_t len,
-					const struct backend_call_handlers *h, void *arg)
+                                        const char *path, const char *body, size_t len,
+                                        const struct backend_call_handlers *h, void *arg)
 {
 	struct backend_call *call = calloc(1, sizeof *call);
 	if (!call)
@@ -412,16 +406,13 @@ struct backend_call *backend_call_start(struct backend_http *bh, const char *met
 	call->bh = bh;
 	call->h = h;
 	call->arg = arg;
-	call->next_call = bh->calls;
-	if (bh->calls)
-		bh->calls->prev_call = call;
-	bh->calls = call;
+	LIST_INSERT_HEAD(&bh->calls, call, call_link);
 	call->err = BACKEND_ERR_CONNECT;
 	if (!bh->kick)
 		bh->kick = event_new(bh->base, -1, 0, kick_cb, bh);
-	call->type = !strcmp(method, "GET")	 ? EVHTTP_REQ_GET
-		     : !strcmp(method, "DELETE") ? EVHTTP_REQ_DELETE
-						 : EVHTTP_REQ_POST;
+	call->type = !strcmp(method, "GET")      ? EVHTTP_REQ_GET
+	             : !strcmp(method, "DELETE") ? EVHTTP_REQ_DELETE
+	                                         : EVHTTP_REQ_POST;
 	call->body = evbuffer_new();
 	call->uri = malloc(strlen(bh->base_path) + strlen(path) + 1);
 	if (body) {

@@ -10,6 +10,7 @@
 #include "daemon.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/json_body.h"
 
 /* Step lengths 99, 77, 85 and 9: each of the first three is one
  * micro-batch at the default -ub 512, longer than a 64-column tile and not a
@@ -342,8 +343,7 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 			finish(b, SELFTEST_UNKNOWN, "out of memory");
 		return;
 	}
-	json_error_t jerr;
-	json_t *r = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *r = json_body(status, body, len, -1, 0);
 	if (!r) {
 		finish(b, SELFTEST_UNKNOWN, "POST %s answered %d",
 		       t->step == STEP_TOKENIZE ? "/tokenize" : "/completion", status);

@@ -19,6 +19,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/paths.h"
+#include "util/json_body.h"
 
 /* ---- checksums and fingerprints ---- */
 
@@ -370,8 +371,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 {
 	struct save_op *op = arg;
 	struct daemon *d = op->d;
-	json_error_t jerr;
-	json_t *o = status == 200 ? json_loadb(body, len, 0, &jerr) : NULL;
+	json_t *o = json_body(status, body, len, -1, 0);
 	long long written = json_integer_value(json_object_get(o, "n_written"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "save_ms"));
 	json_decref(o);
@@ -896,8 +896,8 @@ void slot_store_enforce_budget(struct daemon *d)
 		if (!e)
 			break;
 		d->stats.saved_evictions++;
-		log_info("slot file %s evicted (%zu tokens, %llu bytes): over the disk cap", e->name,
-		         e->n_tokens, (unsigned long long)e->bytes);
+		log_info("slot file %s evicted (%zu tokens, %llu bytes): over the disk cap",
+		         e->name, e->n_tokens, (unsigned long long)e->bytes);
 		slot_store_delete(d, e);
 	}
 }
