@@ -260,7 +260,8 @@ void gguf_gen_params_default(struct gguf_gen_params *p);
 bool gguf_parse_param_count(const char *s, uint64_t *out);
 /* Picks n_embd (multiple of 64, head dim 64), n_layers, n_head, n_head_kv
  * (GQA 4:1 where the head count allows) and n_ff (~8/3 n_embd, multiple of 64)
- * so the model, with the built-in vocabulary, has about n_params parameters.
+ * so the model, with its vocabulary (p->vocab, else the built-in one), has about
+ * n_params parameters.
  * Leaves context_length, seed, weight_type and name untouched. */
 bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char *err,
                               size_t errlen);

@@ -496,11 +496,20 @@ bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char
 		shape_for_width(&smallest, 64);
 		smallest.n_layers = 1;
 		uint64_t min = gguf_gen_param_count(&smallest);
+		/* The embedding and output matrices dominate a small model, so
+		 * the floor is the vocabulary's: name the one that set it. */
+		char vocab_name[64];
+		if (p->vocab)
+			snprintf(vocab_name, sizeof vocab_name,
+			         "this vocabulary (%" PRIu32 " tokens)", p->vocab->n);
+		else
+			snprintf(vocab_name, sizeof vocab_name, "the built-in vocabulary");
 		if (n_params < min)
 			err_set(err, errlen,
-			        "%" PRIu64 " parameters is too small: the smallest model with the "
-			        "built-in vocabulary has %" PRIu64,
-			        n_params, min);
+			        "%" PRIu64
+			        " parameters is too small: the smallest model with %s has "
+			        "%" PRIu64,
+			        n_params, vocab_name, min);
 		else
 			err_set(err, errlen,
 			        "%" PRIu64 " parameters is more than this generator supports",

@@ -525,6 +525,29 @@ static void test_params(void **state)
 	char err[256];
 	assert_false(gguf_gen_params_for_size(&p, 1000, err, sizeof err));
 	assert_non_null(strstr(err, "too small"));
+	assert_non_null(strstr(err, "built-in vocabulary"));
+	/* With another model's vocabulary the smallest count is that
+	 * vocabulary's, and the message says so (it once named the built-in
+	 * one with the other's count). */
+	struct gguf_gen_vocab big = {.n = 151669};
+	gguf_gen_params_default(&p);
+	p.vocab = &big;
+	assert_false(gguf_gen_params_for_size(&p, 1000000, err, sizeof err));
+	assert_non_null(strstr(err, "too small"));
+	assert_null(strstr(err, "built-in"));
+	assert_non_null(strstr(err, "this vocabulary (151669 tokens)"));
+	struct gguf_gen_params smallest;
+	gguf_gen_params_default(&smallest);
+	smallest.vocab = &big;
+	smallest.n_embd = 64;
+	smallest.n_head = smallest.n_head_kv = 1;
+	smallest.n_ff = 192;
+	smallest.n_layers = 1;
+	char want[64];
+	snprintf(want, sizeof want, "has %llu",
+	         (unsigned long long)gguf_gen_param_count(&smallest));
+	assert_non_null(strstr(err, want));
+	gguf_gen_params_default(&p);
 
 	/* Invalid shapes are refused before anything is written. */
 	char path[512];
