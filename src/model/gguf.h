@@ -247,11 +247,11 @@ struct gguf_gen_vocab {
 	uint32_t n_merges;
 	char pre[64];
 	int32_t bos, eos, eot, pad; /* -1: none */
-	int add_bos;		    /* -1: unset (the pre-tokenizer's default applies) */
-	char *chat_template;	    /* NULL when the config has none */
+	int add_bos;                /* -1: unset (the pre-tokenizer's default applies) */
+	char *chat_template;        /* NULL when the config has none */
 };
 int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, const char *pre,
-			   struct gguf_gen_vocab *v, char *err, size_t errlen);
+                           struct gguf_gen_vocab *v, char *err, size_t errlen);
 void gguf_gen_vocab_free(struct gguf_gen_vocab *v);
 
 /* Defaults: a ~24M-parameter f16 model with a 32768 context, seed 1. */

@@ -50,7 +50,7 @@ static int32_t id_of(const struct gguf_gen_vocab *v, const char *text)
 }
 
 int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, const char *pre,
-			   struct gguf_gen_vocab *v, char *err, size_t errlen)
+                           struct gguf_gen_vocab *v, char *err, size_t errlen)
 {
 	memset(v, 0, sizeof *v);
 	v->bos = v->eos = v->eot = v->pad = -1;
@@ -62,7 +62,8 @@ int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, 
 		return -1;
 	}
 	json_t *config = NULL;
-	if (config_json && !(config = json_load_file(config_json, JSON_DECODE_INT_AS_REAL, &jerr))) {
+	if (config_json &&
+	    !(config = json_load_file(config_json, JSON_DECODE_INT_AS_REAL, &jerr))) {
 		err_set(err, errlen, "%s: %s (line %d)", config_json, jerr.text, jerr.line);
 		json_decref(tok);
 		return -1;
@@ -75,7 +76,7 @@ int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, 
 	if (!json_is_object(vocab) || !json_is_array(merges) ||
 	    strcmp(or_empty(json_string_value(json_object_get(model, "type"))), "BPE") != 0) {
 		err_set(err, errlen, "%s: not a BPE tokenizer (model.type, vocab, merges)",
-			tokenizer_json);
+		        tokenizer_json);
 		goto done;
 	}
 	/* Ids may leave gaps: the vocabulary is as large as the highest id. */
@@ -124,7 +125,7 @@ int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, 
 		if (!(v->tokens[id] = strdup(json_string_value(json_object_get(val, "content")))))
 			goto oom;
 		v->types[id] = json_is_true(json_object_get(val, "special")) ? TYPE_CONTROL
-									      : TYPE_USER_DEFINED;
+		                                                             : TYPE_USER_DEFINED;
 	}
 	for (uint32_t k = 0; k < v->n; k++)
 		if (!v->tokens[k]) { /* as convert_hf_to_gguf.py fills gaps */
@@ -156,12 +157,28 @@ int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, 
 	json_t *ab = json_object_get(config, "add_bos_token");
 	if (json_is_boolean(ab))
 		v->add_bos = json_is_true(ab);
+	if (json_is_null(json_object_get(config, "bos_token"))) {
+		/* The model has no BOS (Qwen's configs say so). llama.cpp cannot
+		 * be told "none": without an id it takes 11 for a BPE vocabulary
+		 * and 1 for a SentencePiece one, an ordinary piece ("," in
+		 * Qwen's) that /props and every template's bos_token would then
+		 * show. Name a control token instead, which no text produces:
+		 * the pad token, which is what llama.cpp's converter writes for
+		 * these models from their config.json's bos_token_id, else the
+		 * EOS. Nothing adds it: the tokenizer it comes from cannot. */
+		if (v->pad >= 0 && v->types[v->pad] == TYPE_CONTROL)
+			v->bos = v->pad;
+		else if (v->eos >= 0 && v->types[v->eos] == TYPE_CONTROL)
+			v->bos = v->eos;
+		v->add_bos = 0;
+	}
 	json_t *tmpl = json_object_get(config, "chat_template");
 	if (json_is_array(tmpl)) { /* named templates: the default one */
 		json_t *e, *pick = NULL;
-		json_array_foreach(tmpl, i, e)
-		if (!pick || !strcmp(or_empty(json_string_value(json_object_get(e, "name"))), "default"))
-			pick = e;
+		json_array_foreach(
+		    tmpl, i,
+		    e) if (!pick || !strcmp(or_empty(json_string_value(json_object_get(e, "name"))),
+		                            "default")) pick = e;
 		tmpl = json_object_get(pick, "template");
 	}
 	if (json_is_string(tmpl) && !(v->chat_template = strdup(json_string_value(tmpl))))

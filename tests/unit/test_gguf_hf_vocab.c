@@ -1,0 +1,141 @@
+/* gguf_gen_vocab_from_hf: Hugging Face tokenizer files as `toki gguf gen
+ * --tokenizer` converts them, and what the written GGUF then says. Small
+ * hand-written tokenizer.json / tokenizer_config.json files; the real
+ * models' vocabularies are checked against llama-server and the models' own
+ * tokenizers in tests/integration/test_tokenizer_spm.py. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/gguf.h"
+
+static char tmpdir[256];
+
+static int setup_tmpdir(void **state)
+{
+	(void)state;
+	const char *base = getenv("TMPDIR");
+	snprintf(tmpdir, sizeof tmpdir, "%s/toki-hfvocab-XXXXXX", base && *base ? base : "/tmp");
+	return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmpdir(void **state)
+{
+	(void)state;
+	DIR *d = opendir(tmpdir);
+	if (d) {
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+				continue;
+			char p[512];
+			snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
+			unlink(p);
+		}
+		closedir(d);
+	}
+	rmdir(tmpdir);
+	return 0;
+}
+
+/* Writes text to tmpdir/name and returns the path (a static buffer per slot). */
+static const char *put(int slot, const char *name, const char *text)
+{
+	static char paths[4][512];
+	snprintf(paths[slot], sizeof paths[slot], "%s/%s", tmpdir, name);
+	FILE *f = fopen(paths[slot], "w");
+	assert_non_null(f);
+	assert_int_equal(fputs(text, f) >= 0, 1);
+	assert_int_equal(fclose(f), 0);
+	return paths[slot];
+}
+
+/* A byte-level BPE tokenizer with Qwen's special tokens. */
+static const char bpe_json[] =
+    "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \",\": 3},"
+    " \"merges\": [\"a b\"]},"
+    " \"added_tokens\": [{\"id\": 4, \"content\": \"<|endoftext|>\", \"special\": true},"
+    " {\"id\": 5, \"content\": \"<|im_end|>\", \"special\": true}]}";
+
+/* The GGUF gen writes for vocabulary v, opened. */
+static struct gguf *write_and_open(const struct gguf_gen_vocab *v)
+{
+	struct gguf_gen_params p;
+	gguf_gen_params_default(&p);
+	p.n_embd = 64;
+	p.n_layers = 1;
+	p.n_head = p.n_head_kv = 1;
+	p.n_ff = 64;
+	p.context_length = 256;
+	p.vocab = v;
+	char path[512], err[256];
+	snprintf(path, sizeof path, "%s/model.gguf", tmpdir);
+	if (gguf_write_random_llama(&p, path, err, sizeof err) != 0)
+		fail_msg("write: %s", err);
+	struct gguf_error gerr;
+	struct gguf *g = gguf_open(path, &gerr);
+	if (!g)
+		fail_msg("open: %s", gerr.text);
+	return g;
+}
+
+/* A config whose bos_token is null (Qwen's) names no BOS. llama.cpp cannot
+ * be told "none" (an absent id is 11 for a BPE vocabulary, 1 for a
+ * SentencePiece one: here ",", which /props then reported), so gen names
+ * the pad token, as llama.cpp's converter does for these models from their
+ * config.json, and never adds it. */
+static void test_null_bos_names_the_pad_token(void **state)
+{
+	(void)state;
+	const char *tj = put(0, "tokenizer.json", bpe_json);
+	const char *tc = put(1, "tokenizer_config.json",
+	                     "{\"bos_token\": null, \"eos_token\": \"<|im_end|>\","
+	                     " \"pad_token\": \"<|endoftext|>\", \"add_bos_token\": true}");
+	struct gguf_gen_vocab v;
+	char err[256];
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, tc, "qwen2", &v, err, sizeof err), 0);
+	assert_int_equal(v.bos, 4);
+	assert_int_equal(v.eos, 5);
+	assert_int_equal(v.add_bos, 0);
+	struct gguf *g = write_and_open(&v);
+	uint32_t id = 0;
+	bool add = true;
+	assert_true(gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &id));
+	assert_int_equal(id, 4);
+	assert_true(gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add));
+	assert_false(add);
+	gguf_close(g);
+	gguf_gen_vocab_free(&v);
+
+	/* Without a pad token: the EOS, a control token as well. */
+	tc =
+	    put(1, "tokenizer_config.json", "{\"bos_token\": null, \"eos_token\": \"<|im_end|>\"}");
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, tc, "qwen2", &v, err, sizeof err), 0);
+	assert_int_equal(v.bos, 5);
+	assert_int_equal(v.add_bos, 0);
+	gguf_gen_vocab_free(&v);
+
+	/* A config that names its BOS keeps it. */
+	tc = put(1, "tokenizer_config.json",
+	         "{\"bos_token\": \"<|endoftext|>\", \"eos_token\": \"<|im_end|>\"}");
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, tc, "qwen2", &v, err, sizeof err), 0);
+	assert_int_equal(v.bos, 4);
+	assert_int_equal(v.add_bos, -1);
+	gguf_gen_vocab_free(&v);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_null_bos_names_the_pad_token),
+	};
+	return cmocka_run_group_tests(tests, setup_tmpdir, teardown_tmpdir);
+}
