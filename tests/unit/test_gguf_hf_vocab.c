@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
+#include "tokenizer/vocab.h"
 
 static char tmpdir[256];
 
@@ -132,10 +133,110 @@ static void test_null_bos_names_the_pad_token(void **state)
 	gguf_gen_vocab_free(&v);
 }
 
+/* SentencePiece's space, U+2581, kept apart so that no hex escape runs on. */
+#define SP "\xe2\x96\x81"
+
+/* A SentencePiece-style tokenizer.json (Llama 2's layout): byte fallback,
+ * a leading "▁" and spaces as "▁". MERGES is spliced in. */
+#define SPM_JSON(MERGES)                                                                           \
+	"{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["                             \
+	"{\"type\": \"Prepend\", \"prepend\": \"" SP "\"},"                                        \
+	"{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"" SP "\"}]},"    \
+	" \"pre_tokenizer\": null,"                                                                \
+	" \"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": ["                    \
+	"{\"SpecialToken\": {\"id\": \"<s>\"}}, {\"Sequence\": {\"id\": \"A\"}}]},"                \
+	" \"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": \"<unk>\","       \
+	" \"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, \"<0x0A>\": 3, \"" SP "\": 4,"        \
+	" \"a\": 5, \"b\": 6, \"" SP "a\": 7, \"ab\": 8, \"" SP "ab\": 9},"                        \
+	" \"merges\": [" MERGES "]},"                                                              \
+	" \"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true},"              \
+	" {\"id\": 1, \"content\": \"<s>\", \"special\": true},"                                   \
+	" {\"id\": 2, \"content\": \"</s>\", \"special\": true},"                                  \
+	" {\"id\": 10, \"content\": \"<x>\", \"special\": false}]}"
+
+/* Both merge formats: "left right" and ["left", "right"]. */
+#define ALL_MERGES "\"" SP " a\", \"a b\", [\"" SP "a\", \"b\"], \"" SP " ab\""
+
+/* Written as llama.cpp writes a SentencePiece model: "llama", scores from
+ * the merges, token types, no merges, add_bos from the post-processor; and
+ * toki's tokenizer reads it back and merges in the tokenizer's order. */
+static void test_sentencepiece_style(void **state)
+{
+	(void)state;
+	const char *tj = put(0, "spm.json", SPM_JSON(ALL_MERGES));
+	const char *tc =
+	    put(1, "spm_config.json", "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
+	struct gguf_gen_vocab v;
+	char err[256];
+	if (gguf_gen_vocab_from_hf(tj, tc, NULL, &v, err, sizeof err) != 0)
+		fail_msg("%s", err);
+	assert_string_equal(v.model, "llama");
+	assert_int_equal(v.n, 11);
+	assert_int_equal(v.n_merges, 0);
+	assert_int_equal(v.add_space_prefix, 1);
+	assert_int_equal(v.add_bos, 1);
+	assert_int_equal(v.add_eos, 0);
+	assert_int_equal(v.bos, 1);
+	assert_int_equal(v.eos, 2);
+	assert_int_equal(v.unk, 0);
+	static const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1, 1, 1, 4};
+	static const float scores[] = {0, 0, 0, 0, 0, 0, 0, -1, -2, -3, 0};
+	for (uint32_t i = 0; i < v.n; i++) {
+		assert_int_equal(v.types[i], types[i]);
+		assert_true(v.scores[i] == scores[i]);
+	}
+	struct gguf *g = write_and_open(&v);
+	assert_string_equal(gguf_get_string(g, "tokenizer.ggml.model"), "llama");
+	assert_null(gguf_find_key(g, "tokenizer.ggml.merges"));
+	assert_null(gguf_find_key(g, "tokenizer.ggml.pre"));
+	struct vocab *tv = vocab_from_gguf(g, err, sizeof err);
+	if (!tv)
+		fail_msg("%s", err);
+	struct token_list out = {0};
+	static const char text[] = "ab a<x>ab\n";
+	assert_int_equal(vocab_tokenize(tv, text, strlen(text), 1, 1, &out), 0);
+	/* <s> ▁ab ▁a <x> ▁ab <0x0A>: a "▁" after the user-defined token too */
+	static const token_t want[] = {1, 9, 7, 10, 9, 3};
+	assert_int_equal(out.n, sizeof want / sizeof want[0]);
+	for (size_t i = 0; i < out.n; i++)
+		assert_int_equal(out.v[i], want[i]);
+	token_list_free(&out);
+	vocab_free(tv);
+	gguf_close(g);
+	gguf_gen_vocab_free(&v);
+}
+
+/* What llama.cpp would tokenize differently is refused with the reason. */
+static void test_sentencepiece_refusals(void **state)
+{
+	(void)state;
+	struct gguf_gen_vocab v;
+	char err[256];
+	/* "▁" + "ab" make "▁ab" but are not a merge: llama.cpp would merge them. */
+	const char *tj = put(0, "spm.json", SPM_JSON("\"" SP " a\", \"a b\", \"" SP "a b\""));
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, NULL, NULL, &v, err, sizeof err), -1);
+	assert_non_null(strstr(err, "are not one of its merges"));
+	/* --pre belongs to byte-level BPE; byte-level BPE needs it. */
+	tj = put(0, "spm.json", SPM_JSON(ALL_MERGES));
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, NULL, "llama-bpe", &v, err, sizeof err), -1);
+	assert_non_null(strstr(err, "--pre is for byte-level BPE"));
+	tj = put(0, "bpe.json", bpe_json);
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, NULL, NULL, &v, err, sizeof err), -1);
+	assert_non_null(strstr(err, "needs --pre"));
+	/* A byte-level tokenizer stays "gpt2", merges and all. */
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, NULL, "qwen2", &v, err, sizeof err), 0);
+	assert_string_equal(v.model, "gpt2");
+	assert_null(v.scores);
+	assert_int_equal(v.n_merges, 1);
+	gguf_gen_vocab_free(&v);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_null_bos_names_the_pad_token),
+	    cmocka_unit_test(test_sentencepiece_style),
+	    cmocka_unit_test(test_sentencepiece_refusals),
 	};
 	return cmocka_run_group_tests(tests, setup_tmpdir, teardown_tmpdir);
 }
