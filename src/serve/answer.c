@@ -462,14 +462,13 @@ void answer_timings_in_body(const char *body, size_t len, struct answer_timings 
 
 /* ---- events ---- */
 
-char *answer_progress_whole(json_t *event, long long cached, double steps_ms)
+char *answer_progress_event(json_t *event, long long cache, long long processed, double time_ms)
 {
 	json_t *pp = json_object_get(event, "prompt_progress");
 	if (json_is_object(pp)) {
-		json_object_set_new(pp, "cache", json_integer(cached));
-		json_object_set_new(
-		    pp, "time_ms",
-		    json_real(json_number_value(json_object_get(pp, "time_ms")) + steps_ms));
+		json_object_set_new(pp, "cache", json_integer(cache));
+		json_object_set_new(pp, "processed", json_integer(processed));
+		json_object_set_new(pp, "time_ms", json_real(time_ms));
 	}
 	return json_dumps(event, JSON_COMPACT);
 }

@@ -83,10 +83,11 @@ int answer_scan_timings(const char *p, const char *end, struct answer_timings *t
  * is parsed. */
 void answer_timings_in_body(const char *body, size_t len, struct answer_timings *t);
 
-/* A progress event (its parsed data) after earlier steps: made to describe
- * the whole request (what it reused before it, the time its chunks took).
- * The event's JSON text (malloc'd), or NULL when out of memory. */
-char *answer_progress_whole(json_t *event, long long cached, double steps_ms);
+/* A progress event (its parsed data) with its prompt_progress set to
+ * cache, processed and time_ms: the event's JSON text (malloc'd), or NULL
+ * when out of memory. After earlier steps, the last step's events must
+ * describe the whole request as one stream (reply.c, on_progress). */
+char *answer_progress_event(json_t *event, long long cache, long long processed, double time_ms);
 
 /* When toki's output cap cut an answer below what the client asked for, an
  * Anthropic client is told the turn ended (finish_reason "stop", not

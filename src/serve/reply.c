@@ -213,6 +213,18 @@ static void on_chat_chunk_for_anthropic(struct serve_req *r, const char *data, s
 	strbuf_free(&b);
 }
 
+/* Writes one event of JSON text js (and frees it); nothing when out of
+ * memory. */
+static void write_event(struct serve_req *r, char *js)
+{
+	if (!js)
+		return;
+	reply_write(r, "data: ", 6);
+	reply_write(r, js, strlen(js));
+	reply_write(r, "\n\n", 2);
+	free(js);
+}
+
 /* A progress event. Returns 1 when it was dealt with (sent rewritten, or
  * dropped: toki asked for it, or a replan throws the answer away). */
 static int on_progress(struct serve_req *r, const char *data, size_t dl)
@@ -233,19 +245,29 @@ static int on_progress(struct serve_req *r, const char *data, size_t dl)
 		r->reply.gen_started = 1; /* the whole prompt is in the slot */
 	if (!replanned && !r->run.added_progress && r->run.steps && json_is_object(pp) &&
 	    !r->reply.astream) {
-		/* The client asked for progress: after earlier steps, the last
-		 * one's events describe the whole request. */
-		char *js = answer_progress_whole(obj, exec_cached(r), r->run.steps_prompt_ms);
-		if (js) {
-			if (!r->reply.t_first_data_us)
-				r->reply.t_first_data_us = clock_now_us();
-			reply_write(r, "data: ", 6);
-			reply_write(r, js, strlen(js));
-			reply_write(r, "\n\n", 2);
-			free(js);
-			json_decref(obj);
-			return 1;
+		/* The client asked for progress, and earlier steps evaluated part
+		 * of the prompt: it sees one stream, as from llama-server alone.
+		 * The stream starts where the request's reuse ends (cache ==
+		 * processed, time 0), then goes on from where this last step's
+		 * evaluation is, the steps' time included; events that would go
+		 * back are not sent. */
+		long long cached = exec_cached(r);
+		long long processed = json_integer_value(json_object_get(pp, "processed"));
+		double ms =
+		    r->run.steps_prompt_ms + json_number_value(json_object_get(pp, "time_ms"));
+		if (!r->reply.t_first_data_us)
+			r->reply.t_first_data_us = clock_now_us();
+		if (!r->reply.progress_started) {
+			r->reply.progress_started = 1;
+			r->reply.progress_sent = cached;
+			write_event(r, answer_progress_event(obj, cached, cached, 0));
 		}
+		if (processed > r->reply.progress_sent) {
+			r->reply.progress_sent = processed;
+			write_event(r, answer_progress_event(obj, cached, processed, ms));
+		}
+		json_decref(obj);
+		return 1;
 	}
 	json_decref(obj);
 	return replanned || r->run.added_progress;

@@ -120,6 +120,10 @@ struct req_reply {
 	struct answer_hold hold;
 	int done_sent;
 	int gen_started; /* the last step's prompt was evaluated (a token came) */
+	/* The client's progress stream after earlier steps: begun, and the
+	 * last `processed` it was sent (on_progress). */
+	int progress_started;
+	long long progress_sent;
 	struct answer_timings t;
 	struct evbuffer *errbuf; /* a non-200 backend body during a stream */
 	struct event *keepalive;

@@ -346,6 +346,34 @@ class Accounting(unittest.TestCase):
             for p in progress:
                 self.assertEqual((p["total"], p["cache"]), (cache["prompt_tokens"], cache["cached"]))
             self.assertEqual(progress[-1]["processed"], cache["prompt_tokens"])
+            # It starts as llama-server's does, with nothing evaluated yet
+            # (cache == processed, no time), and only goes forward.
+            self.assertEqual(progress[0]["processed"], progress[0]["cache"], progress)
+            self.assertEqual(progress[0]["time_ms"], 0, progress)
+            seen = [p["processed"] for p in progress]
+            self.assertEqual(seen, sorted(set(seen)), progress)
+            times = [p["time_ms"] for p in progress]
+            self.assertEqual(times, sorted(times), progress)
+            # The same from a reuse: a new turn of two messages after the
+            # conversation so far starts at what it reuses.
+            more = histories[1] + [{"role": "user", "content": "And then?"},
+                                   {"role": "assistant", "content": "Then they met."},
+                                   {"role": "user", "content": "Tell me more. " * 40}]
+            st, events = th.stream(toki.port, "/v1/chat/completions",
+                                   {"messages": more, "max_tokens": 4, "stream": True,
+                                    "return_progress": True, "temperature": 0})
+            self.assertEqual(st, 200)
+            js = [th.event_json(e) for e in events]
+            progress = [j["prompt_progress"] for j in js if j and "prompt_progress" in j]
+            cache = [j["cache"] for j in js if j and "cache" in j][0]
+            evaluated += cache["evaluated"]
+            self.assertGreater(cache["steps"], 1, cache)
+            self.assertGreater(cache["cached"], 0, cache)
+            self.assertEqual((progress[0]["cache"], progress[0]["processed"]),
+                             (cache["cached"], cache["cached"]), progress)
+            seen = [p["processed"] for p in progress]
+            self.assertEqual(seen, sorted(set(seen)), progress)
+            self.assertEqual(seen[-1], cache["prompt_tokens"], progress)
             # An uncached run is evaluated whole, in its chunks.
             st, raw = toki.chat(histories[0], max_tokens=8, cache_prompt=False)
             self.assertEqual(st, 200, raw)

@@ -222,18 +222,20 @@ static void test_timings_in_body(void **state)
 	assert_true(w.seen);
 }
 
-static void test_progress_whole(void **state)
+static void test_progress_event(void **state)
 {
 	json_error_t jerr;
-	json_t *e = json_loads("{\"prompt_progress\":{\"total\":900,\"cache\":40,\"processed\":100,"
-	                       "\"time_ms\":10.5}}",
+	json_t *e = json_loads("{\"choices\":[],\"prompt_progress\":{\"total\":900,\"cache\":40,"
+	                       "\"processed\":100,\"time_ms\":10.5}}",
 	                       0, &jerr);
-	char *js = answer_progress_whole(e, 600, 20.0);
+	char *js = answer_progress_event(e, 600, 700, 30.5);
 	json_t *o = json_loads(js, 0, &jerr);
 	json_t *pp = json_object_get(o, "prompt_progress");
+	assert_int_equal(json_integer_value(json_object_get(pp, "total")), 900);
 	assert_int_equal(json_integer_value(json_object_get(pp, "cache")), 600);
-	assert_int_equal(json_integer_value(json_object_get(pp, "processed")), 100);
+	assert_int_equal(json_integer_value(json_object_get(pp, "processed")), 700);
 	assert_true(json_number_value(json_object_get(pp, "time_ms")) == 30.5);
+	assert_true(json_is_array(json_object_get(o, "choices"))); /* the rest as it was */
 	json_decref(o);
 	json_decref(e);
 	free(js);
@@ -301,7 +303,7 @@ int main(void)
 	    cmocka_unit_test(test_whole_request_counts),
 	    cmocka_unit_test(test_scan_timings),
 	    cmocka_unit_test(test_timings_in_body),
-	    cmocka_unit_test(test_progress_whole),
+	    cmocka_unit_test(test_progress_event),
 	    cmocka_unit_test(test_end_turn_at_cap),
 	    cmocka_unit_test(test_event_kind),
 	    cmocka_unit_test(test_hold_back),
