@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "api/anthropic_put.h"
+#include "util/dtoa.h"
 #include "util/err.h"
 
 /* ------------------------------------------- nlohmann-compatible dumping */
@@ -78,66 +79,8 @@ static int dump_real(struct strbuf *b, double d)
 {
 	if (!isfinite(d))
 		return strbuf_appends(b, "null");
-	if (d == 0)
-		return strbuf_appends(b, signbit(d) ? "-0.0" : "0.0");
-	char tmp[40];
-	for (int prec = 1; prec <= 17; prec++) {
-		snprintf(tmp, sizeof tmp, "%.*e", prec - 1, d);
-		if (strtod(tmp, NULL) == d)
-			break;
-	}
-	/* tmp is [-]D[.DDD]e[+-]XX */
-	char digits[24];
-	int k = 0, neg = 0;
-	const char *p = tmp;
-	if (*p == '-') {
-		neg = 1;
-		p++;
-	}
-	for (; *p && *p != 'e'; p++)
-		if (*p >= '0' && *p <= '9' && k < (int)sizeof digits - 1)
-			digits[k++] = *p;
-	int e10 = *p == 'e' ? atoi(p + 1) : 0;
-	while (k > 1 && digits[k - 1] == '0')
-		k--;
-	digits[k] = '\0';
-	int n = e10 + 1; /* the decimal point sits after n digits */
-	char out[64];
-	size_t o = 0;
-	if (neg)
-		out[o++] = '-';
-	if (k <= n && n <= 15) {
-		memcpy(out + o, digits, (size_t)k);
-		o += (size_t)k;
-		for (int i = k; i < n; i++)
-			out[o++] = '0';
-		out[o++] = '.';
-		out[o++] = '0';
-	} else if (0 < n && n <= 15) {
-		memcpy(out + o, digits, (size_t)n);
-		o += (size_t)n;
-		out[o++] = '.';
-		memcpy(out + o, digits + n, (size_t)(k - n));
-		o += (size_t)(k - n);
-	} else if (-4 < n && n <= 0) {
-		out[o++] = '0';
-		out[o++] = '.';
-		for (int i = 0; i < -n; i++)
-			out[o++] = '0';
-		memcpy(out + o, digits, (size_t)k);
-		o += (size_t)k;
-	} else {
-		out[o++] = digits[0];
-		if (k > 1) {
-			out[o++] = '.';
-			memcpy(out + o, digits + 1, (size_t)(k - 1));
-			o += (size_t)(k - 1);
-		}
-		int x = n - 1;
-		o += (size_t)snprintf(out + o, sizeof out - o, "e%c%02d", x < 0 ? '-' : '+',
-		                      x < 0 ? -x : x);
-	}
-	return strbuf_append(b, out, o);
+	char out[32];
+	return strbuf_append(b, out, dtoa_shortest(d, 15, out));
 }
 
 static int dump_value(struct strbuf *b, const json_t *v, int depth)

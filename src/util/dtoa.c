@@ -29,7 +29,7 @@ static int shortest_digits(double v, char *digits, int *exp10)
 	return k;
 }
 
-size_t dtoa_nlohmann(double v, char *out)
+size_t dtoa_shortest(double v, int max_point, char *out)
 {
 	if (isnan(v) || isinf(v))
 		return (size_t)snprintf(out, 32, "%s", isnan(v) ? "nan" : v < 0 ? "-inf" : "inf");
@@ -46,13 +46,13 @@ size_t dtoa_nlohmann(double v, char *out)
 	int e;
 	int k = shortest_digits(v, d, &e);
 	int n = e + 1; /* position of the decimal point after the first k digits */
-	if (k <= n && n <= 16) {
+	if (k <= n && n <= max_point) {
 		memcpy(o, d, (size_t)k);
 		memset(o + k, '0', (size_t)(n - k));
 		o += n;
 		*o++ = '.';
 		*o++ = '0';
-	} else if (0 < n && n <= 16) {
+	} else if (0 < n && n <= max_point) {
 		memcpy(o, d, (size_t)n);
 		o += n;
 		*o++ = '.';
@@ -77,4 +77,9 @@ size_t dtoa_nlohmann(double v, char *out)
 	}
 	*o = 0;
 	return (size_t)(o - out);
+}
+
+size_t dtoa_nlohmann(double v, char *out)
+{
+	return dtoa_shortest(v, 16, out);
 }

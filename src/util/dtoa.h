@@ -14,4 +14,10 @@
  * decide. */
 size_t dtoa_nlohmann(double v, char *out);
 
+/* The same layout with the plain notation kept while the point falls at most
+ * max_point places after the first digit: 16 above; nlohmann's own dump (its
+ * kMaxExp), which anthropic_dump_json follows, switches one place earlier, at
+ * 15 (1e+15). One writer, so that the two cannot drift apart elsewhere. */
+size_t dtoa_shortest(double v, int max_point, char *out);
+
 #endif
