@@ -310,27 +310,122 @@ static int user_has(char *const *user_args, size_t n_user, const char *lng, cons
 
 /* --- shared pieces -------------------------------------------------------- */
 
-struct urls {
-	char *v1;   /* <endpoint>/v1 */
-	char *anth; /* <endpoint>/anthropic */
+/* What every builder works from: the agent and its target, the user's
+ * arguments after `--`, the plan it fills, the two base URLs (made once in
+ * agents_build for all of them) and where an error goes. */
+struct agent_pin {
+	const struct agent_def *a;
+	const struct agent_target *t;
+	char *const *user_args;
+	size_t n_user;
+	struct agent_plan *p;
+	const char *v1;   /* <endpoint>/v1 */
+	const char *anth; /* <endpoint>/anthropic */
+	char *err;
+	size_t errlen;
 };
 
-static int urls_make(const struct agent_target *t, struct urls *u, char *err, size_t errlen)
+/* Where an entry of a variable table takes its value from. */
+enum pin_from { PIN_LIT, PIN_V1, PIN_TOKEN, PIN_MODEL, PIN_LAST_FILE };
+
+/* One variable an agent is pinned with. Most agents' variables are a fixed
+ * list of these, so they are written as data; lists end with a NULL name. */
+struct env_pin {
+	const char *name;
+	enum pin_from from;
+	const char *lit; /* PIN_LIT's value */
+};
+
+/* The file the builder wrote last (what a variable or flag then names). */
+static const char *last_file(const struct agent_plan *p)
 {
-	u->v1 = xasprintf("%s/v1", t->endpoint);
-	u->anth = xasprintf("%s/anthropic", t->endpoint);
-	if (!u->v1 || !u->anth) {
-		free(u->v1);
-		free(u->anth);
-		return oom(err, errlen);
+	return p->files[p->n_files - 1];
+}
+
+static const char *pin_value(const struct agent_pin *c, const struct env_pin *e)
+{
+	switch (e->from) {
+	case PIN_V1:
+		return c->v1;
+	case PIN_TOKEN:
+		return c->t->token;
+	case PIN_MODEL:
+		return c->t->model_id;
+	case PIN_LAST_FILE:
+		return last_file(c->p);
+	case PIN_LIT:
+		break;
 	}
+	return e->lit;
+}
+
+/* Sets the list's variables in its order (env.sh keeps that order). 0, or -1
+ * when out of memory. */
+static int env_pins(struct agent_pin *c, const struct env_pin *e)
+{
+	for (; e->name; e++)
+		if (env_set(c->p, e->name, pin_value(c, e)) != 0)
+			return oom(c->err, c->errlen);
 	return 0;
 }
 
-static void urls_free(struct urls *u)
+/* Adds `flag value` unless the user gave the flag (long or short form) after
+ * `--`: the agents that take one refuse it twice, or let the first win. */
+static int arg_unless_user(struct agent_pin *c, const char *lng, const char *shrt,
+                           const char *value)
 {
-	free(u->v1);
-	free(u->anth);
+	if (user_has(c->user_args, c->n_user, lng, shrt))
+		return 0;
+	return arg(c->p, lng) == 0 && arg(c->p, value) == 0 ? 0 : oom(c->err, c->errlen);
+}
+
+/* Writes doc as <dir>/<name>, taking its reference (NULL: out of memory). */
+static int write_doc(struct agent_pin *c, const char *dir, const char *name, json_t *doc)
+{
+	int r = write_json(c->p, dir, name, doc, c->err, c->errlen);
+	json_decref(doc);
+	return r;
+}
+
+/* Writes text (owned; NULL: out of memory) as <plan dir>/home/<name>, a
+ * private configuration directory, and sets var to that directory: for the
+ * agents that can only be pointed at a whole directory. */
+static int write_home(struct agent_pin *c, const char *name, char *text, const char *var)
+{
+	char *home = private_dir(c->p, "home", c->err, c->errlen);
+	int r = -1;
+	if (!home)
+		r = -1;
+	else if (!text)
+		r = oom(c->err, c->errlen);
+	else if (write_file(c->p, home, name, text, c->err, c->errlen) == 0)
+		r = env_set(c->p, var, home) == 0 ? 0 : oom(c->err, c->errlen);
+	free(text);
+	free(home);
+	return r;
+}
+
+/* The context and output limits as lines of a TOML or YAML text
+ * ("<key><n>\n", the key with its indent and separator), each left out when
+ * unknown. */
+static void limit_lines(const struct agent_target *t, const char *ctx_key, const char *out_key,
+                        char *buf, size_t n)
+{
+	buf[0] = '\0';
+	if (t->context_length > 0)
+		snprintf(buf, n, "%s%ld\n", ctx_key, t->context_length);
+	if (t->max_output > 0)
+		snprintf(buf + strlen(buf), n - strlen(buf), "%s%ld\n", out_key, t->max_output);
+}
+
+/* The same limits as a JSON model's contextWindow and maxTokens (Pi's and
+ * OpenClaw's names). model may be NULL. */
+static void json_limits(json_t *model, const struct agent_target *t)
+{
+	if (model && t->context_length > 0)
+		json_object_set_new(model, "contextWindow", json_integer(t->context_length));
+	if (model && t->max_output > 0)
+		json_object_set_new(model, "maxTokens", json_integer(t->max_output));
 }
 
 /* The provider block the OpenCode family (OpenCode, Kilo Code, MiMo Code)
@@ -374,19 +469,16 @@ static json_t *opencode_doc(const struct agent_target *t, const char *v1, const 
 
 /* Toki Chat: toki's own TUI, given the run's endpoint with --url (unless the
  * user gave one) and the token in TOKI_TOKEN. */
-static int build_toki(const struct agent_def *a, const struct agent_target *t,
-                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                      size_t errlen)
+static int build_toki(struct agent_pin *c)
 {
-	(void)a;
+	struct agent_plan *p = c->p;
 	free(p->exe);
-	p->exe = strdup(t->toki_exe ? t->toki_exe : "toki");
+	p->exe = strdup(c->t->toki_exe ? c->t->toki_exe : "toki");
 	if (!p->exe || arg(p, "tui") != 0)
-		return oom(err, errlen);
-	if (!user_has(user_args, n_user, "--url", NULL) &&
-	    (arg(p, "--url") != 0 || arg(p, t->endpoint) != 0))
-		return oom(err, errlen);
-	return env_set(p, "TOKI_TOKEN", t->token) == 0 ? 0 : oom(err, errlen);
+		return oom(c->err, c->errlen);
+	if (arg_unless_user(c, "--url", NULL, c->t->endpoint) != 0)
+		return -1;
+	return env_set(p, "TOKI_TOKEN", c->t->token) == 0 ? 0 : oom(c->err, c->errlen);
 }
 
 /* Claude Code: an owner-only settings file given with --settings whose env
@@ -394,23 +486,20 @@ static int build_toki(const struct agent_def *a, const struct agent_target *t,
  * ANTHROPIC_AUTH_TOKEN (sent as a Bearer token, without the approval an API
  * key needs), the model for every tier, and telemetry off. ANTHROPIC_API_KEY
  * is removed from the child's environment. */
-static int build_claude(const struct agent_def *a, const struct agent_target *t,
-                        char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                        size_t errlen)
+static int build_claude(struct agent_pin *c)
 {
-	(void)a;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
+	const struct agent_target *t = c->t;
+	struct agent_plan *p = c->p;
+	char *err = c->err;
+	size_t errlen = c->errlen;
 	json_t *env = json_pack(
 	    "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "ANTHROPIC_BASE_URL",
-	    u.anth, "ANTHROPIC_AUTH_TOKEN", t->token, "ANTHROPIC_MODEL", t->model_id,
+	    c->anth, "ANTHROPIC_AUTH_TOKEN", t->token, "ANTHROPIC_MODEL", t->model_id,
 	    "ANTHROPIC_SMALL_FAST_MODEL", t->model_id, "ANTHROPIC_DEFAULT_HAIKU_MODEL", t->model_id,
 	    "ANTHROPIC_DEFAULT_SONNET_MODEL", t->model_id, "ANTHROPIC_DEFAULT_OPUS_MODEL",
 	    t->model_id, "CLAUDE_CODE_SUBAGENT_MODEL", t->model_id,
 	    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1", "DISABLE_TELEMETRY", "1",
 	    "DISABLE_ERROR_REPORTING", "1", "DISABLE_AUTOUPDATER", "1");
-	urls_free(&u);
 	if (!env)
 		return oom(err, errlen);
 	char num[32];
@@ -463,15 +552,12 @@ static int build_claude(const struct agent_def *a, const struct agent_target *t,
 		if (!strcmp(effort, "low"))
 			json_object_set_new(env, "MAX_THINKING_TOKENS", json_string("1024"));
 	}
-	int r = write_json(p, p->dir, "settings.json", settings, err, errlen);
-	json_decref(settings);
-	if (r != 0)
+	if (write_doc(c, p->dir, "settings.json", settings) != 0)
 		return -1;
-	if (arg(p, "--settings") != 0 || arg(p, p->files[p->n_files - 1]) != 0)
+	if (arg(p, "--settings") != 0 || arg(p, last_file(p)) != 0)
 		return oom(err, errlen);
-	if (!user_has(user_args, n_user, "--model", NULL) &&
-	    (arg(p, "--model") != 0 || arg(p, t->model_id) != 0))
-		return oom(err, errlen);
+	if (arg_unless_user(c, "--model", NULL, t->model_id) != 0)
+		return -1;
 	const char *bare = t->claude_bare;
 	if (bare && *bare && strcmp(bare, "0") && arg(p, "--bare") != 0)
 		return oom(err, errlen);
@@ -481,13 +567,9 @@ static int build_claude(const struct agent_def *a, const struct agent_target *t,
 			snprintf(err, errlen, "TOKI_CLAUDE_MCP knows only 'none', not '%s'", mcp);
 			return -1;
 		}
-		json_t *empty = json_pack("{s:{}}", "mcpServers");
-		r = empty ? write_json(p, p->dir, "mcp-none.json", empty, err, errlen)
-		          : oom(err, errlen);
-		json_decref(empty);
-		if (r != 0)
+		if (write_doc(c, p->dir, "mcp-none.json", json_pack("{s:{}}", "mcpServers")) != 0)
 			return -1;
-		if (arg(p, "--mcp-config") != 0 || arg(p, p->files[p->n_files - 1]) != 0 ||
+		if (arg(p, "--mcp-config") != 0 || arg(p, last_file(p)) != 0 ||
 		    arg(p, "--strict-mcp-config") != 0)
 			return oom(err, errlen);
 	}
@@ -496,154 +578,114 @@ static int build_claude(const struct agent_def *a, const struct agent_target *t,
 
 /* Codex: a private CODEX_HOME holding a fresh config.toml with a "toki"
  * model provider (Responses API, key from $TOKI_API_KEY via env_key). */
-static int build_codex(const struct agent_def *a, const struct agent_target *t,
-                       char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                       size_t errlen)
+static int build_codex(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
+	const struct agent_target *t = c->t;
 	/* Codex gives up on a stream that is idle for stream_idle_timeout_ms
 	 * (300000 by default), a long prefill on a CPU included. */
-	long timeout = agent_timeout_ms(t, err, errlen);
+	long timeout = agent_timeout_ms(t, c->err, c->errlen);
 	if (timeout < 0)
 		return -1;
 	char idle[64] = "";
 	if (timeout > 0)
 		snprintf(idle, sizeof idle, "stream_idle_timeout_ms = %ld\n", timeout);
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	char *home = private_dir(p, "home", err, errlen);
 	char *model = agents_toml_string(t->model_id);
-	char *base = agents_toml_string(u.v1);
-	urls_free(&u);
-	char limits[128] = "";
-	if (t->context_length > 0)
-		snprintf(limits, sizeof limits, "model_context_window = %ld\n", t->context_length);
-	if (t->max_output > 0)
-		snprintf(limits + strlen(limits), sizeof limits - strlen(limits),
-		         "model_max_output_tokens = %ld\n", t->max_output);
-	char *toml = home && model && base
-	                 ? xasprintf("# Written by toki launch: Codex pinned to the local model.\n"
-	                             "model = %s\n"
-	                             "model_provider = \"toki\"\n"
-	                             "%s"
-	                             "\n"
-	                             "[model_providers.toki]\n"
-	                             "name = \"Toki Recur\"\n"
-	                             "base_url = %s\n"
-	                             "env_key = \"" TOKEN_ENV "\"\n"
-	                             "wire_api = \"responses\"\n"
-	                             "%s",
-	                             model, limits, base, idle)
-	                 : NULL;
+	char *base = agents_toml_string(c->v1);
+	char limits[128];
+	limit_lines(t, "model_context_window = ", "model_max_output_tokens = ", limits,
+	            sizeof limits);
+	char *toml = model && base ? xasprintf("# Written by toki launch: Codex pinned to the "
+	                                       "local model.\n"
+	                                       "model = %s\n"
+	                                       "model_provider = \"toki\"\n"
+	                                       "%s"
+	                                       "\n"
+	                                       "[model_providers.toki]\n"
+	                                       "name = \"Toki Recur\"\n"
+	                                       "base_url = %s\n"
+	                                       "env_key = \"" TOKEN_ENV "\"\n"
+	                                       "wire_api = \"responses\"\n"
+	                                       "%s",
+	                                       model, limits, base, idle)
+	                           : NULL;
 	free(model);
 	free(base);
-	int r = -1;
-	if (!home)
-		r = -1;
-	else if (!toml)
-		r = oom(err, errlen);
-	else if (write_file(p, home, "config.toml", toml, err, errlen) == 0)
-		r = env_set(p, "CODEX_HOME", home) == 0 && env_set(p, TOKEN_ENV, t->token) == 0
-		        ? 0
-		        : oom(err, errlen);
-	free(toml);
-	free(home);
-	return r;
+	if (write_home(c, "config.toml", toml, "CODEX_HOME") != 0)
+		return -1;
+	return env_set(c->p, TOKEN_ENV, t->token) == 0 ? 0 : oom(c->err, c->errlen);
+}
+
+/* What tells the OpenCode family's members apart: their file, its $schema,
+ * whether the key is written into it, the document keys that turn updates and
+ * sharing off, and the variables (the first names the file). */
+struct opencode_kind {
+	const char *file, *schema;
+	int key_in_file; /* else {env:TOKI_API_KEY}, OpenCode's substitution */
+	int autoupdate_off, share_off;
+	const struct env_pin *env;
+};
+
+static int build_opencode_kind(struct agent_pin *c, const struct opencode_kind *k)
+{
+	long timeout = agent_timeout_ms(c->t, c->err, c->errlen);
+	if (timeout < 0)
+		return -1;
+	json_t *doc = opencode_doc(
+	    c->t, c->v1, k->key_in_file ? c->t->token : "{env:" TOKEN_ENV "}", k->schema, timeout);
+	if (doc && k->autoupdate_off)
+		json_object_set_new(doc, "autoupdate", json_false());
+	if (doc && k->share_off)
+		json_object_set_new(doc, "share", json_string("disabled"));
+	if (write_doc(c, c->p->dir, k->file, doc) != 0)
+		return -1;
+	return env_pins(c, k->env);
 }
 
 /* OpenCode: OPENCODE_CONFIG names a config file with a "toki" provider and
  * the default models set to it; the key is read from $TOKI_API_KEY through
  * OpenCode's {env:...} substitution. */
-static int build_opencode(const struct agent_def *a, const struct agent_target *t,
-                          char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                          size_t errlen)
+static int build_opencode(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	long timeout = agent_timeout_ms(t, err, errlen);
-	if (timeout < 0) {
-		urls_free(&u);
-		return -1;
-	}
-	json_t *doc = opencode_doc(t, u.v1, "{env:" TOKEN_ENV "}",
-	                           "https://opencode.ai/config.json", timeout);
-	urls_free(&u);
-	if (doc) {
-		json_object_set_new(doc, "autoupdate", json_false());
-		json_object_set_new(doc, "share", json_string("disabled"));
-	}
-	int r = doc ? write_json(p, p->dir, "opencode.json", doc, err, errlen) : oom(err, errlen);
-	json_decref(doc);
-	if (r != 0)
-		return -1;
-	return env_set(p, "OPENCODE_CONFIG", p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, TOKEN_ENV, t->token) == 0 &&
-	               env_set(p, "OPENCODE_DISABLE_AUTOUPDATE", "1") == 0
-	           ? 0
-	           : oom(err, errlen);
+	static const struct env_pin env[] = {
+	    {"OPENCODE_CONFIG", PIN_LAST_FILE, NULL},
+	    {TOKEN_ENV, PIN_TOKEN, NULL},
+	    {"OPENCODE_DISABLE_AUTOUPDATE", PIN_LIT, "1"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	static const struct opencode_kind k = {
+	    "opencode.json", "https://opencode.ai/config.json", 0, 1, 1, env};
+	return build_opencode_kind(c, &k);
 }
 
 /* Kilo Code (an OpenCode fork): KILO_CONFIG names a config file in the same
- * format. The key is written into the file (0600). */
-static int build_kilo(const struct agent_def *a, const struct agent_target *t,
-                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                      size_t errlen)
+ * format. The key is written into the file (0600). Telemetry: Kilo 7.7.7
+ * sends PostHog events unless KILO_TELEMETRY_LEVEL, read once at start, is
+ * something other than "all". */
+static int build_kilo(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	long timeout = agent_timeout_ms(t, err, errlen);
-	if (timeout < 0) {
-		urls_free(&u);
-		return -1;
-	}
-	json_t *doc = opencode_doc(t, u.v1, t->token, "https://app.kilo.ai/config.json", timeout);
-	urls_free(&u);
-	int r = doc ? write_json(p, p->dir, "kilo.json", doc, err, errlen) : oom(err, errlen);
-	json_decref(doc);
-	if (r != 0)
-		return -1;
-	/* Telemetry: Kilo 7.7.7 sends PostHog events unless KILO_TELEMETRY_LEVEL,
-	 * read once at start, is something other than "all". */
-	return env_set(p, "KILO_CONFIG", p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, "KILO_DISABLE_AUTOUPDATE", "1") == 0 &&
-	               env_set(p, "KILO_TELEMETRY_LEVEL", "off") == 0
-	           ? 0
-	           : oom(err, errlen);
+	static const struct env_pin env[] = {
+	    {"KILO_CONFIG", PIN_LAST_FILE, NULL},
+	    {"KILO_DISABLE_AUTOUPDATE", PIN_LIT, "1"},
+	    {"KILO_TELEMETRY_LEVEL", PIN_LIT, "off"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	static const struct opencode_kind k = {
+	    "kilo.json", "https://app.kilo.ai/config.json", 1, 0, 0, env};
+	return build_opencode_kind(c, &k);
 }
 
 /* MiMo Code (Xiaomi's OpenCode fork): MIMOCODE_CONFIG names a config file in
  * OpenCode's format. The key is written into the file (0600). */
-static int build_mimo(const struct agent_def *a, const struct agent_target *t,
-                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                      size_t errlen)
+static int build_mimo(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	long timeout = agent_timeout_ms(t, err, errlen);
-	if (timeout < 0) {
-		urls_free(&u);
-		return -1;
-	}
-	json_t *doc =
-	    opencode_doc(t, u.v1, t->token, "https://mimo.xiaomi.com/config.json", timeout);
-	urls_free(&u);
-	if (doc)
-		json_object_set_new(doc, "autoupdate", json_false());
-	int r = doc ? write_json(p, p->dir, "mimocode.json", doc, err, errlen) : oom(err, errlen);
-	json_decref(doc);
-	if (r != 0)
-		return -1;
-	return env_set(p, "MIMOCODE_CONFIG", p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, "MIMOCODE_DISABLE_AUTOUPDATE", "1") == 0
-	           ? 0
-	           : oom(err, errlen);
+	static const struct env_pin env[] = {
+	    {"MIMOCODE_CONFIG", PIN_LAST_FILE, NULL},
+	    {"MIMOCODE_DISABLE_AUTOUPDATE", PIN_LIT, "1"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	static const struct opencode_kind k = {
+	    "mimocode.json", "https://mimo.xiaomi.com/config.json", 1, 1, 0, env};
+	return build_opencode_kind(c, &k);
 }
 
 /* Qwen Code: OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL, with
@@ -651,41 +693,38 @@ static int build_mimo(const struct agent_def *a, const struct agent_target *t,
  * in ~/.qwen/settings.json does not win (Qwen Code reads the command line
  * first). Neither flag is added when the user gave it (Qwen Code refuses a
  * repeated one). */
-static int build_qwen(const struct agent_def *a, const struct agent_target *t,
-                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                      size_t errlen)
+static int build_qwen(struct agent_pin *c)
 {
-	(void)a;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
+	static const struct env_pin env[] = {
+	    {"OPENAI_BASE_URL", PIN_V1, NULL},
+	    {"OPENAI_API_KEY", PIN_TOKEN, NULL},
+	    {"OPENAI_MODEL", PIN_MODEL, NULL},
+	    {NULL, PIN_LIT, NULL},
+	};
+	if (env_pins(c, env) != 0 || arg_unless_user(c, "--auth-type", "--authType", "openai") != 0)
 		return -1;
-	int ok = env_set(p, "OPENAI_BASE_URL", u.v1) == 0 &&
-	         env_set(p, "OPENAI_API_KEY", t->token) == 0 &&
-	         env_set(p, "OPENAI_MODEL", t->model_id) == 0;
-	urls_free(&u);
-	if (ok && !user_has(user_args, n_user, "--auth-type", "--authType"))
-		ok = arg(p, "--auth-type") == 0 && arg(p, "openai") == 0;
-	if (ok && !user_has(user_args, n_user, "--model", "-m"))
-		ok = arg(p, "--model") == 0 && arg(p, t->model_id) == 0;
-	return ok ? 0 : oom(err, errlen);
+	return arg_unless_user(c, "--model", "-m", c->t->model_id);
 }
 
 /* Factory Droid: --settings names a runtime settings file (merged for this
  * process only) with one custom model on the Chat Completions API, selected
- * as the session default; the key is ${TOKI_API_KEY}, expanded by Droid. */
-static int build_droid(const struct agent_def *a, const struct agent_target *t,
-                       char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                       size_t errlen)
+ * as the session default; the key is ${TOKI_API_KEY}, expanded by Droid.
+ * Telemetry: Droid 0.215.0 starts its Sentry reporting unless in airgap mode
+ * (FACTORY_AIRGAP_ENABLED, which also keeps it off Factory's cloud: nothing a
+ * run on the local model needs); no auto-update either. */
+static int build_droid(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
+	static const struct env_pin env[] = {
+	    {TOKEN_ENV, PIN_TOKEN, NULL},
+	    {"FACTORY_AIRGAP_ENABLED", PIN_LIT, "1"},
+	    {"FACTORY_DROID_AUTO_UPDATE_ENABLED", PIN_LIT, "false"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	const struct agent_target *t = c->t;
 	json_t *model = json_pack("{s:s, s:s, s:i, s:s, s:s, s:s, s:s, s:b}", "model", t->model_id,
 	                          "id", "custom:toki-0", "index", 0, "displayName", "toki",
-	                          "baseUrl", u.v1, "apiKey", "${" TOKEN_ENV "}", "provider",
+	                          "baseUrl", c->v1, "apiKey", "${" TOKEN_ENV "}", "provider",
 	                          "generic-chat-completion-api", "supportsImages", 0);
-	urls_free(&u);
 	/* Droid sends maxOutputTokens as max_tokens as it is (32000 without
 	 * it), and without maxContextLimit it does not know when its prompt has
 	 * left too little of the context for an answer. */
@@ -699,19 +738,11 @@ static int build_droid(const struct agent_def *a, const struct agent_target *t,
 	                                "sessionDefaultSettings", "model", "custom:toki-0",
 	                                "cloudSessionSync", 0)
 	                    : NULL;
-	int r = doc ? write_json(p, p->dir, "settings.json", doc, err, errlen) : oom(err, errlen);
-	json_decref(doc);
-	if (r != 0)
+	if (write_doc(c, c->p->dir, "settings.json", doc) != 0)
 		return -1;
-	/* Telemetry: Droid 0.215.0 starts its Sentry reporting unless in airgap
-	 * mode (FACTORY_AIRGAP_ENABLED, which also keeps it off Factory's cloud:
-	 * nothing a run on the local model needs); no auto-update either. */
-	return arg(p, "--settings") == 0 && arg(p, p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, TOKEN_ENV, t->token) == 0 &&
-	               env_set(p, "FACTORY_AIRGAP_ENABLED", "1") == 0 &&
-	               env_set(p, "FACTORY_DROID_AUTO_UPDATE_ENABLED", "false") == 0
-	           ? 0
-	           : oom(err, errlen);
+	if (arg(c->p, "--settings") != 0 || arg(c->p, last_file(c->p)) != 0)
+		return oom(c->err, c->errlen);
+	return env_pins(c, env);
 }
 
 /* Now as an ISO 8601 UTC time with milliseconds ("2026-12-01T13:31:41.130Z"),
@@ -734,64 +765,48 @@ static void iso_now(char *out, size_t n)
  * Each provider entry needs its updatedAt (an ISO datetime): Cline 3.0.65
  * validates the file and, without it, discards the whole file and falls back
  * to its own provider. */
-static int build_cline(const struct agent_def *a, const struct agent_target *t,
-                       char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                       size_t errlen)
+static int build_cline(struct agent_pin *c)
 {
-	(void)a;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
+	const struct agent_target *t = c->t;
+	struct agent_plan *p = c->p;
 	char now[64];
 	iso_now(now, sizeof now);
 	json_t *doc = json_pack("{s:i, s:s, s:{}, s:{s:{s:{s:s, s:s, s:s, s:s}, s:s, s:s}}}",
 	                        "version", 1, "lastUsedProvider", "openai-compatible", "modes",
 	                        "providers", "openai-compatible", "settings", "provider",
 	                        "openai-compatible", "apiKey", t->token, "model", t->model_id,
-	                        "baseUrl", u.v1, "updatedAt", now, "tokenSource", "manual");
-	urls_free(&u);
-	char *data = private_dir(p, "data", err, errlen);
-	char *settings = data ? private_dir(p, "data/settings", err, errlen) : NULL;
+	                        "baseUrl", c->v1, "updatedAt", now, "tokenSource", "manual");
+	char *data = private_dir(p, "data", c->err, c->errlen);
+	char *settings = data ? private_dir(p, "data/settings", c->err, c->errlen) : NULL;
 	/* Its global settings in the same directory: telemetry and auto-update
 	 * off (telemetryOptOut, autoUpdateEnabled in Cline 3.0.65's schema). */
 	json_t *global = json_pack("{s:b, s:b}", "telemetryOptOut", 1, "autoUpdateEnabled", 0);
 	int r = -1;
 	if (!doc || !global)
-		r = oom(err, errlen);
-	else if (settings && write_json(p, settings, "providers.json", doc, err, errlen) == 0)
-		r = write_json(p, settings, "global-settings.json", global, err, errlen);
+		r = oom(c->err, c->errlen);
+	else if (settings && write_json(p, settings, "providers.json", doc, c->err, c->errlen) == 0)
+		r = write_json(p, settings, "global-settings.json", global, c->err, c->errlen);
 	json_decref(doc);
 	json_decref(global);
 	free(settings);
 	if (r == 0 && (arg(p, "--data-dir") != 0 || arg(p, data) != 0))
-		r = oom(err, errlen);
+		r = oom(c->err, c->errlen);
 	free(data);
 	if (r != 0)
 		return -1;
-	if (!user_has(user_args, n_user, "--provider", "-P") &&
-	    (arg(p, "--provider") != 0 || arg(p, "openai-compatible") != 0))
-		return oom(err, errlen);
-	if (!user_has(user_args, n_user, "--model", "-m") &&
-	    (arg(p, "--model") != 0 || arg(p, t->model_id) != 0))
-		return oom(err, errlen);
-	return 0;
+	if (arg_unless_user(c, "--provider", "-P", "openai-compatible") != 0)
+		return -1;
+	return arg_unless_user(c, "--model", "-m", t->model_id);
 }
 
 /* Hermes Agent: a private HERMES_HOME with a config.yaml whose model block
  * is a custom endpoint (provider: custom, base_url, api_key, default). */
-static int build_hermes(const struct agent_def *a, const struct agent_target *t,
-                        char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                        size_t errlen)
+static int build_hermes(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	char *home = private_dir(p, "home", err, errlen);
+	const struct agent_target *t = c->t;
 	char *model = agents_yaml_string(t->model_id);
-	char *base = agents_yaml_string(u.v1);
+	char *base = agents_yaml_string(c->v1);
 	char *key = agents_yaml_string(t->token);
-	urls_free(&u);
 	char ctx[64] = "";
 	if (t->context_length > 0)
 		snprintf(ctx, sizeof ctx, "  context_length: %ld\n", t->context_length);
@@ -808,64 +823,46 @@ static int build_hermes(const struct agent_def *a, const struct agent_target *t,
 	free(model);
 	free(base);
 	free(key);
-	int r = -1;
-	if (!home)
-		r = -1;
-	else if (!yaml)
-		r = oom(err, errlen);
-	else if (write_file(p, home, "config.yaml", yaml, err, errlen) == 0)
-		r = env_set(p, "HERMES_HOME", home) == 0 ? 0 : oom(err, errlen);
-	free(yaml);
-	free(home);
-	return r;
+	return write_home(c, "config.yaml", yaml, "HERMES_HOME");
 }
 
 /* OpenClaw: OPENCLAW_CONFIG_PATH names a config file with a "toki" provider
  * under models.providers (OpenAI completions API, key ${TOKI_API_KEY}) and
  * agents.defaults.model.primary set to it. */
-static int build_openclaw(const struct agent_def *a, const struct agent_target *t,
-                          char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                          size_t errlen)
+static int build_openclaw(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
+	static const struct env_pin env[] = {
+	    {"OPENCLAW_CONFIG_PATH", PIN_LAST_FILE, NULL},
+	    {TOKEN_ENV, PIN_TOKEN, NULL},
+	    {NULL, PIN_LIT, NULL},
+	};
+	const struct agent_target *t = c->t;
 	/* OpenClaw aborts a model request after its provider's timeoutSeconds
 	 * (300 by default) and retries it from the start. */
-	long timeout = agent_timeout_ms(t, err, errlen);
+	long timeout = agent_timeout_ms(t, c->err, c->errlen);
 	if (timeout < 0)
 		return -1;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
 	json_t *model = json_pack("{s:s, s:s}", "id", t->model_id, "name", t->model_id);
-	if (model && t->context_length > 0)
-		json_object_set_new(model, "contextWindow", json_integer(t->context_length));
-	if (model && t->max_output > 0)
-		json_object_set_new(model, "maxTokens", json_integer(t->max_output));
+	json_limits(model, t);
 	char *ref = xasprintf("toki/%s", t->model_id);
 	json_t *doc = NULL;
 	/* json_pack takes the "o" reference, on failure too (jansson >= 2.11). */
 	if (ref)
 		doc = json_pack("{s:{s:{s:{s:s, s:s, s:s, s:[o]}}}, s:{s:{s:{s:s}}}}", "models",
-		                "providers", "toki", "baseUrl", u.v1, "apiKey", "${" TOKEN_ENV "}",
+		                "providers", "toki", "baseUrl", c->v1, "apiKey", "${" TOKEN_ENV "}",
 		                "api", "openai-completions", "models", model, "agents", "defaults",
 		                "model", "primary", ref);
 	else
 		json_decref(model);
 	free(ref);
-	urls_free(&u);
 	if (doc && timeout > 0)
 		json_object_set_new(
 		    json_object_get(json_object_get(json_object_get(doc, "models"), "providers"),
 		                    "toki"),
 		    "timeoutSeconds", json_integer((timeout + 999) / 1000));
-	int r = doc ? write_json(p, p->dir, "openclaw.json", doc, err, errlen) : oom(err, errlen);
-	json_decref(doc);
-	if (r != 0)
+	if (write_doc(c, c->p->dir, "openclaw.json", doc) != 0)
 		return -1;
-	return env_set(p, "OPENCLAW_CONFIG_PATH", p->files[p->n_files - 1]) == 0 &&
-	               env_set(p, TOKEN_ENV, t->token) == 0
-	           ? 0
-	           : oom(err, errlen);
+	return env_pins(c, env);
 }
 
 /* The provider entry of Pi's models.json (and OMP's models.yml): the key is
@@ -874,10 +871,7 @@ static json_t *pi_provider(const struct agent_target *t, const char *v1)
 {
 	json_t *model = json_pack("{s:s, s:s, s:b, s:[s]}", "id", t->model_id, "name", t->model_id,
 	                          "reasoning", 0, "input", "text");
-	if (model && t->context_length > 0)
-		json_object_set_new(model, "contextWindow", json_integer(t->context_length));
-	if (model && t->max_output > 0)
-		json_object_set_new(model, "maxTokens", json_integer(t->max_output));
+	json_limits(model, t);
 	return model ? json_pack("{s:s, s:s, s:s, s:{s:b, s:b}, s:[o]}", "baseUrl", v1, "api",
 	                         "openai-completions", "apiKey", TOKEN_ENV, "compat",
 	                         "supportsDeveloperRole", 0, "supportsReasoningEffort", 0, "models",
@@ -888,62 +882,49 @@ static json_t *pi_provider(const struct agent_target *t, const char *v1)
 /* Pi: PI_CODING_AGENT_DIR names a private agent directory whose models.json
  * adds a "toki" provider and whose settings.json makes it the default;
  * --provider/--model select it too. */
-static int build_pi(const struct agent_def *a, const struct agent_target *t, char *const *user_args,
-                    size_t n_user, struct agent_plan *p, char *err, size_t errlen)
+static int build_pi(struct agent_pin *c)
 {
-	(void)a;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	json_t *prov = pi_provider(t, u.v1);
-	urls_free(&u);
+	const struct agent_target *t = c->t;
+	struct agent_plan *p = c->p;
+	json_t *prov = pi_provider(t, c->v1);
 	json_t *models = prov ? json_pack("{s:{s:o}}", "providers", "toki", prov) : NULL;
 	json_t *settings =
 	    json_pack("{s:s, s:s}", "defaultProvider", "toki", "defaultModel", t->model_id);
-	char *dir = private_dir(p, "agent", err, errlen);
+	char *dir = private_dir(p, "agent", c->err, c->errlen);
 	int r = -1;
 	if (!models || !settings)
-		r = oom(err, errlen);
-	else if (dir && write_json(p, dir, "models.json", models, err, errlen) == 0 &&
-	         write_json(p, dir, "settings.json", settings, err, errlen) == 0)
+		r = oom(c->err, c->errlen);
+	else if (dir && write_json(p, dir, "models.json", models, c->err, c->errlen) == 0 &&
+	         write_json(p, dir, "settings.json", settings, c->err, c->errlen) == 0)
 		r = env_set(p, "PI_CODING_AGENT_DIR", dir) == 0 &&
 		            env_set(p, TOKEN_ENV, t->token) == 0 &&
 		            env_set(p, "PI_OFFLINE", "1") == 0
 		        ? 0
-		        : oom(err, errlen);
+		        : oom(c->err, c->errlen);
 	json_decref(models);
 	json_decref(settings);
 	free(dir);
 	if (r != 0)
 		return -1;
-	if (!user_has(user_args, n_user, "--provider", NULL) &&
-	    !user_has(user_args, n_user, "--model", NULL) &&
+	if (!user_has(c->user_args, c->n_user, "--provider", NULL) &&
+	    !user_has(c->user_args, c->n_user, "--model", NULL) &&
 	    (arg(p, "--provider") != 0 || arg(p, "toki") != 0 || arg(p, "--model") != 0 ||
 	     arg(p, t->model_id) != 0))
-		return oom(err, errlen);
+		return oom(c->err, c->errlen);
 	return 0;
 }
 
 /* OMP (oh-my-pi, a Pi fork): PI_CODING_AGENT_DIR names a private agent
  * directory with models.yml (a "toki" provider, Pi's format) and config.yml
  * (setup done); --model toki/<id> selects it. */
-static int build_omp(const struct agent_def *a, const struct agent_target *t,
-                     char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                     size_t errlen)
+static int build_omp(struct agent_pin *c)
 {
-	(void)a;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	char *base = agents_yaml_string(u.v1);
+	const struct agent_target *t = c->t;
+	struct agent_plan *p = c->p;
+	char *base = agents_yaml_string(c->v1);
 	char *id = agents_yaml_string(t->model_id);
-	urls_free(&u);
-	char lim[128] = "";
-	if (t->context_length > 0)
-		snprintf(lim, sizeof lim, "        contextWindow: %ld\n", t->context_length);
-	if (t->max_output > 0)
-		snprintf(lim + strlen(lim), sizeof lim - strlen(lim), "        maxTokens: %ld\n",
-		         t->max_output);
+	char lim[128];
+	limit_lines(t, "        contextWindow: ", "        maxTokens: ", lim, sizeof lim);
 	/* JSON is YAML: the same document Pi reads, as YAML for OMP. */
 	char *yaml = base && id ? xasprintf("# Written by toki launch: OMP pinned to the local "
 	                                    "model.\n"
@@ -962,25 +943,24 @@ static int build_omp(const struct agent_def *a, const struct agent_target *t,
 	                        : NULL;
 	free(base);
 	free(id);
-	char *dir = private_dir(p, "agent", err, errlen);
+	char *dir = private_dir(p, "agent", c->err, c->errlen);
 	int r = -1;
 	if (!yaml)
-		r = oom(err, errlen);
-	else if (dir && write_file(p, dir, "models.yml", yaml, err, errlen) == 0 &&
-	         write_file(p, dir, "config.yml", "setupVersion: 1\n", err, errlen) == 0)
+		r = oom(c->err, c->errlen);
+	else if (dir && write_file(p, dir, "models.yml", yaml, c->err, c->errlen) == 0 &&
+	         write_file(p, dir, "config.yml", "setupVersion: 1\n", c->err, c->errlen) == 0)
 		r = env_set(p, "PI_CODING_AGENT_DIR", dir) == 0 &&
 		            env_set(p, TOKEN_ENV, t->token) == 0
 		        ? 0
-		        : oom(err, errlen);
+		        : oom(c->err, c->errlen);
 	free(yaml);
 	free(dir);
 	if (r != 0)
 		return -1;
 	char *ref = xasprintf("toki/%s", t->model_id);
 	if (!ref)
-		return oom(err, errlen);
-	if (!user_has(user_args, n_user, "--model", NULL))
-		r = arg(p, "--model") == 0 && arg(p, ref) == 0 ? 0 : oom(err, errlen);
+		return oom(c->err, c->errlen);
+	r = arg_unless_user(c, "--model", NULL, ref);
 	free(ref);
 	return r;
 }
@@ -989,23 +969,14 @@ static int build_omp(const struct agent_def *a, const struct agent_target *t,
  * layer) that points the "settings" plugin at a settings.yaml with a "toki"
  * provider (openai-completions, key from $TOKI_API_KEY) as the default
  * model. Without arguments it starts the web profile, as `dsh web` does. */
-static int build_dsh(const struct agent_def *a, const struct agent_target *t,
-                     char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                     size_t errlen)
+static int build_dsh(struct agent_pin *c)
 {
-	(void)a;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	char *base = agents_yaml_string(u.v1);
+	const struct agent_target *t = c->t;
+	struct agent_plan *p = c->p;
+	char *base = agents_yaml_string(c->v1);
 	char *id = agents_yaml_string(t->model_id);
-	urls_free(&u);
-	char lim[128] = "";
-	if (t->context_length > 0)
-		snprintf(lim, sizeof lim, "          contextWindow: %ld\n", t->context_length);
-	if (t->max_output > 0)
-		snprintf(lim + strlen(lim), sizeof lim - strlen(lim), "          maxTokens: %ld\n",
-		         t->max_output);
+	char lim[128];
+	limit_lines(t, "          contextWindow: ", "          maxTokens: ", lim, sizeof lim);
 	char *settings = base && id ? xasprintf("# Written by toki launch: DeepSeek Harness "
 	                                        "pinned to the local model.\n"
 	                                        "agent-default-model:\n"
@@ -1029,13 +1000,13 @@ static int build_dsh(const struct agent_def *a, const struct agent_target *t,
 	free(id);
 	int r = -1;
 	if (!settings)
-		r = oom(err, errlen);
+		r = oom(c->err, c->errlen);
 	else
-		r = write_file(p, p->dir, "settings.yaml", settings, err, errlen);
+		r = write_file(p, p->dir, "settings.yaml", settings, c->err, c->errlen);
 	free(settings);
 	if (r != 0)
 		return -1;
-	char *spath = agents_yaml_string(p->files[p->n_files - 1]);
+	char *spath = agents_yaml_string(last_file(p));
 	char *patch = spath ? xasprintf("# Written by toki launch: use the settings next to "
 	                                "this file.\n"
 	                                "- id: settings\n"
@@ -1044,86 +1015,78 @@ static int build_dsh(const struct agent_def *a, const struct agent_target *t,
 	                                spath)
 	                    : NULL;
 	free(spath);
-	r = patch ? write_file(p, p->dir, "toki.cordis.yml", patch, err, errlen) : oom(err, errlen);
+	r = patch ? write_file(p, p->dir, "toki.cordis.yml", patch, c->err, c->errlen)
+	          : oom(c->err, c->errlen);
 	free(patch);
 	if (r != 0)
 		return -1;
-	if (n_user == 0 && (arg(p, "--profile") != 0 || arg(p, "web") != 0))
-		return oom(err, errlen);
-	return arg(p, "--patch") == 0 && arg(p, p->files[p->n_files - 1]) == 0 &&
+	if (c->n_user == 0 && (arg(p, "--profile") != 0 || arg(p, "web") != 0))
+		return oom(c->err, c->errlen);
+	return arg(p, "--patch") == 0 && arg(p, last_file(p)) == 0 &&
 	               env_set(p, TOKEN_ENV, t->token) == 0
 	           ? 0
-	           : oom(err, errlen);
+	           : oom(c->err, c->errlen);
 }
 
 /* Grok Build: its documented variables -- GROK_MODELS_BASE_URL (a custom
  * inference base URL), GROK_DEFAULT_MODEL, XAI_API_KEY -- and no updater. */
-static int build_grok(const struct agent_def *a, const struct agent_target *t,
-                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                      size_t errlen)
+static int build_grok(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	int ok = env_set(p, "GROK_MODELS_BASE_URL", u.v1) == 0 &&
-	         env_set(p, "GROK_DEFAULT_MODEL", t->model_id) == 0 &&
-	         env_set(p, "XAI_API_KEY", t->token) == 0 &&
-	         env_set(p, "GROK_DISABLE_AUTOUPDATER", "1") == 0;
-	urls_free(&u);
-	return ok ? 0 : oom(err, errlen);
+	static const struct env_pin env[] = {
+	    {"GROK_MODELS_BASE_URL", PIN_V1, NULL},
+	    {"GROK_DEFAULT_MODEL", PIN_MODEL, NULL},
+	    {"XAI_API_KEY", PIN_TOKEN, NULL},
+	    {"GROK_DISABLE_AUTOUPDATER", PIN_LIT, "1"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	return env_pins(c, env);
 }
 
 /* GitHub Copilot CLI: its BYOK variables (COPILOT_PROVIDER_BASE_URL,
  * _TYPE=openai, _API_KEY, _WIRE_API=completions, COPILOT_MODEL, the token
  * limits) and COPILOT_OFFLINE, so it talks to nothing but toki. */
-static int build_copilot(const struct agent_def *a, const struct agent_target *t,
-                         char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                         size_t errlen)
+static int build_copilot(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	int ok = env_set(p, "COPILOT_PROVIDER_BASE_URL", u.v1) == 0 &&
-	         env_set(p, "COPILOT_PROVIDER_TYPE", "openai") == 0 &&
-	         env_set(p, "COPILOT_PROVIDER_API_KEY", t->token) == 0 &&
-	         env_set(p, "COPILOT_PROVIDER_WIRE_API", "completions") == 0 &&
-	         env_set(p, "COPILOT_MODEL", t->model_id) == 0 &&
-	         env_set(p, "COPILOT_OFFLINE", "true") == 0;
-	urls_free(&u);
+	static const struct env_pin env[] = {
+	    {"COPILOT_PROVIDER_BASE_URL", PIN_V1, NULL},
+	    {"COPILOT_PROVIDER_TYPE", PIN_LIT, "openai"},
+	    {"COPILOT_PROVIDER_API_KEY", PIN_TOKEN, NULL},
+	    {"COPILOT_PROVIDER_WIRE_API", PIN_LIT, "completions"},
+	    {"COPILOT_MODEL", PIN_MODEL, NULL},
+	    {"COPILOT_OFFLINE", PIN_LIT, "true"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	const struct agent_target *t = c->t;
+	int ok = env_pins(c, env) == 0;
 	/* The prompt cap is what the context holds once the output budget is
 	 * set aside: the whole context left a full prompt no room to answer. */
 	long budget = output_budget(t);
 	if (ok && t->context_length > 0)
-		ok = env_setl(p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS",
+		ok = env_setl(c->p, "COPILOT_PROVIDER_MAX_PROMPT_TOKENS",
 		              t->context_length - budget) == 0;
 	if (ok && budget > 0)
-		ok = env_setl(p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS", budget) == 0;
-	return ok ? 0 : oom(err, errlen);
+		ok = env_setl(c->p, "COPILOT_PROVIDER_MAX_OUTPUT_TOKENS", budget) == 0;
+	return ok ? 0 : oom(c->err, c->errlen);
 }
 
 /* Kimi Code: the KIMI_MODEL_* variables, which define a temporary provider
  * and model in memory (nothing is written to its config.toml), and no
  * telemetry. */
-static int build_kimi(const struct agent_def *a, const struct agent_target *t,
-                      char *const *user_args, size_t n_user, struct agent_plan *p, char *err,
-                      size_t errlen)
+static int build_kimi(struct agent_pin *c)
 {
-	(void)a, (void)user_args, (void)n_user;
-	struct urls u;
-	if (urls_make(t, &u, err, errlen) != 0)
-		return -1;
-	int ok = env_set(p, "KIMI_MODEL_NAME", t->model_id) == 0 &&
-	         env_set(p, "KIMI_MODEL_API_KEY", t->token) == 0 &&
-	         env_set(p, "KIMI_MODEL_PROVIDER_TYPE", "openai") == 0 &&
-	         env_set(p, "KIMI_MODEL_BASE_URL", u.v1) == 0 &&
-	         env_set(p, "KIMI_MODEL_CAPABILITIES", "") == 0 &&
-	         env_set(p, "KIMI_DISABLE_TELEMETRY", "1") == 0;
-	urls_free(&u);
-	if (ok && t->context_length > 0)
-		ok = env_setl(p, "KIMI_MODEL_MAX_CONTEXT_SIZE", t->context_length) == 0;
-	return ok ? 0 : oom(err, errlen);
+	static const struct env_pin env[] = {
+	    {"KIMI_MODEL_NAME", PIN_MODEL, NULL},
+	    {"KIMI_MODEL_API_KEY", PIN_TOKEN, NULL},
+	    {"KIMI_MODEL_PROVIDER_TYPE", PIN_LIT, "openai"},
+	    {"KIMI_MODEL_BASE_URL", PIN_V1, NULL},
+	    {"KIMI_MODEL_CAPABILITIES", PIN_LIT, ""},
+	    {"KIMI_DISABLE_TELEMETRY", PIN_LIT, "1"},
+	    {NULL, PIN_LIT, NULL},
+	};
+	int ok = env_pins(c, env) == 0;
+	if (ok && c->t->context_length > 0)
+		ok = env_setl(c->p, "KIMI_MODEL_MAX_CONTEXT_SIZE", c->t->context_length) == 0;
+	return ok ? 0 : oom(c->err, c->errlen);
 }
 
 /* --- the table ---------------------------------------------------------- */
@@ -1319,8 +1282,15 @@ int agents_build(const struct agent_def *a, const struct agent_target *t, char *
 			return oom(err, errlen);
 		}
 	}
-	if (a->build(a, t, user_args, n_user, p, err, errlen) != 0 ||
-	    (p->dir && write_env_sh(p, err, errlen) != 0)) {
+	struct agent_pin c = {a, t, user_args, n_user, p, NULL, NULL, err, errlen};
+	char *v1 = xasprintf("%s/v1", t->endpoint);
+	char *anth = xasprintf("%s/anthropic", t->endpoint);
+	c.v1 = v1;
+	c.anth = anth;
+	int r = v1 && anth ? a->build(&c) : oom(err, errlen);
+	free(v1);
+	free(anth);
+	if (r != 0 || (p->dir && write_env_sh(p, err, errlen) != 0)) {
 		agent_plan_free(p);
 		return -1;
 	}

@@ -74,6 +74,8 @@ struct agent_plan {
 	size_t n_warnings;
 };
 
+struct agent_pin;
+
 struct agent_def {
 	const char *name;           /* canonical, as typed: "claude" */
 	const char *display;        /* "Claude Code" */
@@ -83,12 +85,11 @@ struct agent_def {
 	enum agent_api api;
 	enum agent_doc doc;
 	const char *mechanism; /* one line: how it is pinned */
-	/* Fills plan (dir is already set and created; exe is set to binary).
-	 * user_args are the arguments after `--`, for a builder that leaves out
-	 * an argument of its own the user also gave. 0, or -1 with err. */
-	int (*build)(const struct agent_def *a, const struct agent_target *t,
-	             char *const *user_args, size_t n_user, struct agent_plan *plan, char *err,
-	             size_t errlen);
+	/* Fills the plan of pin (agents.c's: the agent, its target, the user's
+	 * arguments after `--`, for a builder that leaves out an argument of
+	 * its own the user also gave, the plan, whose dir is already set and
+	 * created and exe set to binary, and err). 0, or -1 with err. */
+	int (*build)(struct agent_pin *pin);
 };
 
 /* The table, in display order. */
