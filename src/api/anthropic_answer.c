@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "api/anthropic_put.h"
+#include "util/grow.h"
 
 /* Random ids for messages or tool calls the backend did not name: not secret,
  * only unique, so a weak fallback is fine when getrandom fails. */
@@ -374,14 +375,8 @@ static int tool_block_index(struct anthropic_stream *s, long long tool_index, co
 	}
 	if (close_block(s, out))
 		return -1;
-	if (s->ntools == s->captools) {
-		size_t cap = s->captools ? s->captools * 2 : 4;
-		struct tool_block *nt = realloc(s->tools, cap * sizeof *nt);
-		if (!nt)
-			return -1;
-		s->tools = nt;
-		s->captools = cap;
-	}
+	if (GROW(s->tools, s->captools, s->ntools + 1, 4) != 0)
+		return -1;
 	const json_t *id = json_object_get(tc, "id");
 	const json_t *name = json_object_get(json_object_get(tc, "function"), "name");
 	char gen[32] = "";

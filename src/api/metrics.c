@@ -13,6 +13,7 @@
 #include "daemon.h"
 #include "http/http_server.h"
 #include "router/router.h"
+#include "util/grow.h"
 
 #ifndef TOKI_VERSION
 #define TOKI_VERSION "dev"
@@ -57,14 +58,8 @@ static struct family *family_get(struct metrics_merge *m, const char *name, size
 	for (size_t i = 0; i < m->n; i++)
 		if (strlen(m->f[i].name) == len && !memcmp(m->f[i].name, name, len))
 			return &m->f[i];
-	if (m->n == m->cap) {
-		size_t cap = m->cap ? m->cap * 2 : 32;
-		struct family *f = realloc(m->f, cap * sizeof *f);
-		if (!f)
-			return NULL;
-		m->f = f;
-		m->cap = cap;
-	}
+	if (GROW(m->f, m->cap, m->n + 1, 32) != 0)
+		return NULL;
 	struct family *f = &m->f[m->n];
 	memset(f, 0, sizeof *f);
 	f->name = malloc(len + 1);

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util/grow.h"
+
 static char *dup_range(const char *s, size_t n)
 {
 	char *p = malloc(n + 1);
@@ -135,16 +137,8 @@ static int append(char **out, size_t *len, size_t *cap, const char *data, size_t
 {
 	if (*len + n > max)
 		return 413;
-	if (*len + n + 1 > *cap) {
-		size_t ncap = *cap ? *cap : 4096;
-		while (ncap < *len + n + 1)
-			ncap *= 2;
-		char *p = realloc(*out, ncap);
-		if (!p)
-			return 500;
-		*out = p;
-		*cap = ncap;
-	}
+	if (GROW(*out, *cap, *len + n + 1, 4096) != 0)
+		return 500;
 	memcpy(*out + *len, data, n);
 	*len += n;
 	(*out)[*len] = '\0';
@@ -152,7 +146,7 @@ static int append(char **out, size_t *len, size_t *cap, const char *data, size_t
 }
 
 int chunked_decode(struct chunked_decoder *d, const char *in, size_t len, size_t *consumed,
-		   char **out, size_t *out_len, size_t *out_cap, size_t max)
+                   char **out, size_t *out_len, size_t *out_cap, size_t max)
 {
 	size_t i = 0;
 	int rc;
@@ -187,12 +181,12 @@ int chunked_decode(struct chunked_decoder *d, const char *in, size_t len, size_t
 				if (size > (SIZE_MAX >> 4))
 					return 413;
 				int v = isdigit((unsigned char)d->line[k])
-						? d->line[k] - '0'
-						: (tolower((unsigned char)d->line[k]) - 'a' + 10);
+				            ? d->line[k] - '0'
+				            : (tolower((unsigned char)d->line[k]) - 'a' + 10);
 				size = (size << 4) | (size_t)v;
 			}
 			if (k == 0 || (k < line_len && d->line[k] != ';' && d->line[k] != ' ' &&
-				       d->line[k] != '\t'))
+			               d->line[k] != '\t'))
 				return 400;
 			if (size > max || *out_len + size > max)
 				return 413;

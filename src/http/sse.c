@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/grow.h"
+
 void sse_parser_init(struct sse_parser *p, size_t max_event)
 {
 	memset(p, 0, sizeof *p);
@@ -40,16 +42,8 @@ static size_t event_end(const char *buf, size_t len, size_t from)
 
 int sse_parser_feed(struct sse_parser *p, const char *data, size_t len, sse_event_fn fn, void *arg)
 {
-	if (p->len + len + 1 > p->cap) {
-		size_t ncap = p->cap ? p->cap : 4096;
-		while (ncap < p->len + len + 1)
-			ncap *= 2;
-		char *nb = realloc(p->buf, ncap);
-		if (!nb)
-			return -1;
-		p->buf = nb;
-		p->cap = ncap;
-	}
+	if (GROW(p->buf, p->cap, p->len + len + 1, 4096) != 0)
+		return -1;
 	/* Only the new bytes (and the two before them) can complete an event. */
 	size_t scan_from = p->len > 2 ? p->len - 2 : 0;
 	memcpy(p->buf + p->len, data, len);
@@ -87,7 +81,8 @@ char *sse_event_data(const char *raw, size_t len, size_t *data_len)
 			if (v < j && raw[v] == ' ')
 				v++;
 			size_t n = j - v;
-			int sep = out != NULL; /* not the first data line, even if those were empty */
+			int sep =
+			    out != NULL; /* not the first data line, even if those were empty */
 			char *nb = realloc(out, out_len + n + 2);
 			if (!nb) {
 				free(out);

@@ -6,6 +6,7 @@
  * so two pulls of the same file at once cannot interleave their bytes. */
 #include "model/download.h"
 #include "util/err.h"
+#include "util/grow.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -637,8 +638,8 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		curl_off_t size = -1;
 		int resumed = 0;
 		int transient = 0;
-		int got = fetch_into_part(o, fd, sha, &prog, &size, &resumed, &transient, err,
-		                          errlen);
+		int got =
+		    fetch_into_part(o, fd, sha, &prog, &size, &resumed, &transient, err, errlen);
 		if (got < 0 && transient && retries < 2) {
 			if (o->progress)
 				fprintf(stderr, "%s: %s; trying again\n", label, err);
@@ -737,16 +738,8 @@ static size_t on_mem(char *buf, size_t size, size_t nmemb, void *arg)
 		m->too_big = 1;
 		return 0;
 	}
-	if (m->len + len + 1 > m->cap) {
-		size_t cap = m->cap ? m->cap : 16384;
-		while (cap < m->len + len + 1)
-			cap *= 2;
-		char *p = realloc(m->data, cap);
-		if (!p)
-			return 0;
-		m->data = p;
-		m->cap = cap;
-	}
+	if (GROW(m->data, m->cap, m->len + len + 1, 16384) != 0)
+		return 0;
 	memcpy(m->data + m->len, buf, len);
 	m->len += len;
 	m->data[m->len] = '\0';

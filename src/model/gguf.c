@@ -10,6 +10,7 @@
  * u64 count, elements. v1 used u32 counts and is not supported.
  */
 #include "model/gguf.h"
+#include "util/grow.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -570,24 +571,6 @@ static int cmp_tensor(const void *x, const void *y)
 
 /* --- Open ---------------------------------------------------------------- */
 
-/* Grows a malloc'd array geometrically; the caller checked the count against
- * the file, so growth follows what was actually parsed, not what the header
- * claims. */
-static bool grow(void **arr, size_t *cap, size_t need, size_t elem)
-{
-	if (need <= *cap)
-		return true;
-	size_t ncap = *cap ? *cap * 2 : 16;
-	while (ncap < need)
-		ncap *= 2;
-	void *p = realloc(*arr, ncap * elem);
-	if (!p)
-		return false;
-	*arr = p;
-	*cap = ncap;
-	return true;
-}
-
 static struct gguf *parse(struct reader *r)
 {
 	struct gguf *g = calloc(1, sizeof(*g));
@@ -645,7 +628,9 @@ static struct gguf *parse(struct reader *r)
 
 	size_t kv_cap = 0;
 	for (uint64_t i = 0; i < n_kv; i++) {
-		if (!grow((void **)&g->kv, &kv_cap, g->n_kv + 1, sizeof(*g->kv))) {
+		/* The caller checked the count against the file, so growth follows
+		 * what was actually parsed, not what the header claims. */
+		if (GROW(g->kv, kv_cap, g->n_kv + 1, 16) != 0) {
 			fail(r, "out of memory");
 			goto fail;
 		}
@@ -688,7 +673,7 @@ static struct gguf *parse(struct reader *r)
 
 	size_t t_cap = 0;
 	for (uint64_t i = 0; i < n_tensors; i++) {
-		if (!grow((void **)&g->tensors, &t_cap, g->n_tensors + 1, sizeof(*g->tensors))) {
+		if (GROW(g->tensors, t_cap, g->n_tensors + 1, 16) != 0) {
 			fail(r, "out of memory");
 			goto fail;
 		}

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "util/err.h"
+#include "util/grow.h"
 
 /* --- Vocabulary ---------------------------------------------------------- */
 
@@ -568,17 +569,9 @@ static void wb_put(struct wbuf *b, const void *data, size_t n)
 {
 	if (b->oom)
 		return;
-	if (b->cap - b->len < n) {
-		size_t ncap = b->cap ? b->cap : 4096;
-		while (ncap - b->len < n)
-			ncap *= 2;
-		uint8_t *np = realloc(b->p, ncap);
-		if (!np) {
-			b->oom = true;
-			return;
-		}
-		b->p = np;
-		b->cap = ncap;
+	if (GROW(b->p, b->cap, b->len + n, 4096) != 0) {
+		b->oom = true;
+		return;
 	}
 	memcpy(b->p + b->len, data, n);
 	b->len += n;

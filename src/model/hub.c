@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "util/err.h"
+#include "util/grow.h"
 
 #ifndef TOKI_VERSION
 #define TOKI_VERSION "dev"
@@ -119,16 +120,8 @@ static size_t on_page(char *buf, size_t size, size_t nmemb, void *arg)
 		p->too_big = 1;
 		return 0;
 	}
-	if (p->len + len + 1 > p->cap) {
-		size_t cap = p->cap ? p->cap * 2 : 65536;
-		while (cap < p->len + len + 1)
-			cap *= 2;
-		char *d = realloc(p->data, cap);
-		if (!d)
-			return 0;
-		p->data = d;
-		p->cap = cap;
-	}
+	if (GROW(p->data, p->cap, p->len + len + 1, 65536) != 0)
+		return 0;
 	memcpy(p->data + p->len, buf, len);
 	p->len += len;
 	p->data[p->len] = '\0';
@@ -232,8 +225,8 @@ static int get_page(const char *url, const char *token, struct page *p, long *st
 	for (int attempt = 0;; attempt++) {
 		*status = 0;
 		int rc = get_page_once(url, token, p, status, err, errlen);
-		int transient = (rc != 0 && !p->too_big) ||
-		                (rc == 0 && (*status >= 500 || *status == 429));
+		int transient =
+		    (rc != 0 && !p->too_big) || (rc == 0 && (*status >= 500 || *status == 429));
 		if (!transient || attempt == 2)
 			return rc;
 		free(p->data);

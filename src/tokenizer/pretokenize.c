@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tokenizer/unicode.h"
+#include "util/grow.h"
 
 /* ---- the expressions of each type (llama.cpp's llm_tokenizer_bpe) ---- */
 
@@ -127,14 +128,8 @@ struct lengths {
 
 static int lengths_push(struct lengths *l, size_t x)
 {
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 64;
-		size_t *v = realloc(l->v, cap * sizeof *v);
-		if (!v)
-			return -1;
-		l->v = v;
-		l->cap = cap;
-	}
+	if (GROW(l->v, l->cap, l->n + 1, 64) != 0)
+		return -1;
 	l->v[l->n++] = x;
 	return 0;
 }
@@ -229,14 +224,8 @@ struct units {
 
 static int units_push(struct units *u, uint32_t c)
 {
-	if (u->n == u->cap) {
-		size_t cap = u->cap ? u->cap * 2 : 256;
-		PCRE2_UCHAR *v = realloc(u->v, cap * sizeof *v);
-		if (!v)
-			return -1;
-		u->v = v;
-		u->cap = cap;
-	}
+	if (GROW(u->v, u->cap, u->n + 1, 256) != 0)
+		return -1;
 	u->v[u->n++] = c;
 	return 0;
 }

@@ -8,6 +8,7 @@
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/unicode.h"
 #include "util/strmap.h"
+#include "util/grow.h"
 
 /* llama.cpp's token attributes (llama_token_attr). */
 enum {
@@ -59,16 +60,8 @@ int token_list_push(struct token_list *l, token_t t)
 
 int token_list_append(struct token_list *l, const token_t *t, size_t n)
 {
-	if (l->n + n > l->cap) {
-		size_t cap = l->cap ? l->cap : 64;
-		while (cap < l->n + n)
-			cap *= 2;
-		token_t *v = realloc(l->v, cap * sizeof *v);
-		if (!v)
-			return -1;
-		l->v = v;
-		l->cap = cap;
-	}
+	if (GROW(l->v, l->cap, l->n + n, 64) != 0)
+		return -1;
 	if (n)
 		memcpy(l->v + l->n, t, n * sizeof *t);
 	l->n += n;
@@ -84,14 +77,8 @@ void token_list_free(struct token_list *l)
 
 static int fragment_push(struct fragment_list *l, size_t off, size_t len, token_t token)
 {
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 16;
-		struct fragment *v = realloc(l->v, cap * sizeof *v);
-		if (!v)
-			return -1;
-		l->v = v;
-		l->cap = cap;
-	}
+	if (GROW(l->v, l->cap, l->n + 1, 16) != 0)
+		return -1;
 	l->v[l->n++] = (struct fragment){off, len, token};
 	return 0;
 }
@@ -702,14 +689,8 @@ struct symbols {
 
 static int symbols_push(struct symbols *s, struct symbol sym)
 {
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? s->cap * 2 : 64;
-		struct symbol *p = realloc(s->v, cap * sizeof *p);
-		if (!p)
-			return -1;
-		s->v = p;
-		s->cap = cap;
-	}
+	if (GROW(s->v, s->cap, s->n + 1, 64) != 0)
+		return -1;
 	s->v[s->n++] = sym;
 	return 0;
 }
@@ -734,14 +715,8 @@ static int bigram_before(const struct bigram *a, const struct bigram *b)
 
 static int heap_push(struct heap *h, struct bigram x)
 {
-	if (h->n == h->cap) {
-		size_t cap = h->cap ? h->cap * 2 : 64;
-		struct bigram *p = realloc(h->v, cap * sizeof *p);
-		if (!p)
-			return -1;
-		h->v = p;
-		h->cap = cap;
-	}
+	if (GROW(h->v, h->cap, h->n + 1, 64) != 0)
+		return -1;
 	size_t i = h->n++;
 	while (i > 0) {
 		size_t parent = (i - 1) / 2;

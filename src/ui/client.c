@@ -13,6 +13,7 @@
 #include "model/run.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/grow.h"
 
 #define ERRBODY_MAX (64 * 1024)
 #define STREAM_EVENT_MAX (64 * 1024 * 1024)
@@ -134,17 +135,9 @@ static int membuf_add(struct membuf *m, const char *data, size_t len)
 {
 	if (m->max && m->len + len > m->max)
 		len = m->len < m->max ? m->max - m->len : 0;
-	if (m->len + len + 1 > m->cap) {
-		size_t ncap = m->cap ? m->cap : 256;
-		while (ncap < m->len + len + 1)
-			ncap *= 2;
-		char *np = realloc(m->p, ncap);
-		if (!np) {
-			m->oom = 1;
-			return -1;
-		}
-		m->p = np;
-		m->cap = ncap;
+	if (GROW(m->p, m->cap, m->len + len + 1, 256) != 0) {
+		m->oom = 1;
+		return -1;
 	}
 	memcpy(m->p + m->len, data, len);
 	m->len += len;

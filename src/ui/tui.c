@@ -22,6 +22,7 @@
 
 #include "ui/client.h"
 #include "util/clock.h"
+#include "util/grow.h"
 
 /* ---- text: UTF-8 <-> wide characters, display widths -------------------- */
 
@@ -32,17 +33,7 @@ struct wbuf {
 
 static int wbuf_reserve(struct wbuf *b, size_t need)
 {
-	if (need + 1 <= b->cap)
-		return 0;
-	size_t ncap = b->cap ? b->cap : 64;
-	while (ncap < need + 1)
-		ncap *= 2;
-	wchar_t *ns = realloc(b->s, ncap * sizeof *ns);
-	if (!ns)
-		return -1;
-	b->s = ns;
-	b->cap = ncap;
-	return 0;
+	return GROW(b->s, b->cap, need + 1, 64);
 }
 
 static int wbuf_insert(struct wbuf *b, size_t at, const wchar_t *s, size_t n)
@@ -277,14 +268,8 @@ static void wake(struct tui *t)
 
 static struct entry *entry_add(struct tui *t, enum entry_kind kind, const char *text)
 {
-	if (t->n_ent == t->cap_ent) {
-		size_t ncap = t->cap_ent ? t->cap_ent * 2 : 32;
-		struct entry **nv = realloc(t->ent, ncap * sizeof *nv);
-		if (!nv)
-			return NULL;
-		t->ent = nv;
-		t->cap_ent = ncap;
-	}
+	if (GROW(t->ent, t->cap_ent, t->n_ent + 1, 32) != 0)
+		return NULL;
 	struct entry *e = calloc(1, sizeof *e);
 	if (!e)
 		return NULL;
@@ -330,16 +315,8 @@ static void entry_free(struct entry *e)
 
 static int buf_append(char **p, size_t *len, size_t *cap, const char *s, size_t n)
 {
-	if (*len + n + 1 > *cap) {
-		size_t ncap = *cap ? *cap : 256;
-		while (ncap < *len + n + 1)
-			ncap *= 2;
-		char *np = realloc(*p, ncap);
-		if (!np)
-			return -1;
-		*p = np;
-		*cap = ncap;
-	}
+	if (GROW(*p, *cap, *len + n + 1, 256) != 0)
+		return -1;
 	memcpy(*p + *len, s, n);
 	*len += n;
 	(*p)[*len] = '\0';
@@ -702,15 +679,9 @@ static void dlines_free(struct dlines *d)
 
 static struct dline *dline_new(struct dlines *d)
 {
-	if (d->n == d->cap) {
-		size_t ncap = d->cap ? d->cap * 2 : 128;
-		struct dline *nv = realloc(d->v, ncap * sizeof *nv);
-		if (!nv) {
-			d->oom = 1;
-			return NULL;
-		}
-		d->v = nv;
-		d->cap = ncap;
+	if (GROW(d->v, d->cap, d->n + 1, 128) != 0) {
+		d->oom = 1;
+		return NULL;
 	}
 	struct dline *l = &d->v[d->n++];
 	memset(l, 0, sizeof *l);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/grow.h"
+
 void strbuf_init(struct strbuf *b)
 {
 	b->p = NULL;
@@ -18,17 +20,9 @@ int strbuf_append(struct strbuf *b, const char *s, size_t n)
 		b->failed = 1;
 		return -1;
 	}
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		while (cap < b->len + n + 1)
-			cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->failed = 1;
-			return -1;
-		}
-		b->p = p;
-		b->cap = cap;
+	if (GROW(b->p, b->cap, b->len + n + 1, 256) != 0) {
+		b->failed = 1;
+		return -1;
 	}
 	if (n)
 		memcpy(b->p + b->len, s, n);
