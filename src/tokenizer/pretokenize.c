@@ -14,84 +14,93 @@
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
 #define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 #define RE_LLAMA3                                                                                  \
-	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
-			"\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                                 \
-	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
-			"\\s+(?!\\S)|\\s+"
+	RE_CONTRACTIONS                                                                            \
+	"|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"               \
+	"\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_QWEN2                                                                                   \
+	RE_CONTRACTIONS                                                                            \
+	"|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"      \
+	"\\s+(?!\\S)|\\s+"
 
 static const char *const re_default[] = {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+",
-					 "[0-9][0-9][0-9]", NULL};
+                                         "[0-9][0-9][0-9]", NULL};
 static const char *const re_llama3[] = {RE_LLAMA3, NULL};
 static const char *const re_gpt2[] = {RE_GPT2, NULL};
 static const char *const re_starcoder[] = {"\\p{N}", RE_GPT2, NULL};
 /* The backtick and the ~ in \p{S} below are what build 11669 does, seen
  * against the server (the sources this was ported from have neither). */
 static const char *const re_falcon[] = {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]",
-					NULL};
+                                        NULL};
 static const char *const re_qwen2[] = {RE_QWEN2, NULL};
 static const char *const re_qwen35[] = {
-	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
-			"\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	NULL};
+    RE_CONTRACTIONS
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_deepseek_coder[] = {
-	"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", "\\p{N}",
-	NULL};
+    "[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    "\\p{N}", NULL};
 static const char *const re_deepseek3[] = {
-	"\\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-	"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
-	"?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-	NULL};
+    "\\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./"
+    ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+    "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_tekken[] = {
-	"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])"
-	"([^a-z]))+((?=[\\p{L}])([^A-Z]))*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	NULL};
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?"
+    "=[\\p{L}])"
+    "([^a-z]))+((?=[\\p{L}])([^A-Z]))*|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_gpt4o[] = {
-	"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" RE_CONTRACTIONS
-	"?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" RE_CONTRACTIONS
-	"?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
-	NULL};
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+" RE_CONTRACTIONS
+    "?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*" RE_CONTRACTIONS
+    "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_seed_coder[] = {
-	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|"
-			"\\s+(?!\\S)|\\s+",
-	NULL};
+    RE_CONTRACTIONS
+    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_bailingmoe[] = {
-	"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
-	"[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
-	NULL};
+    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_minicpm5[] = {
-	"\\p{N}{1,3}",
-	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
-			"\\s+(?!\\S)|\\s+",
-	NULL};
+    "\\p{N}{1,3}",
+    RE_CONTRACTIONS
+    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+",
+    NULL};
 static const char *const re_gemma4[] = {"[^\\n]+|[\\n]+", NULL};
 
 /* The names each llama.cpp type answers to, and its flags. The order of the
  * flags: ignore_merges, add_bos, no_bos, escape_whitespace, raw_utf8,
  * newline_words. */
 static const struct pretokenizer_type types[] = {
-	{"default", re_default, 0, 0, 0, 0, 0, 0},
-	{"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|jina-v5-nano", re_llama3, 1,
-	 1, 0, 0, 0, 0},
-	{"dbrx|smaug-bpe", re_llama3, 0, 0, 0, 0, 0, 0},
-	{"glm4|chatglm-bpe", re_llama3, 0, 0, 1, 0, 0, 0},
-	{"deepseek-coder", re_deepseek_coder, 0, 0, 0, 0, 0, 0},
-	{"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4", re_deepseek3, 0, 0, 0, 0, 0, 0},
-	{"falcon", re_falcon, 0, 0, 0, 0, 0, 0},
-	{"starcoder|refact|command-r|smollm|codeshell|exaone|minerva-7b|mellum2", re_starcoder, 0, 0, 0,
-	 0, 0, 0},
-	{"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert|mpt|"
-	 "olmo|jais|trillion|granite-docling|exaone4",
-	 re_gpt2, 0, 0, 0, 0, 0, 0},
-	{"qwen2|deepseek-r1-qwen|kormo|f2llmv2|megrez|stablelm2|hunyuan|solar-open|grok-2", re_qwen2, 0,
-	 0, 0, 0, 0, 0},
-	{"qwen35", re_qwen35, 0, 0, 0, 0, 0, 0},
-	{"tekken", re_tekken, 1, 1, 0, 0, 0, 0},
-	{"gpt-4o|llama4|kanana2|talkie|minimax-m2", re_gpt4o, 0, 0, 0, 0, 0, 0},
-	{"seed-coder", re_seed_coder, 0, 0, 0, 0, 0, 0},
-	{"bailingmoe|bailingmoe2|llada-moe", re_bailingmoe, 0, 0, 0, 0, 0, 0},
-	{"minicpm5", re_minicpm5, 1, 0, 0, 0, 0, 0},
-	{"gemma4|granite-embed-multi-311m", re_gemma4, 0, 1, 0, 1, 1, 1},
+    {"default", re_default, 0, 0, 0, 0, 0, 0},
+    {"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|jina-v5-nano", re_llama3, 1,
+     1, 0, 0, 0, 0},
+    {"dbrx|smaug-bpe", re_llama3, 0, 0, 0, 0, 0, 0},
+    {"glm4|chatglm-bpe", re_llama3, 0, 0, 1, 0, 0, 0},
+    {"deepseek-coder", re_deepseek_coder, 0, 0, 0, 0, 0, 0},
+    {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4", re_deepseek3, 0, 0, 0, 0, 0, 0},
+    {"falcon", re_falcon, 0, 0, 0, 0, 0, 0},
+    {"starcoder|refact|command-r|smollm|codeshell|exaone|minerva-7b|mellum2", re_starcoder, 0, 0, 0,
+     0, 0, 0},
+    {"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert|mpt|"
+     "olmo|jais|trillion|granite-docling|exaone4",
+     re_gpt2, 0, 0, 0, 0, 0, 0},
+    {"qwen2|deepseek-r1-qwen|kormo|f2llmv2|megrez|stablelm2|hunyuan|solar-open|grok-2", re_qwen2, 0,
+     0, 0, 0, 0, 0},
+    {"qwen35", re_qwen35, 0, 0, 0, 0, 0, 0},
+    {"tekken", re_tekken, 1, 1, 0, 0, 0, 0},
+    {"gpt-4o|llama4|kanana2|talkie|minimax-m2", re_gpt4o, 0, 0, 0, 0, 0, 0},
+    {"seed-coder", re_seed_coder, 0, 0, 0, 0, 0, 0},
+    {"bailingmoe|bailingmoe2|llada-moe", re_bailingmoe, 0, 0, 0, 0, 0, 0},
+    {"minicpm5", re_minicpm5, 1, 0, 0, 0, 0, 0},
+    {"gemma4|granite-embed-multi-311m", re_gemma4, 0, 1, 0, 1, 1, 1},
 };
 
 static int name_in(const char *names, const char *name)
@@ -172,17 +181,17 @@ struct category_class {
 };
 
 static const struct category_class category_classes[] = {
-	{"\\p{N}", COLLAPSED_NUMBER, "\x30-\x39"},
-	{"\\p{L}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
-	{"\\p{P}", COLLAPSED_PUNCT,
-	 "\x21-\x23\x25-\x2A\x2C-\x2F\x3A-\x3B\x3F-\x40\\\x5B-\\\x5D\x5F\\\x7B\\\x7D"},
-	{"\\p{M}", COLLAPSED_MARK, ""},
-	{"\\p{S}", COLLAPSED_SYMBOL, "\\\x24\\\x2B\x3C-\x3E\x5E\x60\\\x7C\\\x7E"},
-	{"\\p{Lu}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
-	{"\\p{Ll}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
-	{"\\p{Lt}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
-	{"\\p{Lm}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
-	{"\\p{Lo}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
+    {"\\p{N}", COLLAPSED_NUMBER, "\x30-\x39"},
+    {"\\p{L}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
+    {"\\p{P}", COLLAPSED_PUNCT,
+     "\x21-\x23\x25-\x2A\x2C-\x2F\x3A-\x3B\x3F-\x40\\\x5B-\\\x5D\x5F\\\x7B\\\x7D"},
+    {"\\p{M}", COLLAPSED_MARK, ""},
+    {"\\p{S}", COLLAPSED_SYMBOL, "\\\x24\\\x2B\x3C-\x3E\x5E\x60\\\x7C\\\x7E"},
+    {"\\p{Lu}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
+    {"\\p{Ll}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
+    {"\\p{Lt}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
+    {"\\p{Lm}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
+    {"\\p{Lo}", COLLAPSED_LETTER, "\x41-\x5A\x61-\x7A"},
 };
 #define N_CATEGORY_CLASSES (sizeof category_classes / sizeof category_classes[0])
 
@@ -286,7 +295,8 @@ static pcre2_code *compile_units(const struct units *pattern, char *err, size_t 
 	int code;
 	PCRE2_SIZE at;
 	/* ECMAScript's $ is the end of the input only. */
-	pcre2_code *re = pcre2_compile(pattern->v, pattern->n, PCRE2_DOLLAR_ENDONLY, &code, &at, NULL);
+	pcre2_code *re =
+	    pcre2_compile(pattern->v, pattern->n, PCRE2_DOLLAR_ENDONLY, &code, &at, NULL);
 	if (!re) {
 		PCRE2_UCHAR msg[256];
 		pcre2_get_error_message(code, msg, 256);
@@ -420,9 +430,9 @@ static size_t contraction_end(const struct range *r, size_t pos, int fold)
 	return 0;
 }
 
-#define IS_L(f) ((f) & UNICODE_LETTER)
-#define IS_N(f) ((f) & UNICODE_NUMBER)
-#define IS_WS(f) ((f) & UNICODE_WHITESPACE)
+#define IS_L(f) ((f)&UNICODE_LETTER)
+#define IS_N(f) ((f)&UNICODE_NUMBER)
+#define IS_WS(f) ((f)&UNICODE_WHITESPACE)
 
 static void split_gpt2_range(struct range *r)
 {
@@ -549,7 +559,7 @@ static void split_llama3_range(struct range *r)
  * does the text between them (std::regex_iterator over each piece alone, so
  * that lookahead stops at the piece's end). */
 static int split_regex(pcre2_code *code, const PCRE2_UCHAR *subject, const struct lengths *in,
-		       struct lengths *out)
+                       struct lengths *out)
 {
 	pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
 	if (!md)
@@ -597,7 +607,7 @@ static void build_byte_symbols(struct pretokenizer *p)
 }
 
 int pretokenizer_split(const struct pretokenizer *p, const char *text, size_t len,
-		       pretokenizer_word_fn fn, void *arg)
+                       pretokenizer_word_fn fn, void *arg)
 {
 	size_t n;
 	uint32_t *cpts = unicode_decode_all(text, len, &n);
@@ -639,8 +649,9 @@ int pretokenizer_split(const struct pretokenizer *p, const char *text, size_t le
 				start += cur.v[i];
 			}
 		} else {
-			rc = split_regex(s->code, s->kind == SPLIT_REGEX_COLLAPSED ? collapsed.v : wide.v,
-					 &cur, &next);
+			rc = split_regex(s->code,
+			                 s->kind == SPLIT_REGEX_COLLAPSED ? collapsed.v : wide.v,
+			                 &cur, &next);
 		}
 		struct lengths t = cur;
 		cur = next;

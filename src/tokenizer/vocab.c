@@ -23,7 +23,15 @@ enum {
 };
 
 /* tokenizer.ggml.token_type values (llama_token_type). */
-enum { TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE };
+enum {
+	TYPE_UNDEFINED,
+	TYPE_NORMAL,
+	TYPE_UNKNOWN,
+	TYPE_CONTROL,
+	TYPE_USER_DEFINED,
+	TYPE_UNUSED,
+	TYPE_BYTE
+};
 
 struct token_data {
 	char *text;
@@ -197,31 +205,82 @@ static void detect_by_text(struct vocab *v, const char *const *list, token_t *id
 	}
 }
 
-static const char *const eot_texts[] = {
-	"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-	"<EOT>", "_<EOT>", "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
-	"<end_of_utterance>", NULL};
+static const char *const eot_texts[] = {"<|eot_id|>",
+                                        "<|im_end|>",
+                                        "<|end|>",
+                                        "<end_of_turn>",
+                                        "<|endoftext|>",
+                                        "<|end_of_text|>",
+                                        "<EOT>",
+                                        "_<EOT>",
+                                        "[EOT]",
+                                        "<\xef\xbd\x9c"
+                                        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                                        "<end_of_utterance>",
+                                        NULL};
 static const char *const eom_texts[] = {"<|eom_id|>", NULL};
-static const char *const fim_pre_texts[] = {
-	"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
-	"<PRE>", SPM_SPACE "<PRE>", "<|code_prefix|>", "<|prefix|>", NULL};
-static const char *const fim_suf_texts[] = {
-	"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>",
-	"<SUF>", SPM_SPACE "<SUF>", "<|code_suffix|>", "<|suffix|>", NULL};
-static const char *const fim_mid_texts[] = {
-	"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
-	"<MID>", SPM_SPACE "<MID>", "<|code_middle|>", "<|middle|>", NULL};
-static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
-					    NULL};
-static const char *const fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
-					    "<reponame>", NULL};
+static const char *const fim_pre_texts[] = {"<|fim_prefix|>",
+                                            "<fim-prefix>",
+                                            "<fim_prefix>",
+                                            "<\xef\xbd\x9c"
+                                            "fim\xe2\x96\x81"
+                                            "begin\xef\xbd\x9c>",
+                                            "<PRE>",
+                                            SPM_SPACE "<PRE>",
+                                            "<|code_prefix|>",
+                                            "<|prefix|>",
+                                            NULL};
+static const char *const fim_suf_texts[] = {"<|fim_suffix|>",
+                                            "<fim-suffix>",
+                                            "<fim_suffix>",
+                                            "<\xef\xbd\x9c"
+                                            "fim\xe2\x96\x81hole\xef\xbd\x9c>",
+                                            "<SUF>",
+                                            SPM_SPACE "<SUF>",
+                                            "<|code_suffix|>",
+                                            "<|suffix|>",
+                                            NULL};
+static const char *const fim_mid_texts[] = {"<|fim_middle|>",
+                                            "<fim-middle>",
+                                            "<fim_middle>",
+                                            "<\xef\xbd\x9c"
+                                            "fim\xe2\x96\x81"
+                                            "end\xef\xbd\x9c>",
+                                            "<MID>",
+                                            SPM_SPACE "<MID>",
+                                            "<|code_middle|>",
+                                            "<|middle|>",
+                                            NULL};
+static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>",
+                                            "<PAD>",       "[PAD]",     NULL};
+static const char *const fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+                                            "<REPO>",       "<reponame>",    NULL};
 static const char *const fim_sep_texts[] = {"<|file_sep|>", NULL};
 /* Tokens that end a generation, which llama.cpp makes control tokens. */
-static const char *const eog_texts[] = {
-	"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-	"<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-	"<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-	"<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[", NULL};
+static const char *const eog_texts[] = {"<|eot_id|>",
+                                        "<|im_end|>",
+                                        "<|end|>",
+                                        "<|return|>",
+                                        "<|call|>",
+                                        "<|flush|>",
+                                        "<|calls|>",
+                                        "<end_of_turn>",
+                                        "<|endoftext|>",
+                                        "</s>",
+                                        "<|eom_id|>",
+                                        "<EOT>",
+                                        "_<EOT>",
+                                        "[EOT]",
+                                        "[EOS]",
+                                        "<|end_of_text|>",
+                                        "<end_of_utterance>",
+                                        "<eos>",
+                                        "<turn|>",
+                                        "<|tool_response>",
+                                        "<\xef\xbd\x9c"
+                                        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                                        "[e~[",
+                                        NULL};
 
 struct eog_set {
 	token_t ids[64];
@@ -240,7 +299,7 @@ static void eog_add(struct eog_set *s, token_t id)
 }
 
 static int eog_has_text(const struct vocab *v, const struct eog_set *s, const char *text,
-			token_t *id)
+                        token_t *id)
 {
 	for (size_t i = 0; i < s->n; i++) {
 		const struct token_data *t = &v->tokens[s->ids[i]];
@@ -259,7 +318,7 @@ static int eog_has_text(const struct vocab *v, const struct eog_set *s, const ch
 static void fix_attributes(struct vocab *v, const struct gguf *g)
 {
 	token_t eot = -1, eom = -1, fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1,
-		fim_rep = -1, fim_sep = -1;
+	        fim_rep = -1, fim_sep = -1;
 	id_key(g, "tokenizer.ggml.eot_token_id", v->n_tokens, &eot);
 	id_key(g, "tokenizer.ggml.eom_token_id", v->n_tokens, &eom);
 	id_key(g, "tokenizer.ggml.fim_pre_token_id", v->n_tokens, &fim_pre);
@@ -293,8 +352,8 @@ static void fix_attributes(struct vocab *v, const struct gguf *g)
 		}
 	}
 	/* gpt-oss: always rendered. */
-	static const char *const harmony[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>",
-					      NULL};
+	static const char *const harmony[] = {"<|channel|>", "<|message|>", "<|start|>",
+	                                      "<|constrain|>", NULL};
 	for (size_t i = 0; harmony[i]; i++) {
 		token_t t = find_text(v, harmony[i]);
 		if (t >= 0)
@@ -304,7 +363,8 @@ static void fix_attributes(struct vocab *v, const struct gguf *g)
 	eog_add(&eog, eot);
 	eog_add(&eog, eom);
 	token_t end_id;
-	int call = eog_has_text(v, &eog, "<|call|>", NULL) || eog_has_text(v, &eog, "<|calls|>", NULL);
+	int call =
+	    eog_has_text(v, &eog, "<|call|>", NULL) || eog_has_text(v, &eog, "<|calls|>", NULL);
 	if (eog_has_text(v, &eog, "<|end|>", &end_id) && call &&
 	    (eog_has_text(v, &eog, "<|return|>", NULL) || eog_has_text(v, &eog, "<|flush|>", NULL)))
 		v->tokens[end_id].attr = ATTR_USER_DEFINED;
@@ -499,13 +559,27 @@ struct vocab *vocab_from_gguf(const struct gguf *g, char *err, size_t errlen)
 		if (yk)
 			gguf_kv_arr_i64(yk, i, &type);
 		switch (type) {
-		case TYPE_UNKNOWN: t->attr = ATTR_UNKNOWN; break;
-		case TYPE_UNUSED: t->attr = ATTR_UNUSED; break;
-		case TYPE_NORMAL: t->attr = ATTR_NORMAL; break;
-		case TYPE_CONTROL: t->attr = ATTR_CONTROL; break;
-		case TYPE_USER_DEFINED: t->attr = ATTR_USER_DEFINED; break;
-		case TYPE_BYTE: t->attr = ATTR_BYTE; break;
-		default: t->attr = 0; break;
+		case TYPE_UNKNOWN:
+			t->attr = ATTR_UNKNOWN;
+			break;
+		case TYPE_UNUSED:
+			t->attr = ATTR_UNUSED;
+			break;
+		case TYPE_NORMAL:
+			t->attr = ATTR_NORMAL;
+			break;
+		case TYPE_CONTROL:
+			t->attr = ATTR_CONTROL;
+			break;
+		case TYPE_USER_DEFINED:
+			t->attr = ATTR_USER_DEFINED;
+			break;
+		case TYPE_BYTE:
+			t->attr = ATTR_BYTE;
+			break;
+		default:
+			t->attr = 0;
+			break;
 		}
 		if (!yk)
 			t->attr = ATTR_NORMAL;
@@ -516,7 +590,8 @@ struct vocab *vocab_from_gguf(const struct gguf *g, char *err, size_t errlen)
 			goto fail;
 		}
 		if (rc == 0) { /* llama.cpp refuses to load such a file */
-			snprintf(err, errlen, "duplicate token in vocabulary (ids %d and %zu)", other, i);
+			snprintf(err, errlen, "duplicate token in vocabulary (ids %d and %zu)",
+			         other, i);
 			goto fail;
 		}
 	}
@@ -579,7 +654,7 @@ static int is_c_space(char c)
  * first and without overlaps, as llama.cpp does for each special token in
  * turn. */
 static int split_at_token(const struct vocab *v, token_t t, const char *text,
-			  struct fragment_list *in, struct fragment_list *out)
+                          struct fragment_list *in, struct fragment_list *out)
 {
 	const struct token_data *td = &v->tokens[t];
 	out->n = 0;
@@ -592,7 +667,8 @@ static int split_at_token(const struct vocab *v, token_t t, const char *text,
 		}
 		size_t base = f.off, blen = f.len;
 		for (;;) {
-			const char *m = blen >= td->len ? memmem(text + base, blen, td->text, td->len) : NULL;
+			const char *m =
+			    blen >= td->len ? memmem(text + base, blen, td->text, td->len) : NULL;
 			if (!m) {
 				if (blen && fragment_push(out, base, blen, -1))
 					return -1;
@@ -622,7 +698,7 @@ static int split_at_token(const struct vocab *v, token_t t, const char *text,
 }
 
 int vocab_partition(const struct vocab *v, const char *text, size_t len, int parse_special,
-		    struct fragment_list *out)
+                    struct fragment_list *out)
 {
 	out->n = 0;
 	if (!len)
@@ -835,7 +911,7 @@ static int spm_tokenize(const struct vocab *v, const char *text, size_t len, str
 /* ---- BPE ---- */
 
 static int32_t merge_rank(const struct vocab *v, const char *l, size_t ll, const char *r, size_t rl,
-			  char *key)
+                          char *key)
 {
 	memcpy(key, l, ll);
 	key[ll] = (char)0xFF;
@@ -1000,7 +1076,7 @@ static char *escape_spaces(const char *text, size_t len, int lead, size_t *out_l
 }
 
 int vocab_tokenize_fragment(const struct vocab *v, const char *text, size_t len, int after_special,
-			    struct token_list *out)
+                            struct token_list *out)
 {
 	if (v->kind == VOCAB_SPM) {
 		size_t el;
@@ -1024,7 +1100,7 @@ int vocab_tokenize_fragment(const struct vocab *v, const char *text, size_t len,
 }
 
 int vocab_tokenize(const struct vocab *v, const char *text, size_t len, int add_special,
-		   int parse_special, struct token_list *out)
+                   int parse_special, struct token_list *out)
 {
 	struct fragment_list f = {0};
 	if (vocab_partition(v, text, len, parse_special, &f))
@@ -1038,7 +1114,8 @@ int vocab_tokenize(const struct vocab *v, const char *text, size_t len, int add_
 			rc = token_list_push(out, f.v[i].token);
 			after_special = 1;
 		} else {
-			rc = vocab_tokenize_fragment(v, text + f.v[i].off, f.v[i].len, after_special, out);
+			rc = vocab_tokenize_fragment(v, text + f.v[i].off, f.v[i].len,
+			                             after_special, out);
 			after_special = 0;
 		}
 	}
