@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <netdb.h>
 
@@ -57,7 +58,7 @@ struct http_conn {
 	 * byte, so a client trickling one byte at a time (slow loris) kept its
 	 * connection forever. */
 	struct event *deadline;
-	struct http_conn *prev, *next;
+	LIST_ENTRY(http_conn) link;
 };
 
 struct http_server {
@@ -69,7 +70,7 @@ struct http_server {
 	struct evconnlistener *listener;
 	int port;
 	int n_conns;
-	struct http_conn *conns;
+	LIST_HEAD(, http_conn) conns;
 	SSL_CTX *ssl_ctx; /* NULL: plain HTTP */
 	int cors;         /* answer browsers' preflights, as llama-server does */
 };
@@ -138,12 +139,7 @@ static void conn_free(struct http_conn *c)
 			req->close_fn(req, req->close_arg);
 		request_free(req);
 	}
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		s->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	LIST_REMOVE(c, link);
 	s->n_conns--;
 	if (c->deadline)
 		event_free(c->deadline);
@@ -514,10 +510,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	else if (sa->sa_family == AF_INET6)
 		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)sa)->sin6_addr, c->peer,
 			  sizeof c->peer);
-	c->next = s->conns;
-	if (s->conns)
-		s->conns->prev = c;
-	s->conns = c;
+	LIST_INSERT_HEAD(&s->conns, c, link);
 	s->n_conns++;
 	bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	set_timeouts(c);
@@ -543,6 +536,7 @@ struct http_server *http_server_new(struct event_base *base, const struct http_s
 	s->handler = handler;
 	s->ctx = ctx;
 	s->error_body = error_body;
+	LIST_INIT(&s->conns);
 	return s;
 }
 
@@ -659,8 +653,8 @@ void http_server_free(struct http_server *s)
 	if (!s)
 		return;
 	http_server_stop_listening(s);
-	while (s->conns)
-		conn_free(s->conns);
+	while (!LIST_EMPTY(&s->conns))
+		conn_free(LIST_FIRST(&s->conns));
 	if (s->ssl_ctx)
 		SSL_CTX_free(s->ssl_ctx);
 	free(s);

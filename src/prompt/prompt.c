@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <xxhash.h>
 
 #include "model/gguf.h"
@@ -17,14 +18,14 @@ struct cache_entry {
 	XXH128_hash_t key;
 	token_t *tokens;
 	size_t n;
-	struct cache_entry *prev, *next; /* LRU, most recent first */
+	TAILQ_ENTRY(cache_entry) lru; /* most recent first */
 	int used;
 };
 
 struct frag_cache {
 	struct cache_entry *slots;
 	size_t mask, count;
-	struct cache_entry *head, *tail;
+	TAILQ_HEAD(lru_list, cache_entry) lru;
 	size_t tokens, budget;
 };
 
@@ -49,31 +50,8 @@ static int cache_init(struct frag_cache *c, size_t budget)
 		return -1;
 	c->mask = cap - 1;
 	c->budget = budget;
+	TAILQ_INIT(&c->lru);
 	return 0;
-}
-
-static void lru_unlink(struct frag_cache *c, struct cache_entry *e)
-{
-	if (e->prev)
-		e->prev->next = e->next;
-	else
-		c->head = e->next;
-	if (e->next)
-		e->next->prev = e->prev;
-	else
-		c->tail = e->prev;
-	e->prev = e->next = NULL;
-}
-
-static void lru_front(struct frag_cache *c, struct cache_entry *e)
-{
-	e->next = c->head;
-	e->prev = NULL;
-	if (c->head)
-		c->head->prev = e;
-	c->head = e;
-	if (!c->tail)
-		c->tail = e;
 }
 
 static size_t slot_of(const struct frag_cache *c, XXH128_hash_t k)
@@ -97,7 +75,7 @@ static struct cache_entry *cache_find(struct frag_cache *c, XXH128_hash_t k)
 /* Removes an entry and re-seats the probe run after it (linear probing). */
 static void cache_remove(struct frag_cache *c, struct cache_entry *e)
 {
-	lru_unlink(c, e);
+	TAILQ_REMOVE(&c->lru, e, lru);
 	free(e->tokens);
 	c->tokens -= e->n;
 	c->count--;
@@ -105,14 +83,14 @@ static void cache_remove(struct frag_cache *c, struct cache_entry *e)
 	e->used = 0;
 	for (size_t j = (i + 1) & c->mask; c->slots[j].used; j = (j + 1) & c->mask) {
 		struct cache_entry moved = c->slots[j];
-		lru_unlink(c, &c->slots[j]);
+		TAILQ_REMOVE(&c->lru, &c->slots[j], lru);
 		c->slots[j].used = 0;
 		size_t k = slot_of(c, moved.key);
 		while (c->slots[k].used)
 			k = (k + 1) & c->mask;
+		/* The copy's links are stale; inserting rewrites both. */
 		c->slots[k] = moved;
-		c->slots[k].prev = c->slots[k].next = NULL;
-		lru_front(c, &c->slots[k]);
+		TAILQ_INSERT_HEAD(&c->lru, &c->slots[k], lru);
 	}
 }
 
@@ -120,8 +98,9 @@ static void cache_put(struct frag_cache *c, XXH128_hash_t k, const token_t *t, s
 {
 	if (n > c->budget / 4)
 		return; /* one fragment must not flush the cache */
-	while (c->tail && (c->tokens + n > c->budget || (c->count + 1) * 2 > c->mask + 1))
-		cache_remove(c, c->tail);
+	while (!TAILQ_EMPTY(&c->lru) &&
+	       (c->tokens + n > c->budget || (c->count + 1) * 2 > c->mask + 1))
+		cache_remove(c, TAILQ_LAST(&c->lru, lru_list));
 	if ((c->count + 1) * 2 > c->mask + 1)
 		return;
 	token_t *copy = malloc((n ? n : 1) * sizeof *copy);
@@ -136,7 +115,7 @@ static void cache_put(struct frag_cache *c, XXH128_hash_t k, const token_t *t, s
 	e->tokens = copy;
 	e->n = n;
 	e->used = 1;
-	lru_front(c, e);
+	TAILQ_INSERT_HEAD(&c->lru, e, lru);
 	c->count++;
 	c->tokens += n;
 }
@@ -279,8 +258,8 @@ static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t 
 	struct cache_entry *e = cache_find(&pe->cache, k);
 	if (e) {
 		pe->stats.fragment_hits++;
-		lru_unlink(&pe->cache, e);
-		lru_front(&pe->cache, e);
+		TAILQ_REMOVE(&pe->cache.lru, e, lru);
+		TAILQ_INSERT_HEAD(&pe->cache.lru, e, lru);
 		return token_list_append(out, e->tokens, e->n);
 	}
 	size_t before = out->n;
