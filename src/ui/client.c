@@ -61,6 +61,30 @@ static void normalise_url(const char *in, char *out, size_t n)
 	}
 }
 
+int client_pick_run(struct run_info *ri, int *nr)
+{
+	struct run_info *runs = NULL;
+	*nr = 0;
+	if (run_list(&runs, nr) != 0 || *nr <= 0) {
+		free(runs);
+		return -1;
+	}
+	int pick = 0;
+	if (*nr > 1) {
+		struct registry reg;
+		char err[512];
+		if (registry_load(&reg, err, sizeof err) == 0) {
+			for (int i = 0; reg.active && i < *nr; i++)
+				if (!strcmp(runs[i].name, reg.active))
+					pick = i;
+			registry_free(&reg);
+		}
+	}
+	*ri = runs[pick];
+	free(runs);
+	return pick;
+}
+
 enum client_url_source client_find_daemon(const char *url, char *out, size_t n, char *run_name,
                                           size_t run_name_len)
 {
@@ -70,27 +94,14 @@ enum client_url_source client_find_daemon(const char *url, char *out, size_t n, 
 		normalise_url(url, out, n);
 		return CLIENT_URL_GIVEN;
 	}
-	struct run_info *runs = NULL;
-	int nr = 0;
-	if (run_list(&runs, &nr) == 0 && nr > 0) {
-		int pick = 0;
-		if (nr > 1) {
-			struct registry reg;
-			char err[512];
-			if (registry_load(&reg, err, sizeof err) == 0) {
-				for (int i = 0; reg.active && i < nr; i++)
-					if (!strcmp(runs[i].name, reg.active))
-						pick = i;
-				registry_free(&reg);
-			}
-		}
-		run_info_url(&runs[pick], out, n);
+	struct run_info ri;
+	int nr;
+	if (client_pick_run(&ri, &nr) >= 0) {
+		run_info_url(&ri, out, n);
 		if (run_name && run_name_len)
-			snprintf(run_name, run_name_len, "%s", runs[pick].name);
-		free(runs);
+			snprintf(run_name, run_name_len, "%s", ri.name);
 		return CLIENT_URL_RUN;
 	}
-	free(runs);
 	snprintf(out, n, "%s", CLIENT_DEFAULT_URL);
 	return CLIENT_URL_DEFAULT;
 }

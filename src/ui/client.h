@@ -43,6 +43,13 @@ enum client_status {
 /* curl_global_init once. 0, or -1 with err. */
 int client_global_init(char *err, size_t errlen);
 
+/* The run to talk to when no URL is given: the registry's active model when
+ * several run, else the first (also when the active one is not among them).
+ * One choice for toki tui, toki diff and toki web. Fills ri and *nr (how many
+ * run); returns the picked run's index, or -1 when none runs. */
+struct run_info;
+int client_pick_run(struct run_info *ri, int *nr);
+
 /* Finds the daemon: `url` when given (normalised: http:// added when there is
  * no scheme, a trailing "/" or "/v1" dropped); else the live run (the
  * registry's active model when several run, else the first); else

@@ -10,8 +10,8 @@
 #include "api/auth.h"
 #include "backend/backend_http.h"
 #include "http/http_server.h"
-#include "model/registry.h"
 #include "model/run.h"
+#include "ui/client.h"
 #include "util/log.h"
 
 struct web {
@@ -137,27 +137,16 @@ int web_normalise_daemon_url(const char *in, char *out, size_t n)
 
 void web_find_daemon(char *url, size_t n, char *how, size_t hown)
 {
-	struct run_info *runs = NULL;
-	int nr = 0;
-	if (run_list(&runs, &nr) == 0 && nr > 0) {
-		int pick = 0;
-		if (nr > 1) {
-			struct registry reg = {0};
-			char err[512];
-			if (registry_load(&reg, err, sizeof err) == 0 && reg.active)
-				for (int i = 0; i < nr; i++)
-					if (!strcmp(runs[i].name, reg.active))
-						pick = i;
-			registry_free(&reg);
-		}
-		run_info_url(&runs[pick], url, n);
-		snprintf(how, hown, "the running model %s%s", runs[pick].name,
+	struct run_info ri;
+	int nr;
+	int pick = client_pick_run(&ri, &nr);
+	if (pick >= 0) {
+		run_info_url(&ri, url, n);
+		snprintf(how, hown, "the running model %s%s", ri.name,
 			 nr > 1 ? (pick ? " (the registry's active one)" : " (the first of several)")
 				: "");
-		free(runs);
 		return;
 	}
-	free(runs);
 	snprintf(url, n, "http://127.0.0.1:8787");
 	snprintf(how, hown, "the default (no run found by toki status)");
 }
