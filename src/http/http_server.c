@@ -36,8 +36,8 @@ struct http_request {
 	char *body;
 	size_t body_len, body_cap;
 	int keep_alive;
-	int streaming;	/* the head of a chunked response is out */
-	int answered;	/* the response is complete */
+	int streaming; /* the head of a chunked response is out */
+	int answered;  /* the response is complete */
 	struct evbuffer *resp_headers;
 	http_close_fn close_fn;
 	void *close_arg;
@@ -90,29 +90,52 @@ void http_server_default_limits(struct http_server_limits *limits)
 const char *http_status_text(int status)
 {
 	switch (status) {
-	case 100: return "Continue";
-	case 200: return "OK";
-	case 201: return "Created";
-	case 204: return "No Content";
-	case 400: return "Bad Request";
-	case 401: return "Unauthorized";
-	case 403: return "Forbidden";
-	case 404: return "Not Found";
-	case 405: return "Method Not Allowed";
-	case 408: return "Request Timeout";
-	case 409: return "Conflict";
-	case 411: return "Length Required";
-	case 413: return "Content Too Large";
-	case 429: return "Too Many Requests";
-	case 431: return "Request Header Fields Too Large";
-	case 499: return "Client Closed Request";
-	case 500: return "Internal Server Error";
-	case 501: return "Not Implemented";
-	case 502: return "Bad Gateway";
-	case 503: return "Service Unavailable";
-	case 504: return "Gateway Timeout";
-	case 505: return "HTTP Version Not Supported";
-	default: return "Unknown";
+	case 100:
+		return "Continue";
+	case 200:
+		return "OK";
+	case 201:
+		return "Created";
+	case 204:
+		return "No Content";
+	case 400:
+		return "Bad Request";
+	case 401:
+		return "Unauthorized";
+	case 403:
+		return "Forbidden";
+	case 404:
+		return "Not Found";
+	case 405:
+		return "Method Not Allowed";
+	case 408:
+		return "Request Timeout";
+	case 409:
+		return "Conflict";
+	case 411:
+		return "Length Required";
+	case 413:
+		return "Content Too Large";
+	case 429:
+		return "Too Many Requests";
+	case 431:
+		return "Request Header Fields Too Large";
+	case 499:
+		return "Client Closed Request";
+	case 500:
+		return "Internal Server Error";
+	case 501:
+		return "Not Implemented";
+	case 502:
+		return "Bad Gateway";
+	case 503:
+		return "Service Unavailable";
+	case 504:
+		return "Gateway Timeout";
+	case 505:
+		return "HTTP Version Not Supported";
+	default:
+		return "Unknown";
 	}
 }
 
@@ -219,9 +242,9 @@ static void conn_fail(struct http_conn *c, int status, const char *message)
 	/* Refused before a handler saw it (too large, malformed): logged too. */
 	log_warn("%d from %s: %s", status, c->peer, message);
 	struct evbuffer *out = bufferevent_get_output(c->bev);
-	char *body = c->server->error_body ? c->server->error_body(status, message,
-								   c->req ? c->req->head.path : "")
-					   : NULL;
+	char *body = c->server->error_body
+	                 ? c->server->error_body(status, message, c->req ? c->req->head.path : "")
+	                 : NULL;
 	const char *b = body ? body : message;
 	const char *origin = cors_origin(c->req);
 	evbuffer_add_printf(out,
@@ -295,12 +318,13 @@ static int read_body(struct http_conn *c)
 			break;
 		size_t used = 0;
 		int rc = chunked_decode(&c->chunker, v.iov_base, v.iov_len, &used, &req->body,
-					&req->body_len, &req->body_cap, max);
+		                        &req->body_len, &req->body_cap, max);
 		evbuffer_drain(in, used);
 		if (rc == 1)
 			return 1;
 		if (rc > 1) {
-			conn_fail(c, rc, rc == 413 ? "request body too large" : "malformed chunked body");
+			conn_fail(c, rc,
+			          rc == 413 ? "request body too large" : "malformed chunked body");
 			return -1;
 		}
 	}
@@ -350,7 +374,8 @@ static void parse_input(struct http_conn *c)
 			int st = http_head_parse(&req->head, raw, head_len);
 			free(raw);
 			if (st) {
-				conn_fail(c, st, st == 431 ? "too many headers" : "malformed request");
+				conn_fail(c, st,
+				          st == 431 ? "too many headers" : "malformed request");
 				return;
 			}
 			const char *conn_h = http_head_get(&req->head, "Connection");
@@ -397,7 +422,7 @@ static void parse_input(struct http_conn *c)
 			if (expect && !strcasecmp(expect, "100-continue") &&
 			    (c->chunked || c->content_length))
 				evbuffer_add_printf(bufferevent_get_output(c->bev),
-						    "HTTP/1.1 100 Continue\r\n\r\n");
+				                    "HTTP/1.1 100 Continue\r\n\r\n");
 			c->state = CONN_BODY;
 			deadline_arm(c, c->chunked ? 0 : c->content_length);
 		}
@@ -425,8 +450,8 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
 	if (c->state == CONN_HEAD || c->state == CONN_BODY)
 		parse_input(c);
 	else if (c->state == CONN_HANDLING &&
-		 evbuffer_get_length(bufferevent_get_input(bev)) > c->server->limits.max_header_bytes +
-									   c->server->limits.max_body_bytes)
+	         evbuffer_get_length(bufferevent_get_input(bev)) >
+	             c->server->limits.max_header_bytes + c->server->limits.max_body_bytes)
 		/* A client that floods pipelined bytes while we answer: stop reading. */
 		bufferevent_disable(bev, EV_READ);
 }
@@ -455,8 +480,8 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 	    evbuffer_get_length(bufferevent_get_output(bev)))
 		return; /* the deadline answered 408 in the same loop turn: send it */
 	if (what & BEV_EVENT_TIMEOUT) {
-		if (c->state == CONN_BODY || (c->state == CONN_HEAD &&
-					      evbuffer_get_length(bufferevent_get_input(bev)))) {
+		if (c->state == CONN_BODY ||
+		    (c->state == CONN_HEAD && evbuffer_get_length(bufferevent_get_input(bev)))) {
 			/* A slow client mid-request: say so, then close. */
 			bufferevent_set_timeouts(bev, NULL, NULL);
 			conn_fail(c, 408, "request timed out");
@@ -472,7 +497,7 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg)
 }
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
-		      void *arg)
+                      void *arg)
 {
 	struct http_server *s = arg;
 	struct bufferevent *bev;
@@ -482,14 +507,16 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 			evutil_closesocket(fd);
 			return;
 		}
-		bev = bufferevent_openssl_socket_new(s->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
-						     BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+		bev =
+		    bufferevent_openssl_socket_new(s->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+		                                   BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
 		if (bev)
 			/* A client that closes without close_notify has still sent a
 			 * complete request or nothing: treat it as a plain EOF. */
 			bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
 	} else {
-		bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
+		bev = bufferevent_socket_new(s->base, fd,
+		                             BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS);
 	}
 	if (!bev) {
 		evutil_closesocket(fd);
@@ -509,7 +536,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 		inet_ntop(AF_INET, &((struct sockaddr_in *)sa)->sin_addr, c->peer, sizeof c->peer);
 	else if (sa->sa_family == AF_INET6)
 		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)sa)->sin6_addr, c->peer,
-			  sizeof c->peer);
+		          sizeof c->peer);
 	LIST_INSERT_HEAD(&s->conns, c, link);
 	s->n_conns++;
 	bufferevent_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
@@ -522,8 +549,10 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
 	}
 }
 
-struct http_server *http_server_new(struct event_base *base, const struct http_server_limits *limits,
-				    http_handler_fn handler, void *ctx, http_error_body_fn error_body)
+struct http_server *http_server_new(struct event_base *base,
+                                    const struct http_server_limits *limits,
+                                    http_handler_fn handler, void *ctx,
+                                    http_error_body_fn error_body)
 {
 	struct http_server *s = calloc(1, sizeof *s);
 	if (!s)
@@ -554,8 +583,8 @@ int http_server_listen(struct http_server *s, const char *host, int port, char *
 		return -1;
 	}
 	s->listener = evconnlistener_new_bind(s->base, accept_cb, s,
-					      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 512,
-					      ai->ai_addr, (int)ai->ai_addrlen);
+	                                      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 512,
+	                                      ai->ai_addr, (int)ai->ai_addrlen);
 	freeaddrinfo(ai);
 	if (!s->listener) {
 		snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
@@ -565,7 +594,7 @@ int http_server_listen(struct http_server *s, const char *host, int port, char *
 	socklen_t sl = sizeof ss;
 	getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&ss, &sl);
 	s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-						: ((struct sockaddr_in6 *)&ss)->sin6_port);
+	                                        : ((struct sockaddr_in6 *)&ss)->sin6_port);
 	return 0;
 }
 
@@ -580,14 +609,14 @@ static void tls_error(char *err, size_t errlen, const char *what, const char *pa
 }
 
 int http_server_set_tls(struct http_server *s, const char *cert_path, const char *key_path,
-			char *err, size_t errlen)
+                        char *err, size_t errlen)
 {
 	const char *paths[2] = {cert_path, key_path};
 	for (int i = 0; i < 2; i++) {
 		FILE *f = fopen(paths[i], "r");
 		if (!f) {
-			snprintf(err, errlen, "cannot read the TLS %s %s: %s", i ? "key" : "certificate",
-				 paths[i], strerror(errno));
+			snprintf(err, errlen, "cannot read the TLS %s %s: %s",
+			         i ? "key" : "certificate", paths[i], strerror(errno));
 			return -1;
 		}
 		fclose(f);
@@ -707,7 +736,7 @@ void http_response_header(struct http_request *req, const char *name, const char
 }
 
 static void write_head(struct http_request *req, int status, const char *content_type,
-		       long long content_length)
+                       long long content_length)
 {
 	struct evbuffer *out = bufferevent_get_output(req->conn->bev);
 	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, http_status_text(status));
@@ -724,7 +753,8 @@ static void write_head(struct http_request *req, int status, const char *content
 	const char *origin = cors_origin(req);
 	if (origin)
 		evbuffer_add_printf(out, "Access-Control-Allow-Origin: %s\r\n", origin);
-	evbuffer_add_printf(out, "Connection: %s\r\n\r\n", req->keep_alive ? "keep-alive" : "close");
+	evbuffer_add_printf(out, "Connection: %s\r\n\r\n",
+	                    req->keep_alive ? "keep-alive" : "close");
 }
 
 /* Sends what the output buffer holds now, on a plain connection, rather than
@@ -766,7 +796,7 @@ static void finish_request(struct http_request *req)
 }
 
 void http_respond(struct http_request *req, int status, const char *content_type, const char *body,
-		  size_t len)
+                  size_t len)
 {
 	if (req->answered || req->streaming)
 		return;

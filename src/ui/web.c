@@ -31,9 +31,9 @@ struct relay {
 	struct http_request *client;
 	struct backend_call *call;
 	int status;
-	int began;	     /* the response head went to the browser */
-	int refused;	     /* the daemon said 401: our token is not its token */
-	int event_stream;    /* the answer is SSE */
+	int began;        /* the response head went to the browser */
+	int refused;      /* the daemon said 401: our token is not its token */
+	int event_stream; /* the answer is SSE */
 };
 
 /* The daemon routes the UI may call, as /api<route>. Nothing else of the
@@ -41,10 +41,10 @@ struct relay {
 static const struct {
 	const char *method, *path;
 } proxied[] = {
-	{"POST", "/v1/chat/completions"},
-	{"GET", "/v1/models"},
-	{"GET", "/health"},
-	{"GET", "/toki/stats"},
+    {"POST", "/v1/chat/completions"},
+    {"GET", "/v1/models"},
+    {"GET", "/health"},
+    {"GET", "/toki/stats"},
 };
 
 const struct web_asset *web_asset_find(const char *path)
@@ -143,8 +143,9 @@ void web_find_daemon(char *url, size_t n, char *how, size_t hown)
 	if (pick >= 0) {
 		run_info_url(&ri, url, n);
 		snprintf(how, hown, "the running model %s%s", ri.name,
-			 nr > 1 ? (pick ? " (the registry's active one)" : " (the first of several)")
-				: "");
+		         nr > 1
+		             ? (pick ? " (the registry's active one)" : " (the first of several)")
+		             : "");
 		return;
 	}
 	snprintf(url, n, "http://127.0.0.1:8787");
@@ -164,7 +165,7 @@ static void security_headers(struct http_request *req)
 static char *error_json(int status, const char *message, const char *type)
 {
 	json_t *o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", message, "type", type,
-			      "code", status);
+	                      "code", status);
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	return s;
@@ -177,7 +178,7 @@ static char *web_error_body(int status, const char *message, const char *path)
 }
 
 static void respond_json_error(struct http_request *req, int status, const char *message,
-			       const char *type)
+                               const char *type)
 {
 	char *body = error_json(status, message, type);
 	security_headers(req);
@@ -196,16 +197,16 @@ static void serve_asset(struct http_request *req, const struct web_asset *a)
 		/* No inline script or style, nothing from elsewhere: the UI is
 		 * the three files this binary carries. */
 		http_response_header(req, "Content-Security-Policy",
-				     "default-src 'none'; script-src 'self'; style-src 'self'; "
-				     "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
-				     "form-action 'none'; frame-ancestors 'none'");
+		                     "default-src 'none'; script-src 'self'; style-src 'self'; "
+		                     "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+		                     "form-action 'none'; frame-ancestors 'none'");
 	http_respond(req, 200, a->content_type, (const char *)a->data, a->len);
 }
 
 static void serve_info(struct web *w, struct http_request *req)
 {
 	json_t *o = json_pack("{s:s, s:s, s:b}", "daemon", w->daemon_url, "version", TOKI_VERSION,
-			      "tls", http_server_is_tls(w->http));
+	                      "tls", http_server_is_tls(w->http));
 	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	if (!s) {
@@ -279,15 +280,15 @@ static void on_daemon_data(struct backend_call *call, const char *data, size_t l
 }
 
 static void on_daemon_done(struct backend_call *call, int status, const char *body, size_t len,
-			   void *arg)
+                           void *arg)
 {
 	struct relay *r = arg;
 	if (r->refused || status == 401) {
 		char msg[1024];
 		snprintf(msg, sizeof msg,
-			 "the toki daemon at %s refused toki web's token: run toki web as the "
-			 "daemon's user, with the same TOKI_STATE_DIR or TOKI_TOKEN",
-			 r->w->daemon_url);
+		         "the toki daemon at %s refused toki web's token: run toki web as the "
+		         "daemon's user, with the same TOKI_STATE_DIR or TOKI_TOKEN",
+		         r->w->daemon_url);
 		r->began = 0;
 		relay_fail(r, 502, msg, "daemon_auth");
 	} else if (!r->began) {
@@ -307,27 +308,27 @@ static void on_daemon_error(struct backend_call *call, enum backend_error err, v
 	char msg[1024];
 	if (err == BACKEND_ERR_CONNECT)
 		snprintf(msg, sizeof msg,
-			 "the toki daemon at %s is not reachable: start one (toki up --model "
-			 "FILE, or toki model use NAME), or point toki web at it with --url",
-			 r->w->daemon_url);
+		         "the toki daemon at %s is not reachable: start one (toki up --model "
+		         "FILE, or toki model use NAME), or point toki web at it with --url",
+		         r->w->daemon_url);
 	else
 		snprintf(msg, sizeof msg, "the toki daemon at %s: %s", r->w->daemon_url,
-			 backend_error_text(err));
+		         backend_error_text(err));
 	log_warn("%s", msg);
 	relay_fail(r, err == BACKEND_ERR_TIMEOUT ? 504 : 502, msg,
-		   err == BACKEND_ERR_CONNECT ? "daemon_unreachable" : "daemon_error");
+	           err == BACKEND_ERR_CONNECT ? "daemon_unreachable" : "daemon_error");
 	relay_free(r);
 }
 
 static const struct backend_call_handlers relay_handlers = {
-	.on_head = on_daemon_head,
-	.on_data = on_daemon_data,
-	.on_done = on_daemon_done,
-	.on_error = on_daemon_error,
+    .on_head = on_daemon_head,
+    .on_data = on_daemon_data,
+    .on_done = on_daemon_done,
+    .on_error = on_daemon_error,
 };
 
 static void relay_start(struct web *w, struct http_request *req, const char *method,
-			const char *path)
+                        const char *path)
 {
 	struct relay *r = calloc(1, sizeof *r);
 	if (!r) {
@@ -366,10 +367,10 @@ static void handle(struct http_request *req, void *ctx)
 	int tls = http_server_is_tls(w->http);
 	if (!w->allow_remote && !web_host_allowed(host, w->host, http_server_port(w->http), tls)) {
 		log_warn("refused a request for Host '%s' from %s", host ? host : "",
-			 http_request_peer(req));
+		         http_request_peer(req));
 		respond_json_error(req, 403,
-				   "this Host is not toki web's: open the address toki web printed",
-				   "bad_host");
+		                   "this Host is not toki web's: open the address toki web printed",
+		                   "bad_host");
 		return;
 	}
 	if (strncmp(path, "/api/", 5) != 0) {
@@ -388,9 +389,9 @@ static void handle(struct http_request *req, void *ctx)
 	}
 	if (!auth_check(w->secret, http_request_header(req, "Authorization"), NULL)) {
 		respond_json_error(req, 401,
-				   "toki web needs its session secret: open the link toki web "
-				   "printed (http://HOST:PORT/#k=...)",
-				   "unauthorized");
+		                   "toki web needs its session secret: open the link toki web "
+		                   "printed (http://HOST:PORT/#k=...)",
+		                   "unauthorized");
 		return;
 	}
 	const char *origin = http_request_header(req, "Origin");
@@ -421,8 +422,7 @@ static void handle(struct http_request *req, void *ctx)
 	respond_json_error(req, 404, "no such API route", "not_found");
 }
 
-struct web *web_new(struct event_base *base, const struct web_config *cfg, char *err,
-		    size_t errlen)
+struct web *web_new(struct event_base *base, const struct web_config *cfg, char *err, size_t errlen)
 {
 	struct web *w = calloc(1, sizeof *w);
 	if (!w) {
@@ -439,13 +439,13 @@ struct web *web_new(struct event_base *base, const struct web_config *cfg, char 
 		goto fail;
 	}
 	w->daemon = backend_http_new(base, cfg->daemon_url,
-				     cfg->backend_timeout_s > 0 ? cfg->backend_timeout_s : 1800, err,
-				     errlen);
+	                             cfg->backend_timeout_s > 0 ? cfg->backend_timeout_s : 1800,
+	                             err, errlen);
 	if (!w->daemon)
 		goto fail;
 	char bearer[600];
 	if ((size_t)snprintf(bearer, sizeof bearer, "Bearer %s", cfg->daemon_token) >=
-		    sizeof bearer ||
+	        sizeof bearer ||
 	    backend_http_set_header(w->daemon, "Authorization", bearer) != 0) {
 		snprintf(err, errlen, "the daemon's token cannot be used in a header");
 		goto fail;
