@@ -190,54 +190,30 @@ static void print_table(const char *url, const char *model, long max_tokens,
 		printf("route: %s, reused %ld of %ld prompt tokens\n", cached->route,
 		       b.cached >= 0 ? b.cached : 0, cached->prompt_tokens);
 	if (b.evaluated >= 0 && a.evaluated >= 0 && b.evaluated >= a.evaluated)
-		printf("note: nothing was reused; on llama-server's own schedule (--reuse grid, or a "
-		       "prompt toki could not make itself) only whole micro-batches (-ub) are reused, "
-		       "so give a longer prompt or --system\n");
+		printf(
+		    "note: nothing was reused; on llama-server's own schedule (--reuse grid, or a "
+		    "prompt toki could not make itself) only whole micro-batches (-ub) are reused, "
+		    "so give a longer prompt or --system\n");
 	if (!identical)
 		printf("\nraw:    %s\ncached: %s\n", raw->text, cached->text);
 }
 
 int cmd_diff(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"url", required_argument, NULL, 'u'},
-	    {"model", required_argument, NULL, 'm'},
-	    {"system", required_argument, NULL, 's'},
-	    {"max-tokens", required_argument, NULL, 'n'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"help", no_argument, NULL, 'h'},
-	    {0},
-	};
 	const char *url_opt = NULL, *model = NULL, *system = NULL;
 	long max_tokens = 64;
 	int as_json = 0;
-	optind = 1;
-	int c;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'u':
-			url_opt = optarg;
-			break;
-		case 'm':
-			model = optarg;
-			break;
-		case 's':
-			system = optarg;
-			break;
-		case 'n':
-			max_tokens = atol(optarg);
-			break;
-		case 'j':
-			as_json = 1;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
+	const struct cmd_opt opts[] = {
+	    {"url", CMD_OPT_STR, {.s = &url_opt}, NULL},
+	    {"model", CMD_OPT_STR, {.s = &model}, NULL},
+	    {"system", CMD_OPT_STR, {.s = &system}, NULL},
+	    {"max-tokens", CMD_OPT_LONG, {.l = &max_tokens}, NULL},
+	    {"json", CMD_OPT_FLAG, {.i = &as_json}, NULL},
+	    {0},
+	};
+	int r = cmd_parse_options(argc, argv, opts, usage);
+	if (r >= 0)
+		return r;
 	if (optind != argc - 1 || !*argv[optind] || max_tokens <= 0) {
 		usage(stderr);
 		return 2;

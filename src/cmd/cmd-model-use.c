@@ -12,37 +12,22 @@
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"usage: toki model use NAME [--ctx N] [--slots N] [--port N] [--reuse MODE] [--wait S]\n"
-		"\n"
-		"Starts the registered model: llama-server (the registry's binary:, else an\n"
-		"installed build, else llama-server on PATH) with toki serve in front, in the\n"
-		"background. The context is the registry's ctx: if it fits memory, else the\n"
-		"largest that fits; asking for more than fits is refused with the numbers.\n"
-		"A model already running elsewhere is left alone; stop it with toki down.\n");
+	        "usage: toki model use NAME [--ctx N] [--slots N] [--port N] [--reuse MODE] "
+	        "[--wait S]\n"
+	        "\n"
+	        "Starts the registered model: llama-server (the registry's binary:, else an\n"
+	        "installed build, else llama-server on PATH) with toki serve in front, in the\n"
+	        "background. The context is the registry's ctx: if it fits memory, else the\n"
+	        "largest that fits; asking for more than fits is refused with the numbers.\n"
+	        "A model already running elsewhere is left alone; stop it with toki down.\n");
 }
 
 int cmd_model_use(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"ctx", required_argument, NULL, 'c'},	 {"slots", required_argument, NULL, 's'},
-		{"port", required_argument, NULL, 'p'},	 {"reuse", required_argument, NULL, 'r'},
-		{"wait", required_argument, NULL, 'w'},	 {"help", no_argument, NULL, 'h'},
-		{0},
-	};
 	struct launch_opts o = {0};
-	optind = 1;
-	int c;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'c': o.ctx = atol(optarg); break;
-		case 's': o.slots = atoi(optarg); break;
-		case 'p': o.port = atoi(optarg); break;
-		case 'r': o.mode = optarg; break;
-		case 'w': o.wait_s = atoi(optarg); break;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
-		}
-	}
+	int r = cmd_launch_options(argc, argv, 0, &o, usage);
+	if (r >= 0)
+		return r;
 	if (optind != argc - 1 || o.ctx < 0 || o.slots < 0 || o.port < 0) {
 		usage(stderr);
 		return 2;
@@ -56,10 +41,11 @@ int cmd_model_use(int argc, char **argv)
 	}
 	const struct registry_model *m = registry_find(&reg, name);
 	if (!m) {
-		fprintf(stderr,
-			"toki model use: no model '%s' in the registry (toki model list shows them; "
-			"toki model pull adds one)\n",
-			name);
+		fprintf(
+		    stderr,
+		    "toki model use: no model '%s' in the registry (toki model list shows them; "
+		    "toki model pull adds one)\n",
+		    name);
 		registry_free(&reg);
 		return 1;
 	}

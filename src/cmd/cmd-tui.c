@@ -72,59 +72,39 @@ static char *read_file(const char *path)
 	return buf;
 }
 
+/* --mode: checked where it is read, before the options after it. */
+static int mode_opt(const char *value, void *ctx)
+{
+	enum tui_mode *mode = ctx;
+	if (!strcmp(value, "raw")) {
+		*mode = TUI_MODE_RAW;
+	} else if (!strcmp(value, "cached")) {
+		*mode = TUI_MODE_CACHED;
+	} else if (!strcmp(value, "compare")) {
+		*mode = TUI_MODE_COMPARE;
+	} else {
+		fprintf(stderr, "toki tui: --mode is raw, cached or compare\n");
+		return 2;
+	}
+	return 0;
+}
+
 int cmd_tui(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"url", required_argument, NULL, 'u'},
-	    {"mode", required_argument, NULL, 'M'},
-	    {"system", required_argument, NULL, 's'},
-	    {"system-file", required_argument, NULL, 'S'},
-	    {"max-tokens", required_argument, NULL, 'n'},
-	    {"temperature", required_argument, NULL, 't'},
-	    {"help", no_argument, NULL, 'h'},
-	    {0},
-	};
 	struct tui_opts o = {.max_tokens = 512, .temperature = 0, .mode = TUI_MODE_CACHED};
 	const char *system_file = NULL;
-	optind = 1;
-	int c;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'u':
-			o.url = optarg;
-			break;
-		case 's':
-			o.system = optarg;
-			break;
-		case 'S':
-			system_file = optarg;
-			break;
-		case 'n':
-			o.max_tokens = atol(optarg);
-			break;
-		case 't':
-			o.temperature = atof(optarg);
-			break;
-		case 'M':
-			if (!strcmp(optarg, "raw")) {
-				o.mode = TUI_MODE_RAW;
-			} else if (!strcmp(optarg, "cached")) {
-				o.mode = TUI_MODE_CACHED;
-			} else if (!strcmp(optarg, "compare")) {
-				o.mode = TUI_MODE_COMPARE;
-			} else {
-				fprintf(stderr, "toki tui: --mode is raw, cached or compare\n");
-				return 2;
-			}
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
+	const struct cmd_opt opts[] = {
+	    {"url", CMD_OPT_STR, {.s = &o.url}, NULL},
+	    {"mode", CMD_OPT_FN, {.ctx = &o.mode}, mode_opt},
+	    {"system", CMD_OPT_STR, {.s = &o.system}, NULL},
+	    {"system-file", CMD_OPT_STR, {.s = &system_file}, NULL},
+	    {"max-tokens", CMD_OPT_LONG, {.l = &o.max_tokens}, NULL},
+	    {"temperature", CMD_OPT_DOUBLE, {.d = &o.temperature}, NULL},
+	    {0},
+	};
+	int r = cmd_parse_options(argc, argv, opts, usage);
+	if (r >= 0)
+		return r;
 	if (optind != argc || (o.system && system_file)) {
 		usage(stderr);
 		return 2;

@@ -10,51 +10,30 @@
 
 static void usage(FILE *out)
 {
-	fprintf(out,
-		"usage: toki up --model FILE.gguf [options] [-- llama-server args]\n"
-		"\n"
-		"Starts llama-server for the file with toki serve in front, in the background,\n"
-		"and waits until it answers. The context is the largest that fits this\n"
-		"machine's memory (never above the model's training context).\n"
-		"\n"
-		"  --name N          the run's name (default: the file name without .gguf)\n"
-		"  --ctx N           context per slot; refused, with the numbers, if it does not fit\n"
-		"  --slots N         parallel slots (default 2)\n"
-		"  --max-output N    cap on a request's output tokens\n"
-		"  --port N          toki's port (default 8787)\n"
-		"  --reuse MODE      exact (default), fast or grid (see toki serve --help)\n"
-		"  --llama-server B  the llama-server binary (default: see toki model use)\n"
-		"  --wait S          seconds to wait for the model to load (default 600)\n");
+	fprintf(
+	    out,
+	    "usage: toki up --model FILE.gguf [options] [-- llama-server args]\n"
+	    "\n"
+	    "Starts llama-server for the file with toki serve in front, in the background,\n"
+	    "and waits until it answers. The context is the largest that fits this\n"
+	    "machine's memory (never above the model's training context).\n"
+	    "\n"
+	    "  --name N          the run's name (default: the file name without .gguf)\n"
+	    "  --ctx N           context per slot; refused, with the numbers, if it does not fit\n"
+	    "  --slots N         parallel slots (default 2)\n"
+	    "  --max-output N    cap on a request's output tokens\n"
+	    "  --port N          toki's port (default 8787)\n"
+	    "  --reuse MODE      exact (default), fast or grid (see toki serve --help)\n"
+	    "  --llama-server B  the llama-server binary (default: see toki model use)\n"
+	    "  --wait S          seconds to wait for the model to load (default 600)\n");
 }
 
 int cmd_up(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"model", required_argument, NULL, 'm'},  {"name", required_argument, NULL, 'N'},
-		{"ctx", required_argument, NULL, 'c'},	  {"slots", required_argument, NULL, 's'},
-		{"max-output", required_argument, NULL, 'o'}, {"port", required_argument, NULL, 'p'},
-		{"reuse", required_argument, NULL, 'r'},  {"llama-server", required_argument, NULL, 'L'},
-		{"wait", required_argument, NULL, 'w'},	  {"help", no_argument, NULL, 'h'},
-		{0},
-	};
 	struct launch_opts o = {0};
-	optind = 1;
-	int c;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'm': o.model_path = optarg; break;
-		case 'N': o.name = optarg; break;
-		case 'c': o.ctx = atol(optarg); break;
-		case 's': o.slots = atoi(optarg); break;
-		case 'o': o.max_output = atol(optarg); break;
-		case 'p': o.port = atoi(optarg); break;
-		case 'r': o.mode = optarg; break;
-		case 'L': o.binary = optarg; break;
-		case 'w': o.wait_s = atoi(optarg); break;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
-		}
-	}
+	int r = cmd_launch_options(argc, argv, 1, &o, usage);
+	if (r >= 0)
+		return r;
 	if (!o.model_path || o.ctx < 0 || o.slots < 0 || o.port < 0) {
 		usage(stderr);
 		return 2;
@@ -70,12 +49,15 @@ int cmd_up(int argc, char **argv)
 		if (dot)
 			*dot = '\0';
 		for (char *p = name; *p; p++)
-			if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", *p))
+			if (!strchr(
+			        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-",
+			        *p))
 				*p = '_';
 		o.name = name;
 	}
 	if (!paths_is_safe_name(o.name)) {
-		fprintf(stderr, "toki up: '%s' cannot be a name (letters, digits, . _ - only)\n", o.name);
+		fprintf(stderr, "toki up: '%s' cannot be a name (letters, digits, . _ - only)\n",
+		        o.name);
 		return 2;
 	}
 	char model_abs[4096];
