@@ -375,36 +375,80 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	slot_store_save_all(d, 30, saved_then_exit, d);
 }
 
+/* --backend URL: collected in order, at most 64. */
+struct backend_urls {
+	const char **v;
+	int n;
+};
+
+static int backend_opt(const char *value, void *ctx)
+{
+	struct backend_urls *u = ctx;
+	if (u->n == 64) {
+		fprintf(stderr, "toki serve: at most 64 backends\n");
+		return 2;
+	}
+	u->v[u->n++] = value;
+	return 0;
+}
+
+static int reuse_opt(const char *value, void *ctx)
+{
+	if (reuse_mode_parse(value, ctx) != 0) {
+		fprintf(stderr, "toki serve: --reuse takes exact, fast or grid\n");
+		return 2;
+	}
+	return 0;
+}
+
+static int max_body_opt(const char *value, void *ctx)
+{
+	*(size_t *)ctx = (size_t)atoi(value) << 20;
+	return 0;
+}
+
+static int slot_disk_opt(const char *value, void *ctx)
+{
+	*(uint64_t *)ctx = (uint64_t)atoll(value) << 20;
+	return 0;
+}
+
+static int tokenize_opt(const char *value, void *ctx)
+{
+	if (strcmp(value, "local") && strcmp(value, "server")) {
+		fprintf(stderr, "toki serve: --tokenize is local or server\n");
+		return 2;
+	}
+	*(int *)ctx = !strcmp(value, "local");
+	return 0;
+}
+
+/* --llama-arg and --llama-env: passed on in order, at most 63 of each. The
+ * value is an argv string, so not const underneath. */
+static int llama_push(char **v, int *nv, const char *value)
+{
+	if (*nv == 63) {
+		fprintf(stderr, "toki serve: too many --llama-arg/--llama-env\n");
+		return 2;
+	}
+	v[(*nv)++] = (char *)value;
+	return 0;
+}
+
+static int llama_arg_opt(const char *value, void *ctx)
+{
+	struct managed *m = ctx;
+	return llama_push(m->args, &m->n_args, value);
+}
+
+static int llama_env_opt(const char *value, void *ctx)
+{
+	struct managed *m = ctx;
+	return llama_push(m->env, &m->n_env, value);
+}
+
 int cmd_serve(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"backend", required_argument, NULL, 'b'},
-	    {"backend-key", required_argument, NULL, 'B'},
-	    {"host", required_argument, NULL, 'H'},
-	    {"port", required_argument, NULL, 'p'},
-	    {"allow-remote", no_argument, NULL, 'R'},
-	    {"reuse", required_argument, NULL, 'r'},
-	    {"ubatch", required_argument, NULL, 'u'},
-	    {"keepalive-ms", required_argument, NULL, 'k'},
-	    {"max-body-mb", required_argument, NULL, 'm'},
-	    {"slot-dir", required_argument, NULL, 's'},
-	    {"slot-disk-mb", required_argument, NULL, 'S'},
-	    {"max-output", required_argument, NULL, 'O'},
-	    {"slot-save-idle-ms", required_argument, NULL, 'I'},
-	    {"kv-settings", required_argument, NULL, 'K'},
-	    {"slot-compress", required_argument, NULL, 'Z'},
-	    {"tokenize", required_argument, NULL, 'T'},
-	    {"model", required_argument, NULL, 'M'},
-	    {"llama-server", required_argument, NULL, 'L'},
-	    {"ctx", required_argument, NULL, 'c'},
-	    {"slots", required_argument, NULL, 'n'},
-	    {"llama-arg", required_argument, NULL, 'a'},
-	    {"llama-env", required_argument, NULL, 'e'},
-	    {"run-dir", required_argument, NULL, 'D'},
-	    {"name", required_argument, NULL, 'N'},
-	    {"help", no_argument, NULL, 'h'},
-	    {0},
-	};
 	struct daemon d = {0};
 	d.cfg.host = "127.0.0.1";
 	d.cfg.port = 8787;
@@ -417,7 +461,6 @@ int cmd_serve(int argc, char **argv)
 	d.cfg.save_idle_ms = 5000;
 	d.cfg.local_prompts = 1;
 	const char *urls[64];
-	int n_urls = 0;
 	struct managed m = {0};
 	m.slots = 2;
 
@@ -430,106 +473,38 @@ int cmd_serve(int argc, char **argv)
 	if (env_key && *env_key)
 		d.cfg.backend_key = env_key;
 
-	optind = 1;
-	int c;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'b':
-			if (n_urls == 64) {
-				fprintf(stderr, "toki serve: at most 64 backends\n");
-				return 2;
-			}
-			urls[n_urls++] = optarg;
-			break;
-		case 'B':
-			d.cfg.backend_key = optarg;
-			break;
-		case 'H':
-			d.cfg.host = optarg;
-			break;
-		case 'p':
-			d.cfg.port = atoi(optarg);
-			break;
-		case 'R':
-			d.cfg.allow_remote = 1;
-			break;
-		case 'r':
-			if (reuse_mode_parse(optarg, &d.cfg.mode) != 0) {
-				fprintf(stderr, "toki serve: --reuse takes exact, fast or grid\n");
-				return 2;
-			}
-			break;
-		case 'u':
-			d.cfg.n_ubatch = atoi(optarg);
-			break;
-		case 'k':
-			d.cfg.keepalive_ms = atoi(optarg);
-			break;
-		case 'm':
-			d.cfg.max_body_bytes = (size_t)atoi(optarg) << 20;
-			break;
-		case 's':
-			d.cfg.slot_dir = optarg;
-			break;
-		case 'S':
-			d.cfg.slot_disk_bytes = (uint64_t)atoll(optarg) << 20;
-			break;
-		case 'O':
-			d.cfg.max_output = atol(optarg);
-			break;
-		case 'I':
-			d.cfg.save_idle_ms = atoi(optarg);
-			break;
-		case 'K':
-			d.cfg.kv_settings = optarg;
-			break;
-		case 'Z':
-			d.cfg.slot_compress = atoi(optarg);
-			break;
-		case 'T':
-			if (strcmp(optarg, "local") && strcmp(optarg, "server")) {
-				fprintf(stderr, "toki serve: --tokenize is local or server\n");
-				return 2;
-			}
-			d.cfg.local_prompts = !strcmp(optarg, "local");
-			break;
-		case 'M':
-			m.model = optarg;
-			break;
-		case 'L':
-			m.binary = optarg;
-			break;
-		case 'c':
-			m.ctx = atol(optarg);
-			break;
-		case 'n':
-			m.slots = atoi(optarg);
-			break;
-		case 'D':
-			m.run_dir = optarg;
-			break;
-		case 'N':
-			m.name = optarg;
-			break;
-		case 'a':
-		case 'e': {
-			char **v = c == 'a' ? m.args : m.env;
-			int *nv = c == 'a' ? &m.n_args : &m.n_env;
-			if (*nv == 63) {
-				fprintf(stderr, "toki serve: too many --llama-arg/--llama-env\n");
-				return 2;
-			}
-			v[(*nv)++] = optarg;
-			break;
-		}
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
+	struct backend_urls bu = {urls, 0};
+	const struct cmd_opt opts[] = {
+	    {"backend", CMD_OPT_FN, {.ctx = &bu}, backend_opt},
+	    {"backend-key", CMD_OPT_STR, {.s = &d.cfg.backend_key}, NULL},
+	    {"host", CMD_OPT_STR, {.s = &d.cfg.host}, NULL},
+	    {"port", CMD_OPT_INT, {.i = &d.cfg.port}, NULL},
+	    {"allow-remote", CMD_OPT_FLAG, {.i = &d.cfg.allow_remote}, NULL},
+	    {"reuse", CMD_OPT_FN, {.ctx = &d.cfg.mode}, reuse_opt},
+	    {"ubatch", CMD_OPT_INT, {.i = &d.cfg.n_ubatch}, NULL},
+	    {"keepalive-ms", CMD_OPT_INT, {.i = &d.cfg.keepalive_ms}, NULL},
+	    {"max-body-mb", CMD_OPT_FN, {.ctx = &d.cfg.max_body_bytes}, max_body_opt},
+	    {"slot-dir", CMD_OPT_STR, {.s = &d.cfg.slot_dir}, NULL},
+	    {"slot-disk-mb", CMD_OPT_FN, {.ctx = &d.cfg.slot_disk_bytes}, slot_disk_opt},
+	    {"max-output", CMD_OPT_LONG, {.l = &d.cfg.max_output}, NULL},
+	    {"slot-save-idle-ms", CMD_OPT_INT, {.i = &d.cfg.save_idle_ms}, NULL},
+	    {"kv-settings", CMD_OPT_STR, {.s = &d.cfg.kv_settings}, NULL},
+	    {"slot-compress", CMD_OPT_INT, {.i = &d.cfg.slot_compress}, NULL},
+	    {"tokenize", CMD_OPT_FN, {.ctx = &d.cfg.local_prompts}, tokenize_opt},
+	    {"model", CMD_OPT_STR, {.s = &m.model}, NULL},
+	    {"llama-server", CMD_OPT_STR, {.s = &m.binary}, NULL},
+	    {"ctx", CMD_OPT_LONG, {.l = &m.ctx}, NULL},
+	    {"slots", CMD_OPT_INT, {.i = &m.slots}, NULL},
+	    {"llama-arg", CMD_OPT_FN, {.ctx = &m}, llama_arg_opt},
+	    {"llama-env", CMD_OPT_FN, {.ctx = &m}, llama_env_opt},
+	    {"run-dir", CMD_OPT_STR, {.s = &m.run_dir}, NULL},
+	    {"name", CMD_OPT_STR, {.s = &m.name}, NULL},
+	    {0},
+	};
+	int r = cmd_parse_options(argc, argv, opts, usage);
+	if (r >= 0)
+		return r;
+	int n_urls = bu.n;
 	if (optind < argc || (n_urls == 0 && !m.model) || d.cfg.n_ubatch <= 0 || m.slots <= 0 ||
 	    m.ctx < 0 || d.cfg.max_output < 0 || d.cfg.keepalive_ms <= 0 || d.cfg.port < 0 ||
 	    d.cfg.port > 65535 || d.cfg.max_body_bytes == 0) {
