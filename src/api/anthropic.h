@@ -9,7 +9,9 @@
  * request would, so toki's routing tokens (/apply-template of this output) and
  * the model's view are what a native client would get.
  *
- * Everything here is pure data transformation: no I/O, no libevent. */
+ * Everything here is pure data transformation: no I/O, no libevent. The
+ * request's translation is in anthropic.c, the answer's (whole and streamed)
+ * in anthropic_answer.c. */
 #ifndef TOKI_API_ANTHROPIC_H
 #define TOKI_API_ANTHROPIC_H
 
