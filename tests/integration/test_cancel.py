@@ -12,6 +12,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -222,6 +223,98 @@ class CancelFast(Cancel, unittest.TestCase):
         self.assertNotEqual(got["cache"]["route"], "miss", got["cache"])
         self.assertLessEqual(got["cache"]["evaluated"], 1, got["cache"])
 
+
+
+class CancelLatency(unittest.TestCase):
+    """A client that leaves frees the slot as fast as llama-server alone
+    frees it (issue 25, item 3), in every mode. llama.cpp's own server test
+    (test_cancel_request): a /completion with n_predict -1 whose client goes
+    0.1 s after sending it, streamed and not, side by side on one server.
+
+    llama-server (11669) stops a streamed request when its client goes (at
+    its next write); a whole (non-streamed) one it runs to its end, alone or
+    behind toki. So: through toki the server must stop a streamed request
+    about as soon as alone, run a whole one no longer than alone (its own
+    count of predicted tokens), and toki's own slot (which exact mode holds until the
+    server is idle and the slot's tail is cut) must be free within a few
+    polls of the server's being idle: that is when the next request can
+    start."""
+
+    def setUp(self):
+        # A context of 1024: a request that nothing stops ends at its end,
+        # in about a second on stories260K.
+        self.llama = th.LlamaServer(slots=1, ctx=1024, extra=("--metrics",))
+
+    def tearDown(self):
+        self.llama.kill()
+
+    def server_busy(self):
+        return any(s["is_processing"]
+                   for s in th.request(self.llama.port, "GET", "/slots", auth=False)[1])
+
+    def predicted(self):
+        st, text = th.request(self.llama.port, "GET", "/metrics", auth=False, raw=True)
+        for line in text.splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total "):
+                return float(line.split()[1])
+        self.fail("no llamacpp:tokens_predicted_total in " + text[:300])
+
+    def leave(self, port, auth, stream, toki=None):
+        """Seconds from the client's close to the server's slot idle, to
+        toki's slot free, and the tokens the server predicted for it."""
+        before = self.predicted()
+        body = json.dumps({"prompt": "I believe the meaning of life is", "n_predict": -1,
+                           "stream": stream}).encode()
+        s = socket.create_connection(("127.0.0.1", port))
+        head = (b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                (b"Authorization: Bearer " + th.TEST_TOKEN.encode() + b"\r\n" if auth else b"") +
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        s.sendall(head + body)
+        deadline = time.time() + 30
+        while not self.server_busy():
+            self.assertLess(time.time(), deadline, "the request never started")
+            time.sleep(0.005)
+        time.sleep(0.1)  # the client's own timeout, as in llama.cpp's test
+        s.close()
+        t0 = time.time()
+        deadline = t0 + 60
+        while self.server_busy():
+            self.assertLess(time.time(), deadline, "the server never stopped")
+            time.sleep(0.005)
+        idle = time.time() - t0
+        while toki and any(sl["busy"] for b in toki.stats()["backends"] for sl in b["slots"]):
+            self.assertLess(time.time(), deadline, "toki never freed its slot")
+            time.sleep(0.005)
+        return idle, time.time() - t0, self.predicted() - before
+
+    def test_a_client_that_leaves_frees_the_slot_as_fast_as_alone(self):
+        got = {}
+        for stream in (True, False):
+            got[("alone", stream)] = self.leave(self.llama.port, False, stream)
+        for mode in ("fast", "exact"):
+            toki = th.Toki([self.llama], mode=mode)
+            try:
+                for stream in (True, False):
+                    got[(mode, stream)] = self.leave(toki.port, True, stream, toki)
+            finally:
+                toki.kill(signal.SIGTERM)
+        print("(server idle s, toki free s, predicted):",
+              {f"{p} {'stream' if st else 'whole'}": (round(a, 3), round(b, 3), int(n))
+               for (p, st), (a, b, n) in got.items()})
+        for mode in ("fast", "exact"):
+            for stream in (True, False):
+                idle, free, n = got[(mode, stream)]
+                a_idle, _, a_n = got[("alone", stream)]
+                what = f"{mode}, stream={stream}: {got}"
+                # A whole request runs to the same end as alone (no more
+                # tokens); a streamed one stops about as soon as alone (its
+                # next write fails; a token's time under load is the noise).
+                if stream:
+                    self.assertLess(idle, 2 * a_idle + 0.5, what)
+                else:
+                    self.assertLessEqual(n, a_n + 16, what)
+                # toki's slot is free within a few polls of the server's.
+                self.assertLess(free - idle, 0.5, what)
 
 if __name__ == "__main__":
     th.run_tests()
