@@ -31,12 +31,18 @@ static const char gen_usage[] =
     "                     [--kv-heads N] [--ff N]] [--ctx N] [--seed N] [--type f16|f32]\n"
     "                     [--name NAME] [--tokenizer tokenizer.json [--pre NAME]\n"
     "                     [--tokenizer-config tokenizer_config.json]] [--chat-template FILE]\n"
+    "                     [--arch llama|qwen35|gemma3|gpt-oss [--sliding-window N]]\n"
     "\n"
-    "Writes a llama model with random weights and a built-in byte-fallback\n"
-    "vocabulary and ChatML template, which llama-server loads as is. The same\n"
-    "seed gives the same bytes on every machine.\n"
+    "Writes a model with random weights and a built-in byte-fallback vocabulary\n"
+    "and ChatML template, which llama-server loads as is. The same seed gives\n"
+    "the same bytes on every machine.\n"
     "\n"
     "  -o, --output FILE  where to write (via FILE.tmp and rename)\n"
+    "  --arch A           llama (default); qwen35: Qwen 3.5's hybrid of Gated DeltaNet\n"
+    "                     and gated attention (every 4th layer); gemma3: sliding-window\n"
+    "                     attention in 5 layers of 6; gpt-oss: sliding window in every\n"
+    "                     other layer, attention sinks, 4 experts (2 used)\n"
+    "  --sliding-window N gemma3, gpt-oss: the window in tokens (default 128)\n"
     "  --params N         pick a shape for about N parameters: 24M, 1.5B, ... (default 24M)\n"
     "  --embd N           embedding width (with --layers and --heads instead of --params)\n"
     "  --layers N         number of blocks\n"
@@ -478,8 +484,8 @@ static bool parse_u32(const char *opt, const char *s, uint32_t max, uint32_t *ou
 }
 
 static int gen_write(struct gguf_gen_params *p, bool explicit_shape, const char *params,
-                     uint32_t embd, uint32_t layers, uint32_t heads, uint32_t kv_heads,
-                     uint32_t ff, const char *out);
+                     uint32_t embd, uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t ff,
+                     const char *out);
 
 /* A whole text file, NUL-terminated, or NULL with the reason in err. */
 static char *read_text_file(const char *path, char *err, size_t errlen)
@@ -529,10 +535,15 @@ static int cmd_gen(int argc, char **argv)
 			return 0;
 		}
 		/* Every other option takes a value. */
-		static const char *const with_value[] = {
-		    "-o",         "--output", "--params", "--embd", "--layers", "--heads",
-		    "--kv-heads", "--ff",     "--ctx",    "--seed", "--type",   "--name",
-		    "--tokenizer", "--tokenizer-config", "--pre", "--chat-template"};
+		static const char *const with_value[] = {"-o",          "--output",
+		                                         "--params",    "--embd",
+		                                         "--layers",    "--heads",
+		                                         "--kv-heads",  "--ff",
+		                                         "--ctx",       "--seed",
+		                                         "--type",      "--name",
+		                                         "--tokenizer", "--tokenizer-config",
+		                                         "--pre",       "--chat-template",
+		                                         "--arch",      "--sliding-window"};
 		bool known = false;
 		for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++)
 			known |= !strcmp(a, with_value[k]);
@@ -577,6 +588,15 @@ static int cmd_gen(int argc, char **argv)
 			pre = val;
 		else if (!strcmp(a, "--chat-template"))
 			template_file = val;
+		else if (!strcmp(a, "--sliding-window"))
+			ok = parse_u32(a, val, 1u << 24, &p.sliding_window);
+		else if (!strcmp(a, "--arch") && !gguf_gen_arch_parse(val, &p.arch)) {
+			fprintf(
+			    stderr,
+			    "toki gguf: gen: --arch: llama, qwen35, gemma3 or gpt-oss, not '%s'\n",
+			    val);
+			return 2;
+		}
 		if (!ok)
 			return 2;
 	}
@@ -636,8 +656,8 @@ static int cmd_gen(int argc, char **argv)
 
 /* Picks the shape and writes the file. */
 static int gen_write(struct gguf_gen_params *pp, bool explicit_shape, const char *params,
-                     uint32_t embd, uint32_t layers, uint32_t heads, uint32_t kv_heads,
-                     uint32_t ff, const char *out)
+                     uint32_t embd, uint32_t layers, uint32_t heads, uint32_t kv_heads, uint32_t ff,
+                     const char *out)
 {
 	struct gguf_gen_params p = *pp;
 	char err[512];
@@ -683,10 +703,10 @@ static int gen_write(struct gguf_gen_params *pp, bool explicit_shape, const char
 	char pc[32];
 	human_count(gguf_gen_param_count(&p), pc, sizeof pc);
 	fprintf(stderr,
-	        "toki gguf: wrote %s: llama, %s parameters, embd %u, layers %u, heads %u, kv heads "
+	        "toki gguf: wrote %s: %s, %s parameters, embd %u, layers %u, heads %u, kv heads "
 	        "%u, ff %u, ctx %u, %s, seed %" PRIu64 "\n",
-	        out, pc, p.n_embd, p.n_layers, p.n_head, p.n_head_kv, p.n_ff, p.context_length,
-	        p.weight_type == GGML_TYPE_F16 ? "f16" : "f32", p.seed);
+	        out, gguf_gen_arch_name(p.arch), pc, p.n_embd, p.n_layers, p.n_head, p.n_head_kv,
+	        p.n_ff, p.context_length, p.weight_type == GGML_TYPE_F16 ? "f16" : "f32", p.seed);
 	return 0;
 }
 

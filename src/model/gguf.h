@@ -215,7 +215,29 @@ uint64_t gguf_kv_bytes_per_token_type(const struct gguf_model_info *mi, uint32_t
 
 /* --- Writer: random-weight llama models (gguf_write.c) ------------------- */
 
+/* The architectures the writer makes. Each takes the llama-style shape
+ * (head size n_embd / n_head) and derives the rest:
+ *  - qwen35 (Qwen 3.5/3.6, hybrid): every 4th layer gated attention with
+ *    Q/K norms and interleaved multi-axis rotary sections, the others Gated
+ *    DeltaNet (K heads = KV heads, V heads = heads, state and head size the
+ *    head size, convolution kernel 4);
+ *  - gemma3: sliding-window attention (window sliding_window) in five layers
+ *    of every six, Q/K norms, pre- and post-norms, tied output;
+ *  - gpt-oss: sliding window in every other layer, attention sinks and
+ *    biases, 4 experts (2 used) of width n_ff with biases. */
+enum gguf_gen_arch {
+	GGUF_GEN_ARCH_LLAMA = 0,
+	GGUF_GEN_ARCH_QWEN35,
+	GGUF_GEN_ARCH_GEMMA3,
+	GGUF_GEN_ARCH_GPT_OSS,
+};
+/* general.architecture's spelling ("llama", "qwen35", "gemma3", "gpt-oss"). */
+const char *gguf_gen_arch_name(enum gguf_gen_arch a);
+bool gguf_gen_arch_parse(const char *s, enum gguf_gen_arch *out);
+
 struct gguf_gen_params {
+	enum gguf_gen_arch arch; /* default llama */
+	uint32_t sliding_window; /* gemma3, gpt-oss: attention window in tokens (default 128) */
 	uint32_t n_embd;
 	uint32_t n_layers;
 	uint32_t n_head;
@@ -287,7 +309,8 @@ bool gguf_gen_params_for_size(struct gguf_gen_params *p, uint64_t n_params, char
  * can load (head size even and dividing n_embd, KV heads dividing heads,
  * sizes in range, f16/f32); false with the reason in err. */
 bool gguf_gen_params_check(const struct gguf_gen_params *p, char *err, size_t errlen);
-/* Total parameters the params would produce (vocabulary included). */
+/* Total parameters the params would produce (vocabulary included): every
+ * tensor's elements, as the writer plans them. */
 uint64_t gguf_gen_param_count(const struct gguf_gen_params *p);
 /* The size of the built-in vocabulary, and the ids of its special tokens. */
 uint32_t gguf_gen_vocab_size(void);

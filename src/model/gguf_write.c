@@ -379,6 +379,7 @@ void gguf_gen_params_default(struct gguf_gen_params *p)
 	p->context_length = 32768;
 	p->seed = 1;
 	p->weight_type = GGML_TYPE_F16;
+	p->sliding_window = 128;
 	gguf_gen_params_for_size(p, 24000000, NULL, 0);
 }
 
@@ -426,15 +427,37 @@ bool gguf_parse_param_count(const char *s, uint64_t *out)
 	return true;
 }
 
+static uint64_t plan_param_count(const struct gguf_gen_params *p, uint32_t n_vocab);
+
 uint64_t gguf_gen_param_count(const struct gguf_gen_params *p)
 {
-	uint64_t e = p->n_embd, l = p->n_layers, f = p->n_ff;
 	uint64_t v = p->vocab ? p->vocab->n : gguf_gen_vocab_size();
-	uint64_t kv_dim = p->n_head ? (uint64_t)p->n_head_kv * (e / p->n_head) : 0;
-	/* token_embd + output + output_norm, then per layer two norms, q, k, v,
-	 * attn_output and the three FFN matrices. */
-	uint64_t per_layer = 2 * e + e * e + 2 * e * kv_dim + e * e + 3 * e * f;
-	return 2 * v * e + e + l * per_layer;
+	if (!p->n_head || !p->n_head_kv)
+		return 0;
+	/* What the writer writes: every tensor's elements. */
+	return plan_param_count(p, (uint32_t)v);
+}
+
+static const char *const arch_names[] = {
+    [GGUF_GEN_ARCH_LLAMA] = "llama",
+    [GGUF_GEN_ARCH_QWEN35] = "qwen35",
+    [GGUF_GEN_ARCH_GEMMA3] = "gemma3",
+    [GGUF_GEN_ARCH_GPT_OSS] = "gpt-oss",
+};
+
+const char *gguf_gen_arch_name(enum gguf_gen_arch a)
+{
+	return (unsigned)a < sizeof arch_names / sizeof arch_names[0] ? arch_names[a] : "llama";
+}
+
+bool gguf_gen_arch_parse(const char *s, enum gguf_gen_arch *out)
+{
+	for (size_t i = 0; s && i < sizeof arch_names / sizeof arch_names[0]; i++)
+		if (!strcmp(s, arch_names[i])) {
+			*out = (enum gguf_gen_arch)i;
+			return true;
+		}
+	return false;
 }
 
 /* Layers a well-proportioned model of width n_embd has: about n_embd / 64 up
@@ -552,6 +575,15 @@ bool gguf_gen_params_check(const struct gguf_gen_params *p, char *err, size_t er
 		err_set(err, errlen, "weight type must be f16 or f32");
 		return false;
 	}
+	if ((p->arch == GGUF_GEN_ARCH_GEMMA3 || p->arch == GGUF_GEN_ARCH_GPT_OSS) &&
+	    (p->sliding_window == 0 || p->sliding_window > MAX_CTX)) {
+		err_set(err, errlen, "the sliding window must be 1..%u tokens", MAX_CTX);
+		return false;
+	}
+	if ((unsigned)p->arch > GGUF_GEN_ARCH_GPT_OSS) {
+		err_set(err, errlen, "unknown architecture");
+		return false;
+	}
 	return true;
 }
 
@@ -638,12 +670,19 @@ static void kv_str(struct wbuf *b, const char *key, const char *v)
 
 /* --- Tensors ------------------------------------------------------------- */
 
+/* How a tensor's values are made. */
+enum fill {
+	FILL_RANDOM, /* the seeded uniform stream */
+	FILL_ONES,   /* a norm's weights: all 1.0 */
+	FILL_DECAY,  /* a Gated DeltaNet's A (-exp(A_log)): all -1.0, so the state decays */
+};
+
 struct tensor_plan {
 	char name[48];
 	uint32_t n_dims;
-	uint64_t ne[2];
+	uint64_t ne[3];
 	uint32_t type;
-	bool ones; /* a norm: all 1.0 */
+	enum fill fill;
 	uint64_t offset;
 	uint64_t nbytes;
 };
@@ -653,18 +692,26 @@ static uint64_t align_up(uint64_t x, uint64_t a)
 	return (x + a - 1) / a * a;
 }
 
-static void plan_tensor(struct tensor_plan *t, const char *name, uint64_t ne0, uint64_t ne1,
-                        uint32_t wtype)
+static void plan_tensor3(struct tensor_plan *t, const char *name, uint64_t ne0, uint64_t ne1,
+                         uint64_t ne2, uint32_t type, enum fill fill)
 {
 	snprintf(t->name, sizeof t->name, "%s", name);
 	t->ne[0] = ne0;
-	t->ne[1] = ne1;
-	t->n_dims = ne1 ? 2 : 1;
-	/* 1-D tensors (norms) stay f32, as llama.cpp's converter writes them. */
-	t->ones = ne1 == 0;
-	t->type = ne1 ? wtype : GGML_TYPE_F32;
-	uint64_t n = ne0 * (ne1 ? ne1 : 1);
-	t->nbytes = n * (t->type == GGML_TYPE_F16 ? 2 : 4);
+	t->ne[1] = ne1 ? ne1 : 1;
+	t->ne[2] = ne2 ? ne2 : 1;
+	t->n_dims = ne2 ? 3 : ne1 ? 2 : 1;
+	t->type = type;
+	t->fill = fill;
+	t->nbytes = ne0 * t->ne[1] * t->ne[2] * (type == GGML_TYPE_F16 ? 2 : 4);
+}
+
+/* A matrix in the weight type, or a 1-D norm (f32, all ones, as llama.cpp's
+ * converter writes norms). */
+static void plan_tensor(struct tensor_plan *t, const char *name, uint64_t ne0, uint64_t ne1,
+                        uint32_t wtype)
+{
+	plan_tensor3(t, name, ne0, ne1, 0, ne1 ? wtype : GGML_TYPE_F32,
+	             ne1 ? FILL_RANDOM : FILL_ONES);
 }
 
 /* splitmix64: tiny, fast, and fully specified, so streams agree everywhere. */
@@ -781,13 +828,15 @@ static bool write_tensor(struct out *o, const struct tensor_plan *t, uint64_t se
 {
 	uint8_t chunk[16384];
 	uint64_t s = seed ^ (0x632be59bd9b4e019ull * (index + 1));
-	uint64_t n = t->ne[0] * (t->n_dims == 2 ? t->ne[1] : 1);
+	uint64_t n = t->ne[0] * t->ne[1] * t->ne[2];
 	size_t esize = t->type == GGML_TYPE_F16 ? 2 : 4;
 	size_t per = sizeof chunk / esize;
 	for (uint64_t i = 0; i < n;) {
 		size_t k = n - i < per ? (size_t)(n - i) : per;
 		for (size_t j = 0; j < k; j++) {
-			uint32_t bits = t->ones ? 0x3f800000u : random_f32_bits(&s);
+			uint32_t bits = t->fill == FILL_ONES    ? 0x3f800000u
+			                : t->fill == FILL_DECAY ? 0xbf800000u
+			                                        : random_f32_bits(&s);
 			uint8_t *d = chunk + j * esize;
 			if (esize == 2) {
 				uint16_t h = f32_to_f16(bits);
@@ -807,14 +856,21 @@ static bool write_tensor(struct out *o, const struct tensor_plan *t, uint64_t se
 	return true;
 }
 
+/* The derived shapes of the other architectures, from the llama-style
+ * params: head size hd = n_embd / n_head everywhere. */
+#define QWEN35_FULL_ATTN_INTERVAL 4u /* every 4th layer attention, the rest Gated DeltaNet */
+#define QWEN35_CONV_KERNEL 4u
+#define GPT_OSS_EXPERTS 4u
+#define GPT_OSS_EXPERTS_USED 2u
+
 /* The tokenizer keys for a vocabulary taken from another model: byte-level
  * BPE ("gpt2": pre-tokenizer and merges) or SentencePiece-style ("llama":
  * scores, and whether a space goes before the text). */
 static void write_external_vocab(struct wbuf *b, const struct gguf_gen_vocab *v,
-                                 const char *chat_template)
+                                 const char *chat_template, const char *vocab_size_key)
 {
 	bool spm = !strcmp(v->model, "llama");
-	kv_u32(b, "llama.vocab_size", v->n);
+	kv_u32(b, vocab_size_key, v->n);
 	kv_str(b, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
 	if (!spm)
 		kv_str(b, "tokenizer.ggml.pre", v->pre);
@@ -878,25 +934,67 @@ static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *
 	const size_t n_kv_at = b->len;
 	wb_u64(b, 0); /* n_kv, patched below once the pairs are counted */
 
-	kv_str(b, "general.architecture", "llama");
+	const char *an = gguf_gen_arch_name(p->arch);
+	char key[96];
+#define AKEY(suffix) (snprintf(key, sizeof key, "%s." suffix, an), key)
+	kv_str(b, "general.architecture", an);
 	kv_str(b, "general.name", name);
 	kv_u32(b, "general.alignment", GGUF_DEFAULT_ALIGNMENT);
 	/* llama_ftype: 0 all f32, 1 mostly f16. */
 	kv_u32(b, "general.file_type", p->weight_type == GGML_TYPE_F16 ? 1 : 0);
-	kv_u32(b, "llama.context_length", p->context_length);
-	kv_u32(b, "llama.embedding_length", p->n_embd);
-	kv_u32(b, "llama.block_count", p->n_layers);
-	kv_u32(b, "llama.feed_forward_length", p->n_ff);
-	kv_u32(b, "llama.attention.head_count", p->n_head);
-	kv_u32(b, "llama.attention.head_count_kv", p->n_head_kv);
-	kv_u32(b, "llama.rope.dimension_count", p->n_embd / p->n_head);
-	kv_f32(b, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-	kv_f32(b, "llama.rope.freq_base", 10000.0f);
+	uint32_t head_dim = p->n_embd / p->n_head;
+	kv_u32(b, AKEY("context_length"), p->context_length);
+	kv_u32(b, AKEY("embedding_length"), p->n_embd);
+	kv_u32(b, AKEY("block_count"), p->n_layers);
+	kv_u32(b, AKEY("feed_forward_length"), p->n_ff);
+	kv_u32(b, AKEY("attention.head_count"), p->n_head);
+	kv_u32(b, AKEY("attention.head_count_kv"), p->n_head_kv);
+	kv_u32(b, AKEY("rope.dimension_count"), head_dim);
+	kv_f32(b, AKEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+	kv_f32(b, AKEY("rope.freq_base"), 10000.0f);
+	if (p->arch != GGUF_GEN_ARCH_LLAMA) {
+		kv_u32(b, AKEY("attention.key_length"), head_dim);
+		kv_u32(b, AKEY("attention.value_length"), head_dim);
+	}
+	switch (p->arch) {
+	case GGUF_GEN_ARCH_LLAMA:
+		break;
+	case GGUF_GEN_ARCH_QWEN35: {
+		/* Interleaved multi-axis rotary sections over head_dim / 2
+		 * frequencies, in Qwen 3.5's proportions (11, 11, 10 of 32); text
+		 * positions are the same on every axis. */
+		uint32_t half = head_dim / 2, s0 = (half + 2) / 3;
+		kv_key(b, AKEY("rope.dimension_sections"), GGUF_TYPE_ARRAY);
+		wb_u32(b, GGUF_TYPE_INT32);
+		wb_u64(b, 4);
+		wb_u32(b, s0);
+		wb_u32(b, s0);
+		wb_u32(b, half - 2 * s0);
+		wb_u32(b, 0);
+		kv_u32(b, AKEY("full_attention_interval"), QWEN35_FULL_ATTN_INTERVAL);
+		kv_u32(b, AKEY("ssm.conv_kernel"), QWEN35_CONV_KERNEL);
+		kv_u32(b, AKEY("ssm.state_size"), head_dim);
+		kv_u32(b, AKEY("ssm.group_count"), p->n_head_kv);
+		kv_u32(b, AKEY("ssm.time_step_rank"), p->n_head);
+		kv_u32(b, AKEY("ssm.inner_size"), head_dim * p->n_head);
+		break;
+	}
+	case GGUF_GEN_ARCH_GEMMA3:
+		kv_u32(b, AKEY("attention.sliding_window"), p->sliding_window);
+		break;
+	case GGUF_GEN_ARCH_GPT_OSS:
+		kv_u32(b, AKEY("attention.sliding_window"), p->sliding_window);
+		kv_u32(b, AKEY("expert_count"), GPT_OSS_EXPERTS);
+		kv_u32(b, AKEY("expert_used_count"), GPT_OSS_EXPERTS_USED);
+		kv_u32(b, AKEY("expert_feed_forward_length"), p->n_ff);
+		break;
+	}
 	if (p->vocab) {
-		write_external_vocab(b, p->vocab, p->chat_template);
+		write_external_vocab(b, p->vocab, p->chat_template, AKEY("vocab_size"));
 		goto tokenizer_done;
 	}
-	kv_u32(b, "llama.vocab_size", v->n);
+	kv_u32(b, AKEY("vocab_size"), v->n);
+#undef AKEY
 
 	kv_str(b, "tokenizer.ggml.model", "llama");
 	kv_key(b, "tokenizer.ggml.tokens", GGUF_TYPE_ARRAY);
@@ -950,22 +1048,31 @@ tokenizer_done:
 	return !b->oom;
 }
 
+static bool qwen35_is_recurrent(uint32_t layer)
+{
+	return (layer + 1) % QWEN35_FULL_ATTN_INTERVAL != 0;
+}
+
 static struct tensor_plan *make_plan(const struct gguf_gen_params *p, uint32_t n_vocab,
                                      size_t *n_out)
 {
-	size_t n = 3 + 9 * (size_t)p->n_layers;
+	size_t n = 3 + 24 * (size_t)p->n_layers;
 	struct tensor_plan *plan = calloc(n, sizeof(*plan));
 	if (!plan)
 		return NULL;
+	enum gguf_gen_arch arch = p->arch;
 	uint64_t e = p->n_embd, head_dim = e / p->n_head;
 	uint64_t q_dim = head_dim * p->n_head, kv_dim = head_dim * p->n_head_kv;
+	uint64_t ff = p->n_ff;
 	uint32_t wt = p->weight_type;
 	size_t k = 0;
 	/* GGUF dims are ne0 first: a matrix mapping x (ne0 = input) to y
 	 * (ne1 = output), as llama.cpp's loader expects. */
 	plan_tensor(&plan[k++], "token_embd.weight", e, n_vocab, wt);
 	plan_tensor(&plan[k++], "output_norm.weight", e, 0, wt);
-	plan_tensor(&plan[k++], "output.weight", e, n_vocab, wt);
+	/* Gemma ties the output to the embedding. */
+	if (arch != GGUF_GEN_ARCH_GEMMA3)
+		plan_tensor(&plan[k++], "output.weight", e, n_vocab, wt);
 	for (uint32_t l = 0; l < p->n_layers; l++) {
 		char nm[48];
 #define BLK(suffix, ne0, ne1)                                                                      \
@@ -973,19 +1080,115 @@ static struct tensor_plan *make_plan(const struct gguf_gen_params *p, uint32_t n
 		snprintf(nm, sizeof nm, "blk.%u." suffix ".weight", l);                            \
 		plan_tensor(&plan[k++], nm, (ne0), (ne1), wt);                                     \
 	} while (0)
-		BLK("attn_norm", e, 0);
-		BLK("attn_q", e, q_dim);
-		BLK("attn_k", e, kv_dim);
-		BLK("attn_v", e, kv_dim);
-		BLK("attn_output", q_dim, e);
-		BLK("ffn_norm", e, 0);
-		BLK("ffn_gate", e, p->n_ff);
-		BLK("ffn_up", e, p->n_ff);
-		BLK("ffn_down", p->n_ff, e);
+/* f32 tensors of up to 3 dims: biases, sinks, SSM parameters, experts' biases. */
+#define BLK32(name, ne0, ne1, fill)                                                                \
+	do {                                                                                       \
+		snprintf(nm, sizeof nm, "blk.%u." name, l);                                        \
+		plan_tensor3(&plan[k++], nm, (ne0), (ne1), 0, GGML_TYPE_F32, (fill));              \
+	} while (0)
+#define BLK3(suffix, ne0, ne1, ne2)                                                                \
+	do {                                                                                       \
+		snprintf(nm, sizeof nm, "blk.%u." suffix ".weight", l);                            \
+		plan_tensor3(&plan[k++], nm, (ne0), (ne1), (ne2), wt, FILL_RANDOM);                \
+	} while (0)
+		switch (arch) {
+		case GGUF_GEN_ARCH_LLAMA:
+			BLK("attn_norm", e, 0);
+			BLK("attn_q", e, q_dim);
+			BLK("attn_k", e, kv_dim);
+			BLK("attn_v", e, kv_dim);
+			BLK("attn_output", q_dim, e);
+			BLK("ffn_norm", e, 0);
+			BLK("ffn_gate", e, ff);
+			BLK("ffn_up", e, ff);
+			BLK("ffn_down", ff, e);
+			break;
+		case GGUF_GEN_ARCH_QWEN35: {
+			/* Gated DeltaNet: K heads = KV heads, V heads = heads, both
+			 * of the head size. */
+			uint64_t key_dim = kv_dim, value_dim = q_dim;
+			BLK("attn_norm", e, 0);
+			BLK("post_attention_norm", e, 0);
+			if (!qwen35_is_recurrent(l)) {
+				BLK("attn_q", e, 2 * q_dim); /* queries and their output gate */
+				BLK("attn_k", e, kv_dim);
+				BLK("attn_v", e, kv_dim);
+				BLK("attn_output", q_dim, e);
+				BLK("attn_q_norm", head_dim, 0);
+				BLK("attn_k_norm", head_dim, 0);
+			} else {
+				BLK("attn_qkv", e, 2 * key_dim + value_dim);
+				BLK("attn_gate", e, value_dim);
+				BLK32("ssm_conv1d.weight", QWEN35_CONV_KERNEL,
+				      2 * key_dim + value_dim, FILL_RANDOM);
+				BLK32("ssm_dt.bias", p->n_head, 0, FILL_RANDOM);
+				BLK32("ssm_a", p->n_head, 0, FILL_DECAY);
+				BLK("ssm_beta", e, p->n_head);
+				BLK("ssm_alpha", e, p->n_head);
+				BLK("ssm_norm", head_dim, 0);
+				BLK("ssm_out", value_dim, e);
+			}
+			BLK("ffn_gate", e, ff);
+			BLK("ffn_up", e, ff);
+			BLK("ffn_down", ff, e);
+			break;
+		}
+		case GGUF_GEN_ARCH_GEMMA3:
+			BLK("attn_norm", e, 0);
+			BLK("attn_q", e, q_dim);
+			BLK("attn_k", e, kv_dim);
+			BLK("attn_v", e, kv_dim);
+			BLK("attn_output", q_dim, e);
+			BLK("attn_q_norm", head_dim, 0);
+			BLK("attn_k_norm", head_dim, 0);
+			BLK("post_attention_norm", e, 0);
+			BLK("ffn_norm", e, 0);
+			BLK("ffn_gate", e, ff);
+			BLK("ffn_up", e, ff);
+			BLK("ffn_down", ff, e);
+			BLK("post_ffw_norm", e, 0);
+			break;
+		case GGUF_GEN_ARCH_GPT_OSS:
+			BLK("attn_norm", e, 0);
+			BLK("post_attention_norm", e, 0);
+			BLK("attn_q", e, q_dim);
+			BLK32("attn_q.bias", q_dim, 0, FILL_RANDOM);
+			BLK("attn_k", e, kv_dim);
+			BLK32("attn_k.bias", kv_dim, 0, FILL_RANDOM);
+			BLK("attn_v", e, kv_dim);
+			BLK32("attn_v.bias", kv_dim, 0, FILL_RANDOM);
+			BLK("attn_output", q_dim, e);
+			BLK32("attn_output.bias", e, 0, FILL_RANDOM);
+			BLK32("attn_sinks.weight", p->n_head, 0, FILL_RANDOM);
+			BLK("ffn_gate_inp", e, GPT_OSS_EXPERTS);
+			BLK32("ffn_gate_inp.bias", GPT_OSS_EXPERTS, 0, FILL_RANDOM);
+			BLK3("ffn_gate_exps", e, ff, GPT_OSS_EXPERTS);
+			BLK32("ffn_gate_exps.bias", ff, GPT_OSS_EXPERTS, FILL_RANDOM);
+			BLK3("ffn_up_exps", e, ff, GPT_OSS_EXPERTS);
+			BLK32("ffn_up_exps.bias", ff, GPT_OSS_EXPERTS, FILL_RANDOM);
+			BLK3("ffn_down_exps", ff, e, GPT_OSS_EXPERTS);
+			BLK32("ffn_down_exps.bias", e, GPT_OSS_EXPERTS, FILL_RANDOM);
+			break;
+		}
 #undef BLK
+#undef BLK32
+#undef BLK3
 	}
 	*n_out = k;
 	return plan;
+}
+
+static uint64_t plan_param_count(const struct gguf_gen_params *p, uint32_t n_vocab)
+{
+	size_t n = 0;
+	struct tensor_plan *plan = make_plan(p, n_vocab, &n);
+	if (!plan)
+		return 0;
+	uint64_t total = 0;
+	for (size_t i = 0; i < n; i++)
+		total += plan[i].ne[0] * plan[i].ne[1] * plan[i].ne[2];
+	free(plan);
+	return total;
 }
 
 /* Makes the rename durable: the directory entry must reach the disk too. */

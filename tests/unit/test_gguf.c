@@ -1176,6 +1176,66 @@ static void test_mutations(void **state)
 	free(d);
 }
 
+/* The other architectures: their keys, their tensor counts, and a parameter
+ * count that is what the file holds. */
+static void test_archs(void **state)
+{
+	(void)state;
+	static const struct {
+		enum gguf_gen_arch arch;
+		const char *name;
+		size_t tensors; /* for 4 layers */
+	} cases[] = {
+	    /* 3 Gated DeltaNet layers of 14 tensors, one attention layer of 11 */
+	    {GGUF_GEN_ARCH_QWEN35, "qwen35", 2 + 1 + 3 * 14 + 11},
+	    {GGUF_GEN_ARCH_GEMMA3, "gemma3", 2 + 4 * 13}, /* tied output */
+	    {GGUF_GEN_ARCH_GPT_OSS, "gpt-oss", 3 + 4 * 19},
+	};
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		struct gguf_gen_params p;
+		small_params(&p);
+		p.n_layers = 4;
+		p.arch = cases[c].arch;
+		p.sliding_window = 32;
+		enum gguf_gen_arch parsed;
+		assert_true(gguf_gen_arch_parse(cases[c].name, &parsed));
+		assert_int_equal(parsed, cases[c].arch);
+		assert_string_equal(gguf_gen_arch_name(cases[c].arch), cases[c].name);
+		char path[512], err[256] = "";
+		tmp_path(path, sizeof path, cases[c].name);
+		if (gguf_write_random_llama(&p, path, err, sizeof err) != 0)
+			fail_msg("%s: %s", cases[c].name, err);
+		struct gguf_error gerr;
+		struct gguf *g = gguf_open(path, &gerr);
+		if (!g)
+			fail_msg("%s", gerr.text);
+		struct gguf_model_info mi;
+		assert_true(gguf_model_info_read(g, &mi));
+		assert_string_equal(mi.architecture, cases[c].name);
+		assert_int_equal(mi.n_layers, 4);
+		assert_int_equal(mi.n_embd, 128);
+		assert_int_equal(mi.n_tensors, cases[c].tensors);
+		assert_int_equal(mi.n_params, gguf_gen_param_count(&p));
+		char key[96];
+		uint32_t v = 0;
+		snprintf(key, sizeof key, "%s.attention.key_length", cases[c].name);
+		assert_true(gguf_get_u32(g, key, &v));
+		assert_int_equal(v, 32);
+		snprintf(key, sizeof key, "%s.attention.sliding_window", cases[c].name);
+		assert_int_equal(gguf_get_u32(g, key, &v), cases[c].arch != GGUF_GEN_ARCH_QWEN35);
+		gguf_close(g);
+	}
+	enum gguf_gen_arch a;
+	assert_false(gguf_gen_arch_parse("mamba", &a));
+	struct gguf_gen_params p;
+	small_params(&p);
+	p.arch = GGUF_GEN_ARCH_GEMMA3;
+	p.sliding_window = 0;
+	char err[256] = "";
+	assert_false(gguf_gen_params_check(&p, err, sizeof err));
+	assert_non_null(strstr(err, "sliding window"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1185,6 +1245,7 @@ int main(void)
 	    cmocka_unit_test(test_per_layer_heads), cmocka_unit_test(test_open_errors),
 	    cmocka_unit_test(test_absurd_counts),   cmocka_unit_test(test_malformed_fields),
 	    cmocka_unit_test(test_truncation),      cmocka_unit_test(test_mutations),
+	    cmocka_unit_test(test_archs),
 	};
 	return cmocka_run_group_tests(tests, setup_tmpdir, teardown_tmpdir);
 }
