@@ -75,6 +75,28 @@ def generated_model(name, params="24M", ctx=32768, seed=1):
     return path
 
 
+# The architectures of arch_model: `toki gguf gen --arch` and its layer count
+# (qwen35: 3 Gated DeltaNet layers and 1 attention layer; gemma3: 5
+# sliding-window layers and 1 global; gpt-oss: sliding window in every other
+# layer).
+ARCH_LAYERS = {"qwen35": 4, "gemma3": 6, "gpt-oss": 4}
+
+
+def arch_model(arch, window=64, ctx=8192, seed=1):
+    """A tiny random-weight model (about 1 MB) of another architecture than
+    llama, written by `toki gguf gen --arch`, cached between runs: width 64,
+    4 heads of 16, 2 KV heads, the built-in vocabulary and ChatML; window:
+    the sliding window of gemma3 and gpt-oss, in tokens."""
+    os.makedirs(WORK_DIR, exist_ok=True)
+    path = os.path.join(WORK_DIR, f"arch-{arch}-w{window}-{ctx}-s{seed}.gguf")
+    if not os.path.exists(path):
+        subprocess.run([TOKI_BIN, "gguf", "gen", "-o", path, "--arch", arch, "--embd", "64",
+                        "--layers", str(ARCH_LAYERS[arch]), "--heads", "4", "--kv-heads", "2",
+                        "--ff", "128", "--ctx", str(ctx), "--seed", str(seed),
+                        "--sliding-window", str(window)], check=True, capture_output=True)
+    return path
+
+
 _tokenizers_dir = None
 
 

@@ -1,0 +1,213 @@
+"""Exact mode on the architectures people run besides llama's: random-weight
+models (`toki gguf gen --arch`, about 1 MB each) of Qwen 3.5's hybrid
+(Gated DeltaNet layers, whose recurrent state llama-server cannot cut back,
+and gated attention), Gemma 3's sliding window (5 layers of 6) and
+gpt-oss's (every other layer, with attention sinks and experts), all with
+a 64-token window. On each, against the real llama-server at -ub 64:
+
+  - a multi-turn conversation and two interleaved ones: every answer, text
+    and every logprob, is toki's own uncached answer (cache_prompt:false
+    through a second toki in exact mode, from an empty slot);
+  - each turn sent again evaluates only its generation prompt, in one step;
+  - a turn the client cancels mid-answer, then sent again;
+  - a restart: toki saves its slots as it stops, llama-server restarts
+    empty, and the next turn is restored from the file.
+
+What llama-server keeps of such a model is its context checkpoints (a
+recurrent or sliding-window state cannot be cut back to any position), so
+exact mode's chunk ends are where it can resume. The evaluated tokens per
+step are printed.
+
+One exception, llama-server's own: on the sliding-window models a slot
+restored from a file continues with logprobs that differ from the live
+slot's in the fourth or fifth digit (the same text). llama-server alone
+shows it: 448 tokens evaluated, saved, the server restarted, restored, 64
+more and 4 generated, against the same without the restart, on gemma3: the
+second token's logprob -7.105610 restored, -7.105752 live; on qwen35 the
+two are equal. (The restored window's cells are laid out anew, so
+attention sums them in another order.) So after the restart the test asks
+the sliding-window models for the uncached text and logprobs within 1e-3,
+and prints the largest difference; everywhere else, equality.
+
+The cancelled turn on the sliding-window models is timing-dependent: in
+about one run of six on a loaded 2-core machine its resend was a miss (811
+tokens evaluated, the same answer), and in one other run an answer there
+differed in the fifth digit of a logprob. There the test asks for the
+uncached text and logprobs within 1e-3, and the generation prompt only
+unless the route was a miss; qwen35's cancel, like every other step, must
+be identical and evaluate the generation prompt only."""
+import http.client
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import toki_harness as th
+from test_exact_identity import answer, conversations
+
+UBATCH = 64
+# The generation prompt on the built-in vocabulary: <|im_start|> assistant \n.
+GEN_PROMPT = 3
+
+
+def body(msgs, max_tokens=16, **kw):
+    b = {"messages": msgs, "temperature": 0, "max_tokens": max_tokens, "logprobs": True,
+         "top_logprobs": 2}
+    b.update(kw)
+    return b
+
+
+class Architectures(unittest.TestCase):
+    def ask(self, toki, msgs, **kw):
+        st, r = th.request(toki.port, "POST", "/v1/chat/completions", body(msgs, **kw))
+        self.assertEqual(st, 200, r)
+        return r
+
+    def start_toki(self, llama, name="toki", extra=()):
+        toki = th.Toki([llama], mode="exact", ubatch=UBATCH, name=name, extra=list(extra))
+        self.addCleanup(toki.kill, signal.SIGTERM)
+        return toki
+
+    def check(self, toki, ref, msgs, what, resend=True, close=False):
+        """The request through toki (and sent again), against the reference
+        toki's uncached answer; close: the text equal and logprobs within
+        1e-3. Returns (answer, uncached answer, resent)."""
+        got = self.ask(toki, msgs)
+        want = self.ask(ref, msgs, cache_prompt=False)
+        self.assertEqual(want["cache"]["cached"], 0, want["cache"])
+        self.assertTrue(answer(got)[1], "no logprobs")
+        if answer(got) == answer(want):
+            self.identical += 1
+        elif close:
+            g, w = answer(got), answer(want)
+            self.assertEqual(g[0], w[0], f"{what}: cache={got['cache']}")
+            self.assertEqual([p[0] for p in g[1]], [p[0] for p in w[1]], what)
+            diff = max(abs(a - b) for x, y in zip(g[1], w[1])
+                       for a, b in [(x[1], y[1])] + [(u[1], v[1]) for u, v in zip(x[2], y[2])])
+            self.assertLess(diff, 1e-3, what)
+            self.close.append(diff)
+        else:
+            self.assertEqual(answer(got), answer(want), f"{what}: cache={got['cache']}")
+        self.total += 1
+        again = None
+        if resend:
+            again = self.ask(toki, msgs)
+            if close and self.close:  # continues the restored slot: the text
+                self.assertEqual(answer(again)[0], answer(want)[0], f"{what}, resent")
+            else:
+                self.assertEqual(answer(again), answer(want),
+                                 f"{what}, resent: {again['cache']}")
+                self.identical += 1
+                self.total += 1
+            # Only the generation prompt, in one step.
+            self.assertEqual(again["cache"]["steps"], 1, again["cache"])
+            self.assertLessEqual(again["cache"]["evaluated"], GEN_PROMPT, again["cache"])
+        return got, want, again
+
+    def run_arch(self, arch):
+        t0 = time.time()
+        self.identical = self.total = 0
+        self.close = []  # the largest logprob differences of answers only close
+        model = th.arch_model(arch)
+        slot_dir = tempfile.mkdtemp(prefix=f"toki-arch-{arch}-")
+        self.addCleanup(shutil.rmtree, slot_dir, True)
+        llama = th.LlamaServer(model=model, slots=2, ctx=4096, ubatch=UBATCH, name=arch,
+                               extra=["--slot-save-path", slot_dir])
+        self.addCleanup(llama.kill)
+        base = th.LlamaServer(model=model, slots=1, ctx=4096, ubatch=UBATCH,
+                              name=f"{arch}-baseline")
+        self.addCleanup(base.kill)
+        ref = self.start_toki(base, name="reference")
+        toki = self.start_toki(llama, extra=["--slot-dir", slot_dir, "--slot-save-idle-ms", "0"])
+
+        convs = conversations(21, count=3, turns=3)
+        hist = [[{"role": "system", "content": s}] for s, _ in convs]
+        log = []  # (what, prompt tokens, evaluated, evaluated when resent)
+        # One conversation, three turns; then two more interleaved.
+        order = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (1, 1), (2, 1)]
+        for i, t in order:
+            msgs = hist[i] + [{"role": "user", "content": convs[i][1][t]}]
+            got, want, again = self.check(toki, ref, msgs, f"{arch}: conversation {i} turn {t}")
+            c = got["cache"]
+            log.append((f"c{i}t{t}", c["prompt_tokens"], c["evaluated"],
+                        again["cache"]["evaluated"]))
+            if t > 0:
+                # A next turn reuses its conversation: it evaluates less than
+                # its new messages and the chunk they start in.
+                prev = [p for (w, p, _, _) in log if w == f"c{i}t{t - 1}"][0]
+                self.assertLess(c["evaluated"], c["prompt_tokens"] - prev + 2 * UBATCH, c)
+            hist[i] = msgs + [{"role": "assistant",
+                               "content": want["choices"][0]["message"]["content"]}]
+        evaluated = sum(e + r for _, _, e, r in log)
+        self.assertGreater(toki.stats()["cached_tokens"], evaluated)
+
+        # A cancelled turn: the client leaves mid-answer; the same turn sent
+        # again is still the uncached answer and evaluates only its
+        # generation prompt.
+        msgs = hist[1] + [{"role": "user", "content": convs[1][1][2]}]
+        keeps = toki.log_text().count("tokens of the cancelled request")
+        conn = http.client.HTTPConnection("127.0.0.1", toki.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions",
+                     body=json.dumps(body(msgs, max_tokens=2000, ignore_eos=True, stream=True)),
+                     headers={"Content-Type": "application/json",
+                              "Authorization": "Bearer " + th.TEST_TOKEN})
+        resp = conn.getresponse()
+        self.assertEqual(resp.status, 200)
+        seen = b""
+        while seen.count(b"\n\ndata:") < 3:  # a few tokens streamed
+            chunk = resp.read1(4096)
+            self.assertTrue(chunk, "the stream ended before the cancel")
+            seen += chunk
+        conn.sock.shutdown(2)
+        conn.close()
+        # The cancelled task stopped and its slot was cut to what it keeps.
+        deadline = time.time() + 60
+        while (toki.log_text().count("tokens of the cancelled request") <= keeps or any(
+                s["busy"] for b in toki.stats()["backends"] for s in b["slots"])):
+            self.assertLess(time.time(), deadline, "the cancelled request never released "
+                            "its slot:\n" + toki.log_text())
+            time.sleep(0.02)
+        swa = arch in ("gemma3", "gpt-oss")
+        got, _, again = self.check(toki, ref, msgs, f"{arch}: after a cancel", close=swa)
+        c = got["cache"]
+        if not swa or c["route"] != "miss":
+            self.assertNotEqual(c["route"], "miss", c)
+            self.assertLessEqual(c["evaluated"], GEN_PROMPT, c)
+        log.append((f"cancel({c['route']})", c["prompt_tokens"], c["evaluated"],
+                    again["cache"]["evaluated"]))
+
+        # A restart from slot files.
+        msgs = hist[2] + [{"role": "user", "content": convs[2][1][2]}]
+        toki.kill(signal.SIGTERM)
+        self.assertIn("shutdown: saving", toki.log_text())
+        llama.restart()
+        toki = self.start_toki(llama, name="toki-again", extra=["--slot-dir", slot_dir])
+        prev = [p for (w, p, _, _) in log if w == "c2t1"][0]
+        got, _, again = self.check(toki, ref, msgs, f"{arch}: after a restart",
+                                   close=swa)
+        c = got["cache"]
+        self.assertEqual(c["route"], "disk", c)
+        self.assertLess(c["evaluated"], c["prompt_tokens"] - prev + 2 * UBATCH, c)
+        log.append(("restart", c["prompt_tokens"], c["evaluated"], again["cache"]["evaluated"]))
+        print(f"\n{arch}: identical {self.identical}/{self.total}"
+              + (f" (the rest within {max(self.close):.1e})" if self.close else "") + ", "
+              f"{time.time() - t0:.1f} s; step: prompt tokens, evaluated, evaluated resent: " +
+              ", ".join(f"{w} {p}/{e}/{r}" for w, p, e, r in log), file=sys.stderr)
+
+    def test_qwen35_hybrid(self):
+        self.run_arch("qwen35")
+
+    def test_gemma3_sliding_window(self):
+        self.run_arch("gemma3")
+
+    def test_gpt_oss_sliding_window_sinks_experts(self):
+        self.run_arch("gpt-oss")
+
+
+if __name__ == "__main__":
+    th.run_tests()
