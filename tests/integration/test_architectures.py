@@ -80,6 +80,9 @@ class Architectures(unittest.TestCase):
         got = self.ask(toki, msgs)
         want = self.ask(ref, msgs, cache_prompt=False)
         self.assertEqual(want["cache"]["cached"], 0, want["cache"])
+        # Tokenized and templated by toki, on the messages' schedule.
+        for k, v in (("schedule", "messages"), ("tokenized", "toki"), ("templated", "toki")):
+            self.assertEqual(got["cache"][k], v, got["cache"])
         self.assertTrue(answer(got)[1], "no logprobs")
         if answer(got) == answer(want):
             self.identical += 1
