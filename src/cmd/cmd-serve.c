@@ -360,6 +360,12 @@ static void write_serve_info(struct managed *m, struct daemon *d)
 	json_decref(o);
 }
 
+static void save_then_exit(void *arg)
+{
+	struct daemon *d = arg;
+	slot_store_save_all(d, 30, saved_then_exit, d);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct daemon *d = arg;
@@ -370,9 +376,10 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	log_info("signal %d: shutting down", (int)sig);
 	d->shutting_down = 1;
 	http_server_stop_listening(d->http);
-	serve_abort_all(d, "toki is shutting down");
-	/* What the slots hold is saved, so that it survives the restart. */
-	slot_store_save_all(d, 30, saved_then_exit, d);
+	/* What the slots hold is saved, so that it survives the restart: once
+	 * the answered requests' last calls (exact mode's tail cuts) are done,
+	 * and the slots' records say what they hold. */
+	serve_drain(d, "toki is shutting down", 5000, save_then_exit, d);
 }
 
 /* --backend URL: collected in order, at most 64. */

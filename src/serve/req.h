@@ -152,6 +152,10 @@ TAILQ_HEAD(serve_req_list, serve_req);
 struct serve_state {
 	struct serve_req_list waiting;
 	struct serve_req_list active;
+	/* Shutdown: run when the last request in flight has ended. */
+	void (*drained)(void *arg);
+	void *drained_arg;
+	struct event *drain_timeout;
 };
 
 /* ---- req.c: a request's life ---- */

@@ -18,7 +18,12 @@ void serve_free(struct daemon *d);
 void serve_handle(struct http_request *req, void *ctx);
 /* Fails requests that waited for a slot longer than the backend timeout. */
 void serve_expire_waiting(struct daemon *d, int64_t now_us);
-/* Ends every request in flight (daemon shutdown): streams get a clean end. */
-void serve_abort_all(struct daemon *d, const char *why);
+/* Daemon shutdown: every request with a client ends (a stream gets a clean
+ * end); those already answered (exact mode's tail cut, the settle after a
+ * cancel) finish their backend call, so that their slot's record stays
+ * true for the saves that follow; then done(arg) runs. Those still out
+ * after timeout_ms are ended too. */
+void serve_drain(struct daemon *d, const char *why, int timeout_ms, void (*done)(void *arg),
+                 void *arg);
 
 #endif

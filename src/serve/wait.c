@@ -37,14 +37,27 @@ void active_add(struct serve_req *r)
 	TAILQ_INSERT_HEAD(&r->d->serve->active, r, active_link);
 }
 
+static void drained(struct serve_state *ss)
+{
+	void (*done)(void *) = ss->drained;
+	ss->drained = NULL;
+	if (ss->drain_timeout)
+		event_del(ss->drain_timeout);
+	if (done)
+		done(ss->drained_arg);
+}
+
 void active_remove(struct serve_req *r)
 {
 	/* Once only: req_finish runs once, but a request freed by a save that
 	 * was still out has left already. */
+	struct serve_state *ss = r->d->serve;
 	if (r->active_link.tqe_prev) {
-		TAILQ_REMOVE(&r->d->serve->active, r, active_link);
+		TAILQ_REMOVE(&ss->active, r, active_link);
 		r->active_link.tqe_prev = NULL;
 	}
+	if (ss->drained && TAILQ_EMPTY(&ss->active))
+		drained(ss);
 }
 
 /* Retries the waiters that may run on a changed backend (bit i: backend
@@ -88,6 +101,8 @@ int serve_init(struct daemon *d)
 
 void serve_free(struct daemon *d)
 {
+	if (d->serve && d->serve->drain_timeout)
+		event_free(d->serve->drain_timeout);
 	free(d->serve);
 	d->serve = NULL;
 	d->on_slots_changed = NULL;
@@ -107,11 +122,38 @@ void serve_expire_waiting(struct daemon *d, int64_t now_us)
 	}
 }
 
-/* A stream in flight gets an error event, then the end of its chunked
- * body; any other request its error answer. */
-void serve_abort_all(struct daemon *d, const char *why)
+/* An answered request ends where it is: what its slot holds is unknown. */
+static void drain_timeout(evutil_socket_t fd, short what, void *arg)
 {
+	struct daemon *d = arg;
 	struct serve_req *r;
 	while ((r = TAILQ_FIRST(&d->serve->active)))
-		req_fail(r, 503, why);
+		req_finish(r);
+	drained(d->serve);
+}
+
+/* A stream in flight gets an error event, then the end of its chunked
+ * body; any other request with a client its error answer. */
+void serve_drain(struct daemon *d, const char *why, int timeout_ms, void (*done)(void *arg),
+                 void *arg)
+{
+	struct serve_state *ss = d->serve;
+	struct serve_req *r, *next;
+	for (r = TAILQ_FIRST(&ss->active); r; r = next) {
+		next = TAILQ_NEXT(r, active_link);
+		/* A request's end ends only itself: next stays valid. */
+		if (r->reply.client || (r->state != RS_TAILCUT && r->state != RS_SETTLE))
+			req_fail(r, 503, why);
+	}
+	ss->drained = done;
+	ss->drained_arg = arg;
+	if (TAILQ_EMPTY(&ss->active)) {
+		drained(ss);
+		return;
+	}
+	if (!ss->drain_timeout)
+		ss->drain_timeout = evtimer_new(d->base, drain_timeout, d);
+	struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+	if (!ss->drain_timeout || evtimer_add(ss->drain_timeout, &tv) != 0)
+		drain_timeout(-1, 0, d);
 }
