@@ -202,12 +202,28 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 	const char *model_path = json_string_value(json_object_get(props, "model_path"));
 	free(b->model_path);
 	b->model_path = model_path ? strdup(model_path) : NULL;
-	if (model_path && b->rb->kv_bytes_per_token <= 0) {
+	if (model_path) {
 		struct gguf_error gerr;
 		struct gguf *g = gguf_open(model_path, &gerr);
 		struct gguf_model_info mi;
-		if (g && gguf_model_info_read(g, &mi))
-			b->rb->kv_bytes_per_token = (double)gguf_kv_bytes_per_token(&mi, 2.0);
+		if (g && gguf_model_info_read(g, &mi)) {
+			if (b->rb->kv_bytes_per_token <= 0)
+				b->rb->kv_bytes_per_token =
+				    (double)gguf_kv_bytes_per_token(&mi, 2.0);
+			/* A sliding window: see router.h, restore_inexact. */
+			char key[128];
+			uint64_t window = 0;
+			snprintf(key, sizeof key, "%s.attention.sliding_window", mi.architecture);
+			int swa = gguf_get_u64(g, key, &window) && window > 0;
+			if (swa && !b->rb->restore_inexact)
+				log_info(
+				    "backend %s: %s has a sliding window (%llu tokens): exact "
+				    "mode restores no slot file there and keeps nothing of a "
+				    "cancelled request (llama-server's restore of such a state "
+				    "continues with other logprobs)",
+				    b->rb->url, mi.architecture, (unsigned long long)window);
+			b->rb->restore_inexact = swa;
+		}
 		gguf_close(g);
 	}
 	free(b->build_info);

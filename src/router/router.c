@@ -43,6 +43,8 @@ struct router *router_new(enum reuse_mode mode)
 	r->hot_weight = 1.0;
 	r->spare_weight = 4.0;
 	r->stale_half_life_s = 600;
+	r->think_half_lives = 1;
+	r->think_floor_s = 2;
 	r->save_min_tokens = 256;
 	return r;
 }
@@ -290,12 +292,26 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	double w = s->hits ? r->hot_weight : r->cold_weight;
 	if (spare && w < r->spare_weight)
 		w = r->spare_weight;
+	/* How likely the content is to be used again. Its weight halves every
+	 * stale_half_life_s it is not used; a conversation whose think time
+	 * is known (the wait between an answer and its next turn on this
+	 * slot) halves every one of its think times (at least think_floor_s)
+	 * once it has let one go by: one that has ended gives way to those
+	 * still taking turns (one that ended a minute ago otherwise kept its
+	 * slot while two in use took turns overwriting each other on the
+	 * other: issue 24, 2.03x llama-server alone's tokens). */
 	double age_s = (double)(now_us - s->last_used_us) / 1e6;
 	if (age_s > 0 && r->stale_half_life_s > 0)
 		w *= pow(0.5, age_s / r->stale_half_life_s);
+	if (s->hits && s->think_s > 0 && r->think_half_lives > 0) {
+		double due = s->think_s > r->think_floor_s ? s->think_s : r->think_floor_s;
+		if (age_s > due)
+			w *= pow(0.5, (age_s - due) / (due * r->think_half_lives));
+	}
 	double recompute = (double)(s->n_tokens - matched) * w;
 	const struct router_backend *b = s->backend;
-	if (!b->can_save || s->n_tokens < r->save_min_tokens)
+	if (!b->can_save || s->n_tokens < r->save_min_tokens ||
+	    (reuse_mode_is_exact(r->mode) && b->restore_inexact))
 		return recompute;
 	/* With slot files, losing the content costs a save now (unless it is
 	 * already on disk) and perhaps a restore later. */
@@ -351,6 +367,8 @@ static double fast_load_penalty(const struct router *r, const struct router_back
 static int restorable_on(const struct router *r, const struct router_saved *e,
                          const struct router_backend *b)
 {
+	if (reuse_mode_is_exact(r->mode) && b->restore_inexact)
+		return 0;
 	if (e->backend == b)
 		return 1;
 	return r->shared_saved && !reuse_mode_is_exact(r->mode) && b->can_save &&
@@ -528,8 +546,22 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 	return best_busy ? ROUTE_WAIT : ROUTE_CHOSEN;
 }
 
+/* A turn that continued the slot's content: the wait before it is the
+ * conversation's think time. */
+static void note_turn(struct router_slot *s)
+{
+	if (s->pending_gap_s < 0)
+		return;
+	s->think_s = s->think_s > 0 ? 0.5 * s->think_s + 0.5 * s->pending_gap_s : s->pending_gap_s;
+	if (s->think_s <= 0)
+		s->think_s = 1e-3;
+	s->pending_gap_s = -1; /* one turn, counted once */
+}
+
 void router_slot_begin(struct router *r, struct router_slot *s, int64_t now_us, double est_s)
 {
+	s->pending_gap_s =
+	    s->n_tokens && s->last_used_us ? (double)(now_us - s->last_used_us) / 1e6 : -1;
 	s->busy = 1;
 	s->backend->in_flight++;
 	s->busy_until_us = now_us + (int64_t)(est_s * 1e6);
@@ -568,6 +600,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->junk_tail = 0;
 	s->generated = 0;
 	s->hits = 0;
+	s->think_s = 0;
 	s->saved = NULL;
 }
 
@@ -635,11 +668,15 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 	else
 		aligned = (reused < base ? reused : base) / ub * ub;
 	/* The content is hot when a request continued all of it (a conversation
-	 * turn); sharing only a system prompt makes a new, cold conversation. */
-	if (reused > 0 && s->n_tokens > 0 && same == s->n_tokens)
+	 * turn; a cut's throw-away last token aside); sharing only a system
+	 * prompt makes a new, cold conversation. */
+	if (reused > 0 && s->n_tokens > 0 && same + (s->junk_tail != 0) >= s->n_tokens) {
 		s->hits++;
-	else
+		note_turn(s);
+	} else {
 		s->hits = 0;
+		s->think_s = 0;
+	}
 
 	if (s->n_tokens)
 		radix_remove(r->tree, s->tokens, s->n_tokens, s);
@@ -723,11 +760,17 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 	size_t same = 0;
 	while (same < s->n_tokens && same < n && s->tokens[same] == tokens[same])
 		same++;
-	/* Hot when the request continued all of the old content. */
-	if (same > 0 && same == s->n_tokens)
+	/* Hot when the request continued all of the old content: all but a
+	 * cut's throw-away token, which exact mode's tail cut leaves after every
+	 * answer (counted as new content, no exact-mode conversation was ever
+	 * hot). */
+	if (same > 0 && same + (s->junk_tail != 0) >= s->n_tokens) {
 		s->hits++;
-	else
+		note_turn(s);
+	} else {
 		s->hits = 0;
+		s->think_s = 0;
+	}
 	if (s->saved && !(n == s->n_tokens && same == n))
 		s->saved = NULL;
 	s->last_used_us = now_us;

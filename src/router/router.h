@@ -60,7 +60,12 @@ struct router_slot {
 	size_t generated; /* tokens the last answer added after the prompt */
 	int busy;
 	int64_t last_used_us;
-	unsigned hits;         /* requests that reused this content */
+	unsigned hits; /* requests that reused this content */
+	/* A conversation's think time: the time between one of its answers and
+	 * its next turn on this slot (a running mean; 0 before a second turn),
+	 * and the wait before the request now on the slot (-1: none). */
+	double think_s;
+	double pending_gap_s;
 	int64_t busy_until_us; /* estimated end of the running request */
 	/* A saved state holding exactly this content, if any: evicting the
 	 * slot then loses nothing. */
@@ -132,6 +137,11 @@ struct router_backend {
 	 * --slot-save-path is not the folder the others write. Only its own
 	 * states are restored here from then on. */
 	int foreign_restore_failed;
+	/* The model has sliding-window attention: llama-server's restore of a
+	 * state into its slot (a file's; seen too on the resend after a cancel)
+	 * continues with other logprobs than the live slot's, so exact mode
+	 * restores nothing there and keeps nothing of a cancelled request. */
+	int restore_inexact;
 	/* The server empties its idle slots into its own RAM cache at every
 	 * new task (a unified KV cache with --cache-idle-slots: llama-server's
 	 * default without -np), and loads from that cache only into a slot it
@@ -165,7 +175,11 @@ struct router {
 	/* ... and at least this while an empty slot could take the request
 	 * (see loss_of in router.c). */
 	double spare_weight;
+	/* A slot's weight halves every stale_half_life_s it is not used, and a
+	 * conversation's every think_half_lives of its think times (at least
+	 * think_floor_s) once it has let one go by (loss_of in router.c). */
 	double stale_half_life_s;
+	double think_half_lives, think_floor_s;
 	/* Saved states, most recently used first. */
 	struct router_saved *saved_head, *saved_tail;
 	size_t n_saved;

@@ -382,6 +382,24 @@ void exec_release(struct serve_req *r)
 
 /* ---- a cancel ---- */
 
+/* What a cancelled request's slot keeps. Not in exact mode on a model
+ * whose states llama-server does not restore exactly (router.h,
+ * restore_inexact): the next request starts from an empty slot. */
+static void keep_what_was_reached(struct serve_req *r, enum slot_fact_kind kind, size_t keep,
+                                  size_t reused)
+{
+	struct router_slot *s = r->run.slot;
+	if (req_exact(r) && s->backend->restore_inexact) {
+		settle(r, SLOT_UNKNOWN, 0, 0);
+		log_info("slot %d keeps 0 tokens of the cancelled request (a sliding-window model: "
+		         "its state would not be restored exactly)",
+		         s->id);
+		return;
+	}
+	settle(r, kind, keep, reused);
+	log_info("slot %d keeps %zu tokens of the cancelled request", s->id, keep);
+}
+
 /* A request cancelled on its slot leaves there what llama-server really
  * holds: the prompt up to where its evaluation got (exec_cancel_action).
  * Exact mode then waits for llama-server to stop the cancelled task before
@@ -415,8 +433,7 @@ int exec_client_gone(struct serve_req *r)
 	}
 	/* The backend sees its connection close and stops. */
 	exec_cancel_call(r);
-	settle(r, c.exact ? SLOT_ON_SCHEDULE : SLOT_HOLDS, keep, reused);
-	log_info("slot %d keeps %zu tokens of the cancelled request", s->id, keep);
+	keep_what_was_reached(r, c.exact ? SLOT_ON_SCHEDULE : SLOT_HOLDS, keep, reused);
 	count_evaluated(r); /* what its steps evaluated, cancelled or not */
 	if (!c.exact) {
 		slot_free(r);
@@ -433,9 +450,7 @@ int exec_client_gone(struct serve_req *r)
  * the schedule. */
 static void keep_abandoned(struct serve_req *r)
 {
-	settle(r, SLOT_ON_SCHEDULE, r->run.done_upto, 0);
-	log_info("slot %d keeps %zu tokens of the cancelled request", r->run.slot->id,
-	         r->run.done_upto);
+	keep_what_was_reached(r, SLOT_ON_SCHEDULE, r->run.done_upto, 0);
 	count_evaluated(r);
 	slot_free(r);
 	req_finish(r);

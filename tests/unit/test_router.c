@@ -396,7 +396,10 @@ static void test_miss_takes_empty_slot(void **state)
 }
 
 /* Both slots full; the hot conversation is the least recently used, so
- * neither LRU nor slot order would spare it: only the policy does. */
+ * neither LRU nor slot order would spare it: only the policy does. It is
+ * within its think time (10 s between its turns), its next turn due sooner
+ * than the cold one's (if that one ever has another), so the cold one
+ * goes. */
 static void check_evicts_cold(enum reuse_mode mode, int hot_first)
 {
 	struct router_backend *b;
@@ -404,18 +407,18 @@ static void check_evicts_cold(enum reuse_mode mode, int hot_first)
 	struct router_slot *hot, *cold;
 	if (hot_first) {
 		hot = serve_at(r, conv(1, 1000), 1000, SEC(1)).slot;
-		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(2)).slot, hot);
-		cold = serve_at(r, conv(2, 1500), 1500, SEC(3)).slot;
+		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(11)).slot, hot);
+		cold = serve_at(r, conv(2, 1500), 1500, SEC(12)).slot;
 	} else {
 		cold = serve_at(r, conv(2, 1500), 1500, SEC(1)).slot;
 		hot = serve_at(r, conv(1, 1000), 1000, SEC(2)).slot;
-		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(2.5)).slot, hot);
+		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(12)).slot, hot);
 		/* Touch the cold one last. */
 		struct route_choice c;
-		assert_int_equal(choose(r, conv(2, 1500), 1500, SEC(3), &c), ROUTE_CHOSEN);
+		assert_int_equal(choose(r, conv(2, 1500), 1500, SEC(13), &c), ROUTE_CHOSEN);
 		assert_ptr_equal(c.slot, cold);
-		router_slot_begin(r, cold, SEC(3), 0.1);
-		router_slot_end(r, cold, SEC(3.1));
+		router_slot_begin(r, cold, SEC(13), 0.1);
+		router_slot_end(r, cold, SEC(13.1));
 	}
 	assert_ptr_not_equal(hot, cold);
 	assert_true(hot->hits > 0);
@@ -423,10 +426,47 @@ static void check_evicts_cold(enum reuse_mode mode, int hot_first)
 	assert_true(hot->last_used_us < cold->last_used_us);
 
 	struct route_choice c;
-	assert_int_equal(choose(r, conv(3, 500), 500, SEC(4), &c), ROUTE_CHOSEN);
+	assert_int_equal(choose(r, conv(3, 500), 500, SEC(15), &c), ROUTE_CHOSEN);
 	assert_ptr_equal(c.slot, cold);
 	assert_string_equal(c.kind, "miss");
 	router_free(r);
+}
+
+/* Issue 24: a conversation that stopped taking turns gives way to two in
+ * use, which otherwise took turns overwriting each other on the other slot
+ * while the finished one, hot and longer, kept its own. Its turns came a
+ * second apart (a think time of 2 s at least, the floor); idle 8.5 s, it
+ * has let four go by. */
+static void check_finished_gives_way(enum reuse_mode mode)
+{
+	struct router_backend *b;
+	struct router *r = mkrouter(mode, 1, 2, UB, &b);
+	struct router_slot *done = NULL;
+	for (int t = 0; t < 4; t++) /* 4 turns, half a second apart */
+		done =
+		    serve_at(r, conv(1, 500 * (size_t)(t + 1)), 500 * (size_t)(t + 1), SEC(t)).slot;
+	assert_true(done->hits >= 2);
+	struct route_choice a = serve_at(r, conv(2, 1000), 1000, SEC(10));
+	assert_ptr_not_equal(a.slot, done); /* the empty slot */
+	struct route_choice bc = serve_at(r, conv(3, 1000), 1000, SEC(12));
+	assert_ptr_equal(bc.slot, done); /* not the conversation in use */
+	for (int t = 1; t < 3; t++) {
+		struct route_choice c = serve_at(r, conv(2, 1000 + 500 * (size_t)t),
+		                                 1000 + 500 * (size_t)t, SEC(10 + 4 * t));
+		assert_ptr_equal(c.slot, a.slot);
+		assert_string_equal(c.kind, "hit");
+		c = serve_at(r, conv(3, 1000 + 500 * (size_t)t), 1000 + 500 * (size_t)t,
+		             SEC(12 + 4 * t));
+		assert_ptr_equal(c.slot, bc.slot);
+		assert_string_equal(c.kind, "hit");
+	}
+	router_free(r);
+}
+
+static void test_finished_conversation_gives_way(void **state)
+{
+	check_finished_gives_way(REUSE_FAST);
+	check_finished_gives_way(REUSE_EXACT);
 }
 
 static void test_full_evicts_cold(void **state)
@@ -873,6 +913,28 @@ static void test_commit_hits(void **state)
 	router_free(r);
 }
 
+/* Exact mode cuts a slot's tail after every answer, leaving a throw-away
+ * token: the next turn continues all the rest, and is a turn (its think
+ * time measured), not new content. */
+static void test_turn_after_a_tail_cut_is_a_hit(void **state)
+{
+	struct router *r;
+	struct router_slot *s = one_slot(REUSE_EXACT, UB, &r);
+	const token_t *a = conv(1, 4000);
+	router_slot_begin(r, s, SEC(1), 0.1);
+	assert_int_equal(router_slot_commit_sched(r, s, a, 1000, NULL, 0, 1000, SEC(1.5)), 0);
+	assert_int_equal(router_slot_cut(r, s, a, 512, 7, SEC(1.6)), 0);
+	router_slot_end(r, s, SEC(1.6));
+	assert_true(s->junk_tail);
+	assert_int_equal(s->hits, 0);
+	router_slot_begin(r, s, SEC(3.6), 0.1); /* 2 s after the answer */
+	assert_int_equal(router_slot_commit_sched(r, s, a, 1300, NULL, 0, 1300, SEC(4)), 0);
+	router_slot_end(r, s, SEC(4));
+	assert_int_equal(s->hits, 1);
+	assert_true(s->think_s > 1.9 && s->think_s < 2.1);
+	router_free(r);
+}
+
 static void test_must_trim(void **state)
 {
 	struct router *r;
@@ -1197,6 +1259,33 @@ static void test_saved_restored_on_another_backend(void **state)
 	}
 }
 
+/* A sliding-window model (restore_inexact): exact mode restores no state
+ * there, its own included (llama-server's restore continues with other
+ * logprobs); fast mode does. */
+static void test_no_exact_restore_where_inexact(void **state)
+{
+	for (int exact = 0; exact < 2; exact++) {
+		struct router *r = mkrouter(exact ? REUSE_EXACT : REUSE_FAST, 1, 2, UB, NULL);
+		struct router_backend *b = r->backends[0];
+		b->can_save = 1;
+		b->restore_inexact = 1;
+		const token_t *t = conv(1, 1000);
+		struct router_saved *e = router_saved_add_tokens(r, b, "toki-a-1", t, 1000, 1000,
+		                                                 1000 * 1000, 1, SEC(1));
+		assert_non_null(e);
+		struct route_choice c;
+		assert_int_equal(choose(r, conv(1, 1100), 1100, SEC(2), &c), ROUTE_CHOSEN);
+		if (exact) {
+			assert_null(c.restore);
+			assert_string_equal(c.kind, "miss");
+		} else {
+			assert_ptr_equal(c.restore, e);
+			assert_string_equal(c.kind, "disk");
+		}
+		router_free(r);
+	}
+}
+
 static void test_many_backends(void **state)
 {
 	/* More backends than the router's small on-stack table. */
@@ -1333,6 +1422,9 @@ int main(void)
 	    cmocka_unit_test_teardown(test_miss_takes_empty_slot, teardown_seqs),
 	    cmocka_unit_test_teardown(test_full_evicts_cold, teardown_seqs),
 	    cmocka_unit_test_teardown(test_stale_hot_loses_value, teardown_seqs),
+	    cmocka_unit_test_teardown(test_finished_conversation_gives_way, teardown_seqs),
+	    cmocka_unit_test_teardown(test_turn_after_a_tail_cut_is_a_hit, teardown_seqs),
+	    cmocka_unit_test_teardown(test_no_exact_restore_where_inexact, teardown_seqs),
 	    cmocka_unit_test_teardown(test_busy_prefers_free, teardown_seqs),
 	    cmocka_unit_test_teardown(test_busy_wait_or_go_elsewhere, teardown_seqs),
 	    cmocka_unit_test_teardown(test_exact_backend_busy, teardown_seqs),
