@@ -9,6 +9,7 @@ Environment:
   TOKI_LLAMA_SERVER_VULKAN  the same for the Vulkan tests (else the script's --backend vulkan)
   TOKI_GPU_LLAMA_SERVER     the llama-server of scripts/gpu-check.sh
 """
+import hashlib
 import http.client
 import json
 import os
@@ -81,6 +82,38 @@ def generated_model(name, params="24M", ctx=32768, seed=1):
 # layer).
 ARCH_LAYERS = {"qwen35": 4, "gemma3": 6, "gpt-oss": 4}
 
+_gen_tag = None
+
+
+def gen_tag():
+    """8 hex digits of the toki binary's hash, in the names of the models its
+    `gguf gen` writes that change as gen learns more (other architectures,
+    real vocabularies): a file an older toki wrote under the same name was
+    taken for a new one (a Qwen 3 GGUF without the BOS the test asked of the
+    new gen)."""
+    global _gen_tag
+    if _gen_tag is None:
+        h = hashlib.sha256()
+        with open(TOKI_BIN, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _gen_tag = h.hexdigest()[:8]
+    return _gen_tag
+
+
+def _drop_older(path):
+    """Deletes the files an earlier toki wrote for what path is (the same
+    name but for the tag): each is tens of MB."""
+    stem = path[: -len(gen_tag()) - len(".gguf")]
+    for f in os.listdir(WORK_DIR):
+        old = os.path.join(WORK_DIR, f)
+        if old.startswith(stem) and old.endswith(".gguf") and old != path and \
+                len(old) == len(path):
+            try:
+                os.unlink(old)
+            except OSError:
+                pass
+
 
 def arch_model(arch, window=64, ctx=8192, seed=1):
     """A tiny random-weight model (about 1 MB) of another architecture than
@@ -88,8 +121,9 @@ def arch_model(arch, window=64, ctx=8192, seed=1):
     4 heads of 16, 2 KV heads, the built-in vocabulary and ChatML; window:
     the sliding window of gemma3 and gpt-oss, in tokens."""
     os.makedirs(WORK_DIR, exist_ok=True)
-    path = os.path.join(WORK_DIR, f"arch-{arch}-w{window}-{ctx}-s{seed}.gguf")
+    path = os.path.join(WORK_DIR, f"arch-{arch}-w{window}-{ctx}-s{seed}-{gen_tag()}.gguf")
     if not os.path.exists(path):
+        _drop_older(path)
         subprocess.run([TOKI_BIN, "gguf", "gen", "-o", path, "--arch", arch, "--embd", "64",
                         "--layers", str(ARCH_LAYERS[arch]), "--heads", "4", "--kv-heads", "2",
                         "--ff", "128", "--ctx", str(ctx), "--seed", str(seed),
@@ -141,15 +175,14 @@ def npm_tokenize(name, texts):
 
 def tokenizer_model(name, pre=None, template=None, ctx=8192):
     """A tiny random-weight model with a real model's tokenizer (and, unless
-    template names a file, its chat template), cached between runs. pre:
-    llama.cpp's pre-tokenizer type for a byte-level BPE tokenizer; None for
-    a SentencePiece-style one. The name carries gen's vocabulary format (g2:
-    SentencePiece-style vocabularies, a named BOS when the config has none),
-    so a file cached by an older toki is not taken for a new one."""
+    template names a file, its chat template), cached between runs of one
+    toki binary (gen_tag). pre: llama.cpp's pre-tokenizer type for a
+    byte-level BPE tokenizer; None for a SentencePiece-style one."""
     os.makedirs(WORK_DIR, exist_ok=True)
     tag = os.path.basename(template).replace(".", "_") if template else "own"
-    path = os.path.join(WORK_DIR, f"tok-g2-{name}-{pre or 'spm'}-{tag}-{ctx}.gguf")
+    path = os.path.join(WORK_DIR, f"tok-{name}-{pre or 'spm'}-{tag}-{ctx}-{gen_tag()}.gguf")
     if not os.path.exists(path):
+        _drop_older(path)
         tj, tc = npm_tokenizer(name)
         args = [TOKI_BIN, "gguf", "gen", "-o", path, "--embd", "64", "--layers", "1", "--heads",
                 "1", "--ctx", str(ctx), "--tokenizer", tj, "--tokenizer-config", tc]
