@@ -312,6 +312,7 @@ static char *inject_cache_text(const char *text, size_t len, const char *cs, siz
 	int w = snprintf(out + pos, n - pos, "%s\"cache\":%s", empty ? "" : ",", cs);
 	memcpy(out + pos + (size_t)w, text + pos, len - pos);
 	*out_len = pos + (size_t)w + (len - pos);
+	out[*out_len] = 0; /* n leaves room: w is at most cl + 9 */
 	return out;
 }
 

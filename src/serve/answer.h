@@ -66,8 +66,9 @@ int answer_cache_wanted(const json_t *body);
 /* The whole answer (or a stream's event) for the client: counts of a
  * multi-step request rewritten (totals; NULL or steps 0: none), then the
  * cache block (cache_text; NULL: not wanted) put before the final '}' of
- * its JSON object. A new buffer, or NULL when nothing changes (or out of
- * memory: the caller then sends the text as it is). */
+ * its JSON object. A new buffer (NUL-terminated after out_len bytes), or
+ * NULL when nothing changes (or out of memory: the caller then sends the
+ * text as it is). */
 char *answer_rewrite(const char *text, size_t len, const struct answer_totals *totals,
                      const char *cache_text, size_t *out_len);
 
