@@ -19,35 +19,22 @@
 
 #include <openssl/evp.h>
 
+#include "tmpdir.h"
 #include "model/gguf.h"
 #include "gguf_craft.h"
 
 /* --- Helpers ------------------------------------------------------------- */
 
-static char tmpdir[256];
-
 static int setup_tmpdir(void **state)
 {
-	const char *base = getenv("TMPDIR");
-	snprintf(tmpdir, sizeof tmpdir, "%s/toki-gguf-XXXXXX", base && *base ? base : "/tmp");
-	return mkdtemp(tmpdir) ? 0 : -1;
+	(void)state;
+	return tmpdir_make("toki-gguf");
 }
 
 static int teardown_tmpdir(void **state)
 {
-	DIR *d = opendir(tmpdir);
-	if (d) {
-		struct dirent *e;
-		while ((e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char p[512];
-			snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-			unlink(p);
-		}
-		closedir(d);
-	}
-	rmdir(tmpdir);
+	(void)state;
+	tmpdir_remove();
 	return 0;
 }
 

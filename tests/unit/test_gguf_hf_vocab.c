@@ -15,35 +15,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tmpdir.h"
 #include "model/gguf.h"
 #include "tokenizer/vocab.h"
-
-static char tmpdir[256];
 
 static int setup_tmpdir(void **state)
 {
 	(void)state;
-	const char *base = getenv("TMPDIR");
-	snprintf(tmpdir, sizeof tmpdir, "%s/toki-hfvocab-XXXXXX", base && *base ? base : "/tmp");
-	return mkdtemp(tmpdir) ? 0 : -1;
+	return tmpdir_make("toki-hfvocab");
 }
 
 static int teardown_tmpdir(void **state)
 {
 	(void)state;
-	DIR *d = opendir(tmpdir);
-	if (d) {
-		struct dirent *e;
-		while ((e = readdir(d))) {
-			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-				continue;
-			char p[512];
-			snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-			unlink(p);
-		}
-		closedir(d);
-	}
-	rmdir(tmpdir);
+	tmpdir_remove();
 	return 0;
 }
 
