@@ -29,8 +29,6 @@ same way. So on such a model (its GGUF says it has a sliding window) exact
 mode restores no file and keeps nothing of a cancelled request: there the
 test asks for a recomputed turn (no disk route after the restart, a miss
 after the cancel) and, as everywhere, the uncached answer exactly."""
-import http.client
-import json
 import os
 import shutil
 import signal
@@ -132,20 +130,8 @@ class Architectures(unittest.TestCase):
         # generation prompt.
         msgs = hist[1] + [{"role": "user", "content": convs[1][1][2]}]
         keeps = toki.log_text().count("tokens of the cancelled request")
-        conn = http.client.HTTPConnection("127.0.0.1", toki.port, timeout=60)
-        conn.request("POST", "/v1/chat/completions",
-                     body=json.dumps(body(msgs, max_tokens=2000, ignore_eos=True, stream=True)),
-                     headers={"Content-Type": "application/json",
-                              "Authorization": "Bearer " + th.TEST_TOKEN})
-        resp = conn.getresponse()
-        self.assertEqual(resp.status, 200)
-        seen = b""
-        while seen.count(b"\n\ndata:") < 3:  # a few tokens streamed
-            chunk = resp.read1(4096)
-            self.assertTrue(chunk, "the stream ended before the cancel")
-            seen += chunk
-        conn.sock.shutdown(2)
-        conn.close()
+        th.stream_then_leave(toki.port, "/v1/chat/completions",
+                             body(msgs, max_tokens=2000, ignore_eos=True, stream=True))
         # The cancelled task stopped and its slot was cut to what it keeps.
         deadline = time.time() + 60
         while (toki.log_text().count("tokens of the cancelled request") <= keeps or any(

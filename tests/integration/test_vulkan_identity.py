@@ -9,8 +9,6 @@ a restart from slot files. The self-test verifies the backend first.
 
 TOKI_GPU_CHECK=1 runs the same workloads on the llama-server named by
 TOKI_GPU_LLAMA_SERVER, as it is, with -ngl 99 (scripts/gpu-check.sh)."""
-import http.client
-import json
 import os
 import shutil
 import signal
@@ -114,19 +112,8 @@ class VulkanIdentity(unittest.TestCase):
         # A cancelled turn: the client leaves mid-answer; the same turn sent
         # again is still the uncached answer.
         msgs = hist[1] + [{"role": "user", "content": convs[1][1][2]}]
-        conn = http.client.HTTPConnection("127.0.0.1", toki.port, timeout=60)
-        conn.request("POST", "/v1/chat/completions",
-                     body=json.dumps(body(msgs, max_tokens=400, stream=True)),
-                     headers={"Content-Type": "application/json",
-                              "Authorization": "Bearer " + th.TEST_TOKEN})
-        resp = conn.getresponse()
-        self.assertEqual(resp.status, 200)
-        seen = b""
-        while seen.count(b"\n\ndata:") < 3:  # a few tokens streamed
-            chunk = resp.read1(4096)
-            self.assertTrue(chunk, "the stream ended before the cancel")
-            seen += chunk
-        conn.close()
+        th.stream_then_leave(toki.port, "/v1/chat/completions",
+                             body(msgs, max_tokens=400, stream=True))
         self.check(toki, ref, msgs, "after a cancel")
 
         # A restart from slot files: toki saves its slots as it stops, the

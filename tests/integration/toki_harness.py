@@ -246,6 +246,26 @@ def stream(port, path, body, timeout=300, headers=None, auth=True):
     return resp.status, events
 
 
+def stream_then_leave(port, path, body, events=3, timeout=60):
+    """A streamed request whose client goes away once `events` data events
+    have come (its first tokens): the connection is shut down at once, as
+    a client that presses Esc leaves."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("POST", path, body=json.dumps(body), headers=_auth_headers(
+        {"Content-Type": "application/json"}, True))
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise AssertionError(f"{path}: {resp.status} {resp.read()[:300]!r}")
+    seen = b""
+    while seen.count(b"\n\ndata:") < events:
+        chunk = resp.read1(4096)
+        if not chunk:
+            raise AssertionError("the stream ended before the client left")
+        seen += chunk
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+
+
 def event_json(ev):
     """The JSON of a `data:` event, or None (comments, [DONE])."""
     for line in ev.split("\n"):
