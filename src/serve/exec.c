@@ -372,12 +372,8 @@ void exec_answered(struct serve_req *r, int success)
 void exec_release(struct serve_req *r)
 {
 	exec_cancel_call(r);
-	unpin_restore(r);
-	if (r->run.slot) {
-		settle(r, SLOT_UNKNOWN, 0, 0);
-		count_evaluated(r);
-		slot_free(r);
-	}
+	count_evaluated(r);
+	exec_drop_slot(r);
 }
 
 /* ---- a cancel ---- */

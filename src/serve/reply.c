@@ -155,14 +155,20 @@ static json_t *cache_json(const struct serve_req *r)
 	return answer_cache_json(&f);
 }
 
-/* The whole answer (or the held last event) as the client gets it: counts
- * of the whole request, and the cache block unless the client filtered it
- * out. NULL: send it as it is. */
+/* What the whole answer (or the held last event) is rewritten with: the
+ * counts of the whole request, and the cache block unless the client
+ * filtered it out (the text returned, malloc'd; NULL then). */
+static char *final_parts(const struct serve_req *r, struct answer_totals *t)
+{
+	exec_totals(r, t);
+	return answer_cache_wanted(r->ask.body) ? cache_text(r) : NULL;
+}
+
+/* The whole answer as the client gets it. NULL: send it as it is. */
 static char *rewritten(const struct serve_req *r, const char *text, size_t len, size_t *out_len)
 {
 	struct answer_totals t;
-	exec_totals(r, &t);
-	char *cs = answer_cache_wanted(r->ask.body) ? cache_text(r) : NULL;
+	char *cs = final_parts(r, &t);
 	char *out = answer_rewrite(text, len, &t, cs, out_len);
 	free(cs);
 	return out;
@@ -172,15 +178,10 @@ static char *rewritten(const struct serve_req *r, const char *text, size_t len, 
 static void flush_held(struct serve_req *r, int last)
 {
 	struct strbuf b = {0};
-	if (last) {
-		struct answer_totals t;
-		exec_totals(r, &t);
-		char *cs = answer_cache_wanted(r->ask.body) ? cache_text(r) : NULL;
-		answer_hold_release(&r->reply.hold, &t, cs, &b);
-		free(cs);
-	} else {
-		answer_hold_release(&r->reply.hold, NULL, NULL, &b);
-	}
+	struct answer_totals t;
+	char *cs = last ? final_parts(r, &t) : NULL;
+	answer_hold_release(&r->reply.hold, last ? &t : NULL, cs, &b);
+	free(cs);
 	write_strbuf(r, &b);
 	strbuf_free(&b);
 }
