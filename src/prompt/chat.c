@@ -8,6 +8,7 @@
 #include "router/sched.h"
 #include "template/jinja.h"
 #include "util/dtoa.h"
+#include "util/grow.h"
 #include "util/strbuf.h"
 
 void chat_caps_from_json(json_t *caps, struct chat_caps *out)
@@ -562,6 +563,80 @@ static size_t paragraph_starts(const char *prompt, size_t end, size_t *out)
 	return n;
 }
 
+unsigned char chat_start_kind(json_t *msgs, size_t k)
+{
+	if (k >= json_array_size(msgs))
+		return SCHED_START_ANSWER; /* the generation prompt */
+	const char *role = json_string_value(json_object_get(json_array_get(msgs, k), "role"));
+	return role && !strcmp(role, "assistant") ? SCHED_START_ANSWER : SCHED_START_MESSAGE;
+}
+
+void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, const char *text,
+                     size_t tl, unsigned char kind, int header)
+{
+	if (s->failed || !text || tl <= s->last || tl >= len || memcmp(text, prompt, tl))
+		return;
+	size_t cap = s->cap;
+	if (GROW(s->off, s->cap, s->n + 1, 8) != 0) {
+		s->failed = 1;
+		return;
+	}
+	if (s->cap != cap) { /* kind[] has off[]'s capacity */
+		unsigned char *k = realloc(s->kind, s->cap);
+		if (!k) {
+			s->failed = 1;
+			return;
+		}
+		s->kind = k;
+	}
+	s->kind[s->n] = kind;
+	s->off[s->n++] = tl;
+	s->last = tl;
+	s->header = header;
+}
+
+int chat_starts_finish(struct chat_starts *s, const char *prompt, size_t **offsets,
+                       unsigned char **kind, size_t *n, int *last_is_header)
+{
+	*offsets = NULL;
+	*kind = NULL;
+	*n = 0;
+	*last_is_header = 0;
+	/* The paragraphs of the first message (as far as the first start):
+	 * agents build a system prompt from sections, and sessions that share
+	 * one differ from a section on. */
+	size_t np = !s->failed && s->n ? paragraph_starts(prompt, s->off[0], NULL) : 0;
+	if (np) {
+		size_t *o = realloc(s->off, (s->n + np) * sizeof *o);
+		if (o)
+			s->off = o;
+		unsigned char *k = o ? realloc(s->kind, s->n + np) : NULL;
+		if (k)
+			s->kind = k;
+		if (!o || !k) {
+			s->failed = 1;
+		} else {
+			memmove(s->off + np, s->off, s->n * sizeof *s->off);
+			memmove(s->kind + np, s->kind, s->n);
+			paragraph_starts(prompt, s->off[np], s->off);
+			memset(s->kind, SCHED_START_SECTION, np);
+			s->n += np;
+		}
+	}
+	int rc = s->failed ? -1 : 0;
+	if (rc || !s->n) {
+		free(s->off);
+		free(s->kind);
+	} else {
+		*offsets = s->off;
+		*kind = s->kind;
+		*n = s->n;
+		*last_is_header = s->header;
+	}
+	*s = (struct chat_starts){0};
+	return rc;
+}
+
 int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt, size_t len,
                         size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header)
 {
@@ -582,63 +657,41 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 	int add_gen = json_is_true(json_object_get(g, "add_generation_prompt"));
 	json_object_set_new(g, "add_generation_prompt", json_false());
 	size_t m = json_array_size(msgs);
-	size_t *offs = calloc(m ? m : 1, sizeof *offs);
-	unsigned char *kinds = calloc(m ? m : 1, 1);
-	int rc = offs && kinds ? 0 : -1;
-	size_t count = 0, last = 0;
+	struct chat_starts s = {0};
 	/* Message k starts where the rendering of the first k ends, if that
 	 * rendering is a prefix of the whole: a template that renders earlier
 	 * messages differently once more follow (one that drops reasoning
 	 * before the last user turn, say) gives no start there. k = m is where
 	 * the generation prompt starts. */
-	for (size_t k = 1; !rc && k <= m; k++) {
+	for (size_t k = 1; !s.failed && k <= m; k++) {
 		if (k == m && !add_gen)
 			break;
 		size_t tl = 0;
 		char *text = render_prefix(env, t, g, msgs, k, &tl);
-		if (text && tl > last && tl < len && !memcmp(text, prompt, tl)) {
-			const char *role = k < m ? json_string_value(json_object_get(
-			                               json_array_get(msgs, k), "role"))
-			                         : "assistant";
-			kinds[count] = role && !strcmp(role, "assistant") ? SCHED_START_ANSWER
-			                                                  : SCHED_START_MESSAGE;
-			offs[count++] = tl;
-			last = tl;
-			if (k == m)
-				*last_is_header = 1;
-		}
+		chat_starts_add(&s, prompt, len, text, tl, chat_start_kind(msgs, k), k == m);
 		free(text);
 	}
 	json_decref(msgs);
 	json_decref(g);
-	/* The paragraphs of the first message (as far as the first start):
-	 * agents build a system prompt from sections, and sessions that share
-	 * one differ from a section on. */
-	size_t np = !rc && count ? paragraph_starts(prompt, offs[0], NULL) : 0;
-	if (np) {
-		size_t *o = realloc(offs, (count + np) * sizeof *o);
-		if (o)
-			offs = o;
-		unsigned char *k = o ? realloc(kinds, count + np) : NULL;
-		if (k)
-			kinds = k;
-		if (!o || !k) {
-			rc = -1;
-		} else {
-			memmove(offs + np, offs, count * sizeof *offs);
-			memmove(kinds + np, kinds, count);
-			paragraph_starts(prompt, offs[np], offs);
-			memset(kinds, SCHED_START_SECTION, np);
-			count += np;
+	return chat_starts_finish(&s, prompt, offsets, kind, n, last_is_header);
+}
+
+size_t chat_server_prefixes(json_t *request, size_t *ks)
+{
+	json_t *msgs = json_object_get(request, "messages");
+	size_t m = json_array_size(msgs), n = 0;
+	if (!m)
+		return 0;
+	/* llama-server continues a final assistant message (prefill): no
+	 * generation prompt of its own then. */
+	int add_gen = !json_is_false(json_object_get(request, "add_generation_prompt")) &&
+	              chat_start_kind(msgs, m - 1) != SCHED_START_ANSWER;
+	for (size_t k = 1; k <= m; k++) {
+		if (k == m ? add_gen : k == 1 || chat_start_kind(msgs, k) == SCHED_START_ANSWER) {
+			if (ks)
+				ks[n] = k;
+			n++;
 		}
 	}
-	if (rc || !count) {
-		free(offs);
-		free(kinds);
-		return rc;
-	}
-	*offsets = offs;
-	*kind = kinds;
-	*n = count;
-	return 0;
+	return n;
 }

@@ -83,6 +83,43 @@ enum chat_result chat_render(const struct chat_env *env, json_t *request, char *
 int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt, size_t len,
                         size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header);
 
+/* What starts at message k of msgs (enum sched_start): an assistant message
+ * (k = size: the generation prompt) or another message. */
+unsigned char chat_start_kind(json_t *msgs, size_t k);
+
+/* Exact mode's starts in a chat prompt, gathered one rendering of the first
+ * messages at a time: by toki's template (chat_message_starts) or by the
+ * server's (backend/prefix_render.h). All-zero is empty. */
+struct chat_starts {
+	size_t *off;
+	unsigned char *kind;
+	size_t n, cap, last;
+	int header; /* the last start is the generation prompt's */
+	int failed; /* out of memory */
+};
+
+/* The rendering (text, tl bytes; NULL: none) of the messages before a start
+ * of kind (header: the generation prompt's) gives a start where it ends, if
+ * it is a prefix of the prompt (len bytes) past the last start found. Call
+ * in the order of the messages. */
+void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, const char *text,
+                     size_t tl, unsigned char kind, int header);
+
+/* The starts found, with the first message's paragraphs before them, as
+ * chat_message_starts returns them (s is emptied). 0, or -1 when out of
+ * memory. */
+int chat_starts_finish(struct chat_starts *s, const char *prompt, size_t **offsets,
+                       unsigned char **kind, size_t *n, int *last_is_header);
+
+/* For a chat request that llama-server templates, the prefixes of its
+ * messages (k, the first k messages) whose renderings, without a generation
+ * prompt, give exact mode's chunk starts: the first message's end, each
+ * assistant message's start and the generation prompt's (router/sched.h:
+ * the starts of other messages are never chunk starts past the first).
+ * Writes them in increasing order to ks (when not NULL); returns how many
+ * (at most the number of messages). */
+size_t chat_server_prefixes(json_t *request, size_t *ks);
+
 /* The template variables chat_render would use (for tests and toki
  * tokenize --chat), or NULL with why. */
 json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum chat_result *res,

@@ -339,6 +339,43 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
 	return tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
 }
 
+int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, size_t len,
+                                  size_t *cuts, unsigned char *kind, size_t n_cuts, int header,
+                                  struct token_list *out, struct prompt_starts *starts)
+{
+	size_t *pos = n_cuts ? malloc(n_cuts * sizeof *pos) : NULL;
+	if (n_cuts && !pos) {
+		free(cuts);
+		free(kind);
+		return -1;
+	}
+	int rc = tokenize_cuts(pe, text, len, out, cuts, n_cuts, pos);
+	if (starts && !rc) {
+		/* Token positions of the starts that map to one, in order. */
+		size_t k = 0, prev = 0;
+		for (size_t i = 0; i < n_cuts; i++) {
+			int last = i + 1 == n_cuts;
+			if (pos[i] != (size_t)-1 && pos[i] > prev && pos[i] < out->n) {
+				kind[k] = kind[i];
+				pos[k++] = pos[i];
+				prev = pos[i];
+				if (last && header)
+					starts->header = 1;
+			}
+		}
+		starts->pos = pos;
+		starts->kind = kind;
+		kind = NULL;
+		starts->n = k;
+		starts->messages = n_cuts;
+		pos = NULL;
+	}
+	free(pos);
+	free(cuts);
+	free(kind);
+	return rc;
+}
+
 enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
                                     char **prompt, size_t *prompt_len, struct token_list *out,
                                     char *why, size_t whylen)
@@ -371,37 +408,8 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 		snprintf(why, whylen, "out of memory");
 		return CHAT_ERROR;
 	}
-	size_t *pos = n_cuts ? malloc(n_cuts * sizeof *pos) : NULL;
-	if (n_cuts && !pos) {
-		free(cuts);
-		free(kind);
-		snprintf(why, whylen, "out of memory");
-		return CHAT_ERROR;
-	}
-	int rc = tokenize_cuts(pe, *prompt, *prompt_len, out, cuts, n_cuts, pos);
-	if (starts && !rc) {
-		/* Token positions of the starts that map to one, in order. */
-		size_t k = 0, prev = 0;
-		for (size_t i = 0; i < n_cuts; i++) {
-			int last = i + 1 == n_cuts;
-			if (pos[i] != (size_t)-1 && pos[i] > prev && pos[i] < out->n) {
-				kind[k] = kind[i];
-				pos[k++] = pos[i];
-				prev = pos[i];
-				if (last && header)
-					starts->header = 1;
-			}
-		}
-		starts->pos = pos;
-		starts->kind = kind;
-		kind = NULL;
-		starts->n = k;
-		starts->messages = n_cuts;
-		pos = NULL;
-	}
-	free(pos);
-	free(cuts);
-	free(kind);
+	int rc = prompt_engine_tokenize_starts(pe, *prompt, *prompt_len, cuts, kind, n_cuts, header,
+	                                       out, starts);
 	if (rc == -2) {
 		snprintf(why, whylen, "text the server's tokenizer rejects");
 		return CHAT_DECLINED;

@@ -72,6 +72,15 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
                                            struct token_list *out, struct prompt_starts *starts,
                                            char *why, size_t whylen);
 
+/* Tokenizes text as prompt_engine_tokenize and, with starts non-NULL, maps
+ * the byte offsets cuts[0..n_cuts) (chat_message_starts's, with their kind
+ * and header; taken over and freed) to token positions as
+ * prompt_engine_chat_starts gives them. 0, -1 (out of memory), -2 (leave it
+ * to the server). */
+int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, size_t len,
+                                  size_t *cuts, unsigned char *kind, size_t n_cuts, int header,
+                                  struct token_list *out, struct prompt_starts *starts);
+
 /* The enable_thinking llama-server passes when the request does not say. */
 void prompt_engine_set_thinking(struct prompt_engine *pe, int on);
 int prompt_engine_thinking(const struct prompt_engine *pe);
