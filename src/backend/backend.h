@@ -44,9 +44,16 @@ struct backend {
 	int prompt_tokens_ok, prompt_chat_ok;
 	char prompt_status[200];
 	struct prompt_probe *probe;
+	/* Exact mode's renderings of message prefixes by the server
+	 * (backend/prefix_render.h), and how often they were dropped. */
+	struct prefix_render_cache *renders;
+	unsigned renders_gen;
 	struct prompt_audit *audits; /* in flight */
 	uint64_t prompt_local, prompt_server, prompt_audits, prompt_mismatches;
 	uint64_t prompt_local_us, prompt_server_us; /* time spent making prompts, each way */
+	/* Message prefixes exact mode wanted rendered by the server, and those
+	 * it asked for (the rest were kept from earlier requests). */
+	uint64_t prompt_prefixes, prompt_prefixes_rendered;
 	/* For /metrics: routed requests by API (enum route_kind, request_check.h);
 	 * exact mode's by schedule (0: messages, 1: grid) and those planned again
 	 * from an empty slot after the server disagreed. */

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/prefix_render.h"
 #include "daemon.h"
 #include "prompt/prompt.h"
 #include "util/log.h"
@@ -112,6 +113,7 @@ void prompt_probe_stop(struct backend *b)
 	prompt_engine_free(b->prompt);
 	b->prompt = NULL;
 	b->prompt_tokens_ok = b->prompt_chat_ok = 0;
+	prefix_render_cache_free(b);
 }
 
 /* The probes ended: hand the engine to the backend if any part matched. */

@@ -118,6 +118,8 @@ char *answer_cache_text(const struct cache_facts *f)
 		 * llama-server's own schedule (--reuse grid, or no prompt of
 		 * toki's own to find messages in). */
 		text_key_string(&t, "schedule", f->schedule);
+		if (f->schedule_why)
+			text_key_string(&t, "schedule_why", f->schedule_why);
 		text_key_int(&t, "chunks", f->chunks);
 		text_key_int(&t, "steps", f->steps);
 		if (f->verdict) /* whether the promise holds on this backend */

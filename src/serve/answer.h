@@ -38,8 +38,9 @@ struct cache_facts {
 	long long prompt_tokens, matched, reuse;
 	int have_counts; /* the answer's timings were seen: cached and evaluated are known */
 	long long cached, evaluated;
-	int exact;            /* exact mode, routed: the schedule fields follow */
-	const char *schedule; /* messages or grid */
+	int exact;                /* exact mode, routed: the schedule fields follow */
+	const char *schedule;     /* messages or grid */
+	const char *schedule_why; /* who rendered the messages, or why the grid */
 	long long chunks, steps;
 	const char *verdict; /* the backend's self-test verdict (NULL: none) */
 	int trimmed;

@@ -103,6 +103,24 @@ void reply_new_attempt(struct serve_req *r)
 
 /* ---- the cache block ---- */
 
+/* Why exact mode's schedule is what it is (the cache block's schedule_why). */
+static const char *schedule_why(const struct serve_req *r)
+{
+	if (r->prompt.n_bounds)
+		return r->prompt.starts_by && !strcmp(r->prompt.starts_by, "server")
+		           ? "message prefixes rendered by the server"
+		           : "messages rendered by toki";
+	if (r->d->router->mode == REUSE_GRID)
+		return "--reuse grid";
+	if (r->ask.kind == KIND_COMPLETION)
+		return "a raw prompt";
+	if (!r->prompt.local)
+		return "the server tokenizes this model's prompts";
+	if (!r->prompt.starts_by)
+		return "no message starts known for this prompt";
+	return "no message start in the prompt";
+}
+
 void reply_cache_facts(const struct serve_req *r, struct cache_facts *f, char *verdict, size_t vn)
 {
 	const struct route_choice *ch = &r->run.choice;
@@ -120,6 +138,7 @@ void reply_cache_facts(const struct serve_req *r, struct cache_facts *f, char *v
 	    .evaluated = exec_evaluated(r),
 	    .exact = exact,
 	    .schedule = r->prompt.n_bounds ? "messages" : "grid",
+	    .schedule_why = schedule_why(r),
 	    .chunks = (long long)r->prompt.n_bounds + 1,
 	    .steps = (long long)r->run.steps + 1,
 	    .trimmed = ch->must_trim,

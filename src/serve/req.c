@@ -12,6 +12,7 @@
 #include "api/anthropic.h"
 #include "api/api_error.h"
 #include "api/responses.h"
+#include "backend/prefix_render.h"
 #include "backend/prompt_probe.h"
 #include "daemon.h"
 #include "http/http_server.h"
@@ -88,6 +89,8 @@ void req_free(struct serve_req *r)
 
 void req_finish(struct serve_req *r)
 {
+	prefix_render_cancel(r->prompt.render);
+	r->prompt.render = NULL;
 	exec_release(r);
 	wait_remove(r);
 	active_remove(r);
@@ -177,6 +180,7 @@ static void replan_now(evutil_socket_t fd, short what, void *arg)
 		r->prompt.routable = 0;
 		r->prompt.local = 0;
 		r->prompt.local_template = 0;
+		r->prompt.starts_by = NULL;
 		r->prompt.force_server = 1;
 	}
 	reply_new_attempt(r);
@@ -435,6 +439,19 @@ static void tokenize_text(struct serve_req *r, const char *text)
 		req_fail(r, 500, "out of memory");
 }
 
+/* The server could not template the request: its answer (obj, perhaps
+ * NULL) says why. */
+static void template_failed(struct serve_req *r, int status, json_t *obj)
+{
+	/* The backend's own 4xx explains what is wrong with the messages. */
+	const char *m = json_error_message(obj);
+	char msg[512];
+	snprintf(msg, sizeof msg, "%s", m ? m : "the chat template could not be applied");
+	/* The backend's own status where it answered one (an image sent to a
+	 * text-only model is its 500), 502 only for an answer that is none. */
+	req_fail(r, status >= 400 ? status : 502, msg);
+}
+
 static void on_template_done(struct backend_call *call, int status, const char *body, size_t len,
                              void *arg)
 {
@@ -443,20 +460,10 @@ static void on_template_done(struct backend_call *call, int status, const char *
 	json_error_t jerr;
 	json_t *obj = json_loadb(body, len, 0, &jerr);
 	const char *prompt = json_string_value(json_object_get(obj, "prompt"));
-	if (status != 200 || !prompt) {
-		/* The backend's own 4xx explains what is wrong with the messages. */
-		const char *m = json_error_message(obj);
-		char msg[512];
-		snprintf(msg, sizeof msg, "%s", m ? m : "the chat template could not be applied");
-		json_decref(obj);
-		/* The backend's own status where it answered one (an image sent
-		 * to a text-only model is its 500), 502 only for an answer that
-		 * is none. */
-		req_fail(r, status >= 400 ? status : 502, msg);
-		return;
-	}
-	if (!local_text(r, r->run.backend, prompt,
-	                json_string_length(json_object_get(obj, "prompt"))))
+	if (status != 200 || !prompt)
+		template_failed(r, status, obj);
+	else if (!local_text(r, r->run.backend, prompt,
+	                     json_string_length(json_object_get(obj, "prompt"))))
 		tokenize_text(r, prompt);
 	json_decref(obj);
 }
@@ -533,6 +540,7 @@ static int local_chat(struct serve_req *r, struct backend *b)
 	free(r->prompt.bounds);
 	r->prompt.n_bounds = sched_chunks(st.pos, st.kind, st.n);
 	r->prompt.bounds = st.pos;
+	r->prompt.starts_by = "toki";
 	free(st.kind);
 	take_tokens(r, b, &t, 1);
 	tokens_ready(r);
@@ -552,6 +560,81 @@ static int local_text(struct serve_req *r, struct backend *b, const char *text, 
 	}
 	take_tokens(r, b, &t, 0);
 	tokens_ready(r);
+	return 1;
+}
+
+/* Exact mode on a chat request the server templates: the server's
+ * renderings of the whole prompt and of its message prefixes came
+ * (backend/prefix_render.h); the prompt is tokenized here, with the starts
+ * the renderings gave. */
+static void on_render_done(struct prefix_render_result *res, void *arg)
+{
+	struct serve_req *r = arg;
+	r->prompt.render = NULL;
+	struct backend *b = r->run.backend;
+	json_t *p = json_object_get(res->answer, "prompt");
+	if (res->status != 200 || !json_is_string(p)) {
+		free(res->offsets);
+		free(res->kind);
+		template_failed(r, res->status, res->answer);
+		return;
+	}
+	b->prompt_prefixes += res->prefixes;
+	b->prompt_prefixes_rendered += res->rendered;
+	/* The engine may have gone since (the backend restarted): the server
+	 * tokenizes then, on the grid. */
+	if (!b->prompt || !b->prompt_tokens_ok) {
+		free(res->offsets);
+		free(res->kind);
+		tokenize_text(r, json_string_value(p));
+		return;
+	}
+	struct token_list t = {0};
+	struct prompt_starts st = {0};
+	int rc =
+	    prompt_engine_tokenize_starts(b->prompt, json_string_value(p), json_string_length(p),
+	                                  res->offsets, res->kind, res->n, res->header, &t, &st);
+	if (rc != 0) {
+		token_list_free(&t);
+		free(st.pos);
+		free(st.kind);
+		if (rc == -2)
+			tokenize_text(r, json_string_value(p));
+		else
+			req_fail(r, 500, "out of memory");
+		return;
+	}
+	free(r->prompt.bounds);
+	r->prompt.n_bounds = sched_chunks(st.pos, st.kind, st.n);
+	r->prompt.bounds = st.pos;
+	r->prompt.starts_by = "server";
+	free(st.kind);
+	take_tokens(r, b, &t, 0);
+	tokens_ready(r);
+}
+
+static void on_render_error(enum backend_error err, void *arg)
+{
+	struct serve_req *r = arg;
+	r->prompt.render = NULL;
+	on_prompt_error(NULL, err, r);
+}
+
+static const struct prefix_render_handlers render_handlers = {.on_done = on_render_done,
+                                                              .on_error = on_render_error};
+
+/* A chat request the server templates gets exact mode's message schedule
+ * where toki tokenizes the server's prompt: the server renders the message
+ * prefixes too. Returns 1 when the request went on from here. */
+static int server_chat_starts(struct serve_req *r, struct backend *b)
+{
+	if (r->d->router->mode != REUSE_EXACT || r->prompt.force_server || !b->prompt ||
+	    !b->prompt_tokens_ok || vocab_adds_eos(prompt_engine_vocab(b->prompt)))
+		return 0;
+	r->prompt.render = prefix_render_start(
+	    b, r->ask.template_body ? r->ask.template_body : r->ask.body, &render_handlers, r);
+	if (!r->prompt.render)
+		req_fail(r, 500, "out of memory");
 	return 1;
 }
 
@@ -597,6 +680,8 @@ void req_begin(struct serve_req *r, struct backend *b)
 		if (local_chat(r, b))
 			return;
 		r->state = RS_TEMPLATE;
+		if (server_chat_starts(r, b))
+			return;
 		char *raw =
 		    json_dumps(r->ask.template_body ? r->ask.template_body : body, JSON_COMPACT);
 		r->run.call = raw ? backend_call_start(b->http, "POST", "/apply-template", raw,

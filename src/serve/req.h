@@ -19,6 +19,7 @@
 struct daemon;
 struct http_request;
 struct anthropic_stream;
+struct prefix_render;
 
 /* Where a request is: the step it runs (exec.c's table: each backend call
  * is one), or waiting in the queue. */
@@ -62,12 +63,14 @@ struct req_prompt {
 	/* Exact mode: the chunk starts of the request's schedule (none: the
 	 * grid; router/sched.h). */
 	size_t *bounds, n_bounds;
-	int local;                        /* toki tokenized the prompt itself */
-	int local_template;               /* ... and applied the chat template too */
-	int force_server;                 /* ... and then found it wrong: the server does it now */
-	int fault;                        /* the server's prompt is not toki's: toki's is dropped */
-	struct backend *engine_backend;   /* whose engine made the prompt */
-	struct backend *tokenize_backend; /* who was asked for the tokens (or whose engine) */
+	int local;                      /* toki tokenized the prompt itself */
+	int local_template;             /* ... and applied the chat template too */
+	int force_server;               /* ... and then found it wrong: the server does it now */
+	int fault;                      /* the server's prompt is not toki's: toki's is dropped */
+	struct backend *engine_backend; /* whose engine made the prompt */
+	struct prefix_render *render;   /* the server's renderings in flight (RS_TEMPLATE) */
+	const char *starts_by; /* who rendered the messages the starts came from: toki, server */
+	struct backend *tokenize_backend;   /* who was asked for the tokens (or whose engine) */
 	int64_t t_tokenize_us, tokenize_us; /* when tokenizing began; what it took */
 };
 

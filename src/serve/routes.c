@@ -9,6 +9,7 @@
 
 #include "api/auth.h"
 #include "api/metrics.h"
+#include "backend/prefix_render.h"
 #include "backend/prompt_probe.h"
 #include "prompt/prompt.h"
 #include "backend/selftest.h"
@@ -150,6 +151,16 @@ static json_t *backend_stats(struct backend *b)
 	              (json_int_t)b->prompt_audits, "mismatches", (json_int_t)b->prompt_mismatches,
 	              "fragments", (json_int_t)ps.fragments, "fragment_hits",
 	              (json_int_t)ps.fragment_hits, "cached_tokens", (json_int_t)ps.cached_tokens));
+	/* Exact mode's message prefixes rendered by the server (a template it
+	 * renders its own way): wanted, asked for, and the renderings kept. */
+	struct prefix_render_stats rs;
+	prefix_render_cache_stats(b, &rs);
+	json_object_set_new(json_object_get(e, "prompts"), "server_prefixes",
+	                    json_pack("{s:I, s:I, s:I, s:I, s:I}", "wanted",
+	                              (json_int_t)b->prompt_prefixes, "rendered",
+	                              (json_int_t)b->prompt_prefixes_rendered, "kept",
+	                              (json_int_t)rs.entries, "kept_bytes", (json_int_t)rs.bytes,
+	                              "stale", (json_int_t)rs.stale));
 	return e;
 }
 
