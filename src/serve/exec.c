@@ -34,6 +34,7 @@
 
 static void run_step(struct serve_req *r);
 static int start_tail_cut(struct serve_req *r);
+static int start_error_cut(struct serve_req *r);
 static int start_settle(struct serve_req *r);
 
 /* ---- the step table ---- */
@@ -362,6 +363,8 @@ void exec_answered(struct serve_req *r, int success)
 		struct router_slot *s = r->run.slot;
 		if (req_exact(r) && success && s->n_tokens && !s->retired && r->run.backend &&
 		    backend_is_up(r->run.backend) && start_tail_cut(r))
+			return;
+		if (!success && start_error_cut(r))
 			return;
 		slot_free(r);
 	}
@@ -1016,6 +1019,32 @@ static int start_tail_cut(struct serve_req *r)
 	                          s->backend->n_ubatch);
 	if (!keep || send_cut(r, keep, &tail_cut_handlers) != 0)
 		return 0;
+	r->state = RS_TAILCUT;
+	return 1;
+}
+
+/* An error answer (the server's 4xx or 5xx, or a stream that ends in an
+ * error event instead of its timings, such as llama-server's for an answer
+ * its chat parser rejects, sent after the whole generation):
+ * the slot holds the prompt as far as the earlier steps or the reuse took
+ * it (done_upto), then whatever the failed call left there, unseen: the
+ * rest of the prompt and an answer, or nothing. Cutting it back to
+ * done_upto makes toki's record true again, and the cut's own count
+ * checks that (on_tail_cut_done); forgetting the slot would lose what it
+ * holds. Returns 1 when the cut is out (it ends the slot and the
+ * request). */
+static int start_error_cut(struct serve_req *r)
+{
+	struct router_slot *s = r->run.slot;
+	size_t keep = r->run.done_upto;
+	if (r->reply.status <= 0 || !r->prompt.routable || !keep || keep >= r->prompt.n_tokens ||
+	    s->retired || !r->run.backend || !backend_is_up(r->run.backend) || server_picks_slot(r))
+		return 0;
+	settle(r, req_exact(r) ? SLOT_ON_SCHEDULE : SLOT_HOLDS, keep, keep);
+	if (send_cut(r, keep, &tail_cut_handlers) != 0) {
+		settle(r, SLOT_UNKNOWN, 0, 0);
+		return 0;
+	}
 	r->state = RS_TAILCUT;
 	return 1;
 }
