@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "prompt/chat.h"
+#include "router/sched.h"
 #include "template/jinja.h"
 
 /* A template that prints what it was given, so that a test sees the
@@ -361,6 +362,198 @@ static void test_dump_like_nlohmann(void **state)
 	}
 }
 
+static json_t *parse(const char *text)
+{
+	json_error_t jerr;
+	json_t *v = json_loads(text, 0, &jerr);
+	if (!v)
+		fail_msg("bad JSON in the test: %s", jerr.text);
+	return v;
+}
+
+/* chat_server_prefixes on a request (JSON text) must give exactly want
+ * (n of them), and the same count when ks is NULL. */
+static void expect_prefixes(const char *request, const size_t *want, size_t n)
+{
+	json_t *req = parse(request);
+	size_t ks[16];
+	memset(ks, 0xff, sizeof ks);
+	size_t got = chat_server_prefixes(req, ks);
+	if (got != n)
+		fail_msg("request %s: %zu prefixes, want %zu", request, got, n);
+	for (size_t i = 0; i < n; i++)
+		if (ks[i] != want[i])
+			fail_msg("request %s: prefix %zu is %zu, want %zu", request, i, ks[i],
+			         want[i]);
+	/* Nothing written past the count. */
+	assert_int_equal(ks[n], (size_t)-1);
+	assert_int_equal(chat_server_prefixes(req, NULL), n);
+	json_decref(req);
+}
+
+#define MSG(role) "{\"role\":\"" role "\",\"content\":\"x\"}"
+
+static void test_server_prefixes(void **state)
+{
+	(void)state;
+	/* The first message's end, each assistant message's start and the
+	 * generation prompt's; user turns past the first are no chunk starts. */
+	expect_prefixes("{\"messages\":[" MSG("system") "," MSG("user") "," MSG(
+	                    "assistant") "," MSG("user") "," MSG("assistant") "," MSG("user") "]}",
+	                (size_t[]){1, 2, 4, 6}, 4);
+	/* One user message: its end is the generation prompt's start (k = 1 = m). */
+	expect_prefixes("{\"messages\":[" MSG("user") "]}", (size_t[]){1}, 1);
+	/* Tool output is not an answer: only the assistant turns and the end. */
+	expect_prefixes("{\"messages\":[" MSG("user") "," MSG("assistant") "," MSG("tool") "," MSG(
+	                    "assistant") "," MSG("user") "]}",
+	                (size_t[]){1, 3, 5}, 3);
+	/* A final assistant message is continued (prefill): its start is one,
+	 * but there is no generation prompt after it. */
+	expect_prefixes("{\"messages\":[" MSG("system") "," MSG("user") "," MSG("assistant") "]}",
+	                (size_t[]){1, 2}, 2);
+	/* No generation prompt asked for. */
+	expect_prefixes("{\"messages\":[" MSG("system") "," MSG("user") "," MSG(
+	                    "assistant") "," MSG("user") "],\"add_generation_prompt\":false}",
+	                (size_t[]){1, 2}, 2);
+	/* Asked for explicitly: as by default. */
+	expect_prefixes("{\"messages\":[" MSG("system") "," MSG("user") "," MSG(
+	                    "assistant") "," MSG("user") "],\"add_generation_prompt\":true}",
+	                (size_t[]){1, 2, 4}, 3);
+	/* One message and no generation prompt: its end is the prompt's end,
+	 * no start. */
+	expect_prefixes("{\"messages\":[" MSG("user") "],\"add_generation_prompt\":false}", NULL,
+	                0);
+	expect_prefixes("{\"messages\":[" MSG("assistant") "]}", NULL, 0);
+	/* No messages (or none at all). */
+	expect_prefixes("{\"messages\":[]}", NULL, 0);
+	expect_prefixes("{\"prompt\":\"x\"}", NULL, 0);
+	assert_int_equal(chat_server_prefixes(NULL, NULL), 0);
+}
+
+static void test_start_kind(void **state)
+{
+	(void)state;
+	json_t *msgs = parse("[" MSG("system") "," MSG("user") "," MSG("assistant") "," MSG(
+	    "tool") ",{\"content\":\"no role\"},{\"role\":7,\"content\":\"x\"}]");
+	assert_int_equal(chat_start_kind(msgs, 0), SCHED_START_MESSAGE);
+	assert_int_equal(chat_start_kind(msgs, 1), SCHED_START_MESSAGE);
+	assert_int_equal(chat_start_kind(msgs, 2), SCHED_START_ANSWER);
+	assert_int_equal(chat_start_kind(msgs, 3), SCHED_START_MESSAGE);
+	assert_int_equal(chat_start_kind(msgs, 4), SCHED_START_MESSAGE);
+	assert_int_equal(chat_start_kind(msgs, 5), SCHED_START_MESSAGE);
+	/* Past the messages: the generation prompt. */
+	assert_int_equal(chat_start_kind(msgs, 6), SCHED_START_ANSWER);
+	assert_int_equal(chat_start_kind(msgs, 100), SCHED_START_ANSWER);
+	assert_int_equal(chat_start_kind(NULL, 0), SCHED_START_ANSWER);
+	json_decref(msgs);
+}
+
+#undef MSG
+
+/* finish()'s result must be exactly want (offsets and kinds, n of them) and
+ * header. */
+static void expect_starts(struct chat_starts *s, const char *prompt, const size_t *want_off,
+                          const unsigned char *want_kind, size_t want_n, int want_header)
+{
+	size_t *off = (size_t *)1;
+	unsigned char *kind = (unsigned char *)1;
+	size_t n = 99;
+	int header = 99;
+	assert_int_equal(chat_starts_finish(s, prompt, &off, &kind, &n, &header), 0);
+	assert_int_equal(n, want_n);
+	assert_int_equal(header, want_header);
+	if (!want_n) {
+		assert_null(off);
+		assert_null(kind);
+	}
+	for (size_t i = 0; i < want_n; i++) {
+		if (off[i] != want_off[i] || kind[i] != want_kind[i])
+			fail_msg("start %zu: %zu (kind %u), want %zu (kind %u)", i, off[i], kind[i],
+			         want_off[i], want_kind[i]);
+	}
+	free(off);
+	free(kind);
+	/* finish empties s. */
+	assert_null(s->off);
+	assert_int_equal(s->n, 0);
+	assert_int_equal(s->last, 0);
+}
+
+enum { SEC = SCHED_START_SECTION, MSG = SCHED_START_MESSAGE, ANS = SCHED_START_ANSWER };
+
+static void test_starts(void **state)
+{
+	(void)state;
+	/* Offsets: "SYS para one." 0-12, "\n\n" 13-14, "para two." 15, "<end>" 24,
+	 * "USER hi" 29, "<end>" 36, "ASSIST" 41-46. */
+	const char *prompt = "SYS para one.\n\npara two.<end>USER hi<end>ASSIST";
+	size_t len = strlen(prompt);
+	assert_int_equal(len, 47);
+	const char *r1 = "SYS para one.\n\npara two.<end>"; /* the first message */
+	const char *r2 = "SYS para one.\n\npara two.<end>USER hi<end>";
+	struct chat_starts s = {0};
+
+	/* Both renderings prefixes: the message starts, with the paragraph
+	 * break of the first message (its begin and end) before them. */
+	chat_starts_add(&s, prompt, len, r1, strlen(r1), MSG, 0);
+	chat_starts_add(&s, prompt, len, r2, strlen(r2), ANS, 1);
+	expect_starts(&s, prompt, (size_t[]){13, 15, 29, 41}, (unsigned char[]){SEC, SEC, MSG, ANS},
+	              4, 1);
+
+	/* A rendering that is not a prefix (a template that renders the first
+	 * message differently once more follow) gives no start, nor moves the
+	 * last one: a later shorter prefix still counts. No text (a failed
+	 * rendering) is none either. */
+	chat_starts_add(&s, prompt, len, NULL, 35, ANS, 0);
+	chat_starts_add(&s, prompt, len, "SYS para one.\n\npara TWO.<end>USER hi<end>", 41, ANS, 1);
+	chat_starts_add(&s, prompt, len, r1, strlen(r1), MSG, 0);
+	expect_starts(&s, prompt, (size_t[]){13, 15, 29}, (unsigned char[]){SEC, SEC, MSG}, 3, 0);
+
+	/* Not past the last start: skipped (equal or before), and the header
+	 * flag stays the last added start's. */
+	chat_starts_add(&s, prompt, len, r2, strlen(r2), ANS, 0);
+	chat_starts_add(&s, prompt, len, r2, strlen(r2), MSG, 1);
+	chat_starts_add(&s, prompt, len, r1, strlen(r1), MSG, 1);
+	chat_starts_add(&s, prompt, len, prompt, 0, MSG, 1);
+	expect_starts(&s, prompt, (size_t[]){13, 15, 41}, (unsigned char[]){SEC, SEC, ANS}, 3, 0);
+
+	/* The whole prompt (or more) is no start: nothing follows it. */
+	chat_starts_add(&s, prompt, len, r1, strlen(r1), MSG, 0);
+	chat_starts_add(&s, prompt, len, prompt, len, ANS, 1);
+	expect_starts(&s, prompt, (size_t[]){13, 15, 29}, (unsigned char[]){SEC, SEC, MSG}, 3, 0);
+
+	/* Nothing found: no starts at all, not even the paragraphs. */
+	expect_starts(&s, prompt, NULL, NULL, 0, 0);
+	chat_starts_add(&s, prompt, len, "SYS para one.\n\npara 2", 22, MSG, 0);
+	chat_starts_add(&s, prompt, len, prompt, len, ANS, 1);
+	chat_starts_add(&s, prompt, len, NULL, 29, MSG, 1);
+	expect_starts(&s, prompt, NULL, NULL, 0, 0);
+
+	/* No empty line before the first start: no paragraph starts (a single
+	 * line end, "\r\n" too, is no break), and breaks in later messages
+	 * are none either. */
+	const char *p2 = "A\r\nB<end>C\n\nD<end>E";
+	chat_starts_add(&s, p2, strlen(p2), p2, 9, MSG, 0);
+	chat_starts_add(&s, p2, strlen(p2), p2, 18, ANS, 1);
+	expect_starts(&s, p2, (size_t[]){9, 18}, (unsigned char[]){MSG, ANS}, 2, 1);
+
+	/* Paragraph runs: one at the very start gives only the offset after
+	 * it; "\r\n\r\n" and longer runs count once. */
+	/* Offsets: "\n\n" 0-1, A 2, "\n" 3, B 4, "\r\n\r\n" 5-8, C 9,
+	 * "\n\n\n" 10-12, D 13, "<end>" 14, U 19, "<end>" 20, ASSIST 25. */
+	const char *p3 = "\n\nA\nB\r\n\r\nC\n\n\nD<end>U<end>ASSIST";
+	chat_starts_add(&s, p3, strlen(p3), p3, 19, MSG, 0);
+	chat_starts_add(&s, p3, strlen(p3), p3, 25, ANS, 1);
+	expect_starts(&s, p3, (size_t[]){2, 5, 9, 10, 13, 19, 25},
+	              (unsigned char[]){SEC, SEC, SEC, SEC, SEC, MSG, ANS}, 7, 1);
+	/* A run that ends where the first start is gives none: that start is
+	 * there already. */
+	const char *p4 = "A\n\nB<end>C";
+	chat_starts_add(&s, p4, strlen(p4), p4, 3, MSG, 0);
+	chat_starts_add(&s, p4, strlen(p4), p4, 9, ANS, 1);
+	expect_starts(&s, p4, (size_t[]){3, 9}, (unsigned char[]){MSG, ANS}, 2, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -371,6 +564,9 @@ int main(void)
 	    cmocka_unit_test(test_template_errors),
 	    cmocka_unit_test(test_special_handlers),
 	    cmocka_unit_test(test_dump_like_nlohmann),
+	    cmocka_unit_test(test_server_prefixes),
+	    cmocka_unit_test(test_start_kind),
+	    cmocka_unit_test(test_starts),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
