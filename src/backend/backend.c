@@ -348,7 +348,8 @@ static void mark_self_cached(struct backend *b)
  * So three tiny prompts ask it directly, in one slot: A, then B (nothing in
  * common after the first token), then A again. A server with a RAM cache
  * saved A when B replaced it and loads it back: the third reuses all of A
- * but the token it must evaluate. One without reuses what A and B share, a
+ * but the token it must evaluate (on a sliding-window or hybrid model, as
+ * far as a context checkpoint). One without reuses what A and B share, a
  * token or two. The slot is the one that held least; only its content is
  * at stake, and only on a server without a RAM cache. A server with one is
  * then sent B into another slot: if that empties the first slot (its idle
@@ -488,7 +489,12 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 			ram_probe_unknown(b, "its probe prompt was too short");
 			return;
 		}
-		if (cache_n + 2 < b->ram_probe_tokens) {
+		/* Less than half of A: only what A and B share (a token or
+		 * two). A RAM cache gives back nearly all of it: all but the
+		 * token evaluated, or on a sliding-window or hybrid model as
+		 * far as its last context checkpoint (46 or 47 of 51 tokens:
+		 * the whole but two read that as no cache, issue 24). */
+		if (2 * cache_n < b->ram_probe_tokens) {
 			ram_probe_found(b, 0, 0);
 			return;
 		}

@@ -234,8 +234,8 @@ class RamCacheProbe(unittest.TestCase):
     more, toki now asks at start (three tiny prompts in one slot). Exact
     mode and slot files need no answer, so they do not ask."""
 
-    def started(self, cache_ram, mode="fast", slots=2):
-        llama = th.LlamaServer(slots=slots, cache_ram=cache_ram)
+    def started(self, cache_ram, mode="fast", slots=2, model=None):
+        llama = th.LlamaServer(model=model, slots=slots, cache_ram=cache_ram)
         toki = th.Toki([llama], mode=mode)
         try:
             log = toki.wait_log(" up: ")
@@ -256,6 +256,20 @@ class RamCacheProbe(unittest.TestCase):
         self.assertNotIn("could not tell", log)
         # The three prompts ran on the server, in one slot.
         self.assertEqual(server_log.count("selected slot by id"), 3, server_log[-3000:])
+
+    def test_sliding_window_and_hybrid_models(self):
+        # Issue 24, item 3: on these llama-server takes A back from its RAM
+        # cache only as far as a context checkpoint (46 or 47 of 51 tokens
+        # on gemma3 and gpt-oss), and without a RAM cache reuses what A and
+        # B share (their first token): the probe tells the two apart.
+        for arch in ("gemma3", "gpt-oss", "qwen35"):
+            model = th.arch_model(arch)
+            b, log, _ = self.started(8192, model=model)
+            self.assertTrue(b["ram_cache"], f"{arch}: {log}")
+            self.assertFalse(b["self_cached"], f"{arch}: {log}")
+            b, log, _ = self.started(0, model=model)
+            self.assertFalse(b["ram_cache"], f"{arch}: {log}")
+            self.assertNotIn("could not tell", log)
 
     def test_an_embeddings_server_gets_no_prompts(self):
         # llama-server 11669 crashes on a completion under --embeddings: the
