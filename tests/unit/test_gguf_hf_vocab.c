@@ -118,6 +118,40 @@ static void test_null_bos_names_the_pad_token(void **state)
 	gguf_gen_vocab_free(&v);
 }
 
+/* DeepSeek V3's config (and other older transformers' ones) names its
+ * tokens as serialized AddedToken objects, {"__type": "AddedToken",
+ * "content": ...}, not strings: the BOS, EOS and pad are their contents. */
+static void test_added_token_objects(void **state)
+{
+	(void)state;
+	const char *tj = put(0, "tokenizer.json", bpe_json);
+	const char *tc = put(
+	    1, "tokenizer_config.json",
+	    "{\"add_bos_token\": true, \"add_eos_token\": false,"
+	    " \"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|endoftext|>\","
+	    " \"lstrip\": false, \"normalized\": true, \"rstrip\": false, \"single_word\": false},"
+	    " \"eos_token\": {\"__type\": \"AddedToken\", \"content\": \"<|im_end|>\"},"
+	    " \"pad_token\": {\"__type\": \"AddedToken\", \"content\": \"<|im_end|>\"}}");
+	struct gguf_gen_vocab v;
+	char err[256];
+	assert_int_equal(gguf_gen_vocab_from_hf(tj, tc, "deepseek-v3", &v, err, sizeof err), 0);
+	assert_int_equal(v.bos, 4);
+	assert_int_equal(v.eos, 5);
+	assert_int_equal(v.pad, 5);
+	assert_int_equal(v.add_bos, 1);
+	struct gguf *g = write_and_open(&v);
+	uint32_t id = 0;
+	bool add = false;
+	assert_true(gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &id));
+	assert_int_equal(id, 4);
+	assert_true(gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &id));
+	assert_int_equal(id, 5);
+	assert_true(gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add));
+	assert_true(add);
+	gguf_close(g);
+	gguf_gen_vocab_free(&v);
+}
+
 /* SentencePiece's space, U+2581, kept apart so that no hex escape runs on. */
 #define SP "\xe2\x96\x81"
 
@@ -220,6 +254,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_null_bos_names_the_pad_token),
+	    cmocka_unit_test(test_added_token_objects),
 	    cmocka_unit_test(test_sentencepiece_style),
 	    cmocka_unit_test(test_sentencepiece_refusals),
 	};
