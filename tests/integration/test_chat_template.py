@@ -3,12 +3,12 @@ as llama-server: its /apply-template and /tokenize against `toki tokenize
 --chat`, on about 60 requests each (chat_corpus.py: tools, tool calls,
 reasoning, developer messages, content parts, unicode, template text in
 content, add_generation_prompt off, chat_template_kwargs), for the real
-chat templates of Llama 3 and Qwen 3 (with their real vocabularies, from
-npm), the ChatML template llama-server falls back to (stories260K has
-none), the generated models' ChatML, and four templates of this project's
-(tests/templates/) that use most of Jinja: macros with keyword arguments,
-namespaces, loop variables, filters, tests, slicing, tojson of floats,
-whitespace control."""
+chat templates of Llama 3, Qwen 3, Gemma 3 and DeepSeek V3 (with their real
+vocabularies, from npm), the ChatML template llama-server falls back to
+(stories260K has none), the generated models' ChatML, and four templates
+of this project's (tests/templates/) that use most of Jinja: macros with
+keyword arguments, namespaces, loop variables, filters, tests, slicing,
+tojson of floats, whitespace control."""
 import http.client
 import json
 import os
@@ -104,6 +104,15 @@ class ChatTemplateMatchesServer(unittest.TestCase):
         # Gemma 3's own template (system folded into the first user turn,
         # "model" turns) on its own SentencePiece vocabulary.
         self.check(th.tokenizer_model("gemma3"), refusals=True)
+
+    def test_deepseek_v3_template(self):
+        # DeepSeek V3's own template on its own vocabulary (pre-tokenizer
+        # deepseek-v3). llama-server 11669 has no handler of its own for it
+        # (its DeepSeek V3.2/V4 one wants dsml_token), so it renders it
+        # as toki does. The template writes tool calls only for a null
+        # content, which the server never passes (its messages carry ""):
+        # an assistant's tool calls are an empty turn in both.
+        self.check(th.tokenizer_model("deepseek_v3", "deepseek-v3"))
 
     def test_llama_server_default_chatml(self):
         self.check(th.test_model())
