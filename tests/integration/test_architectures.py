@@ -53,27 +53,29 @@ def body(msgs, max_tokens=16, **kw):
     return b
 
 
-class Architectures(unittest.TestCase):
+class ExactAnswers:
+    """The checks of one request in exact mode, shared with
+    test_local_prompts.py (FamilySchedules): a mixin for a TestCase (one
+    imported there as a TestCase would have its tests run there too).
+    Counts self.identical and self.total."""
+
     def ask(self, toki, msgs, **kw):
         st, r = th.request(toki.port, "POST", "/v1/chat/completions", body(msgs, **kw))
         self.assertEqual(st, 200, r)
         return r
 
-    def start_toki(self, llama, name="toki", extra=()):
-        toki = th.Toki([llama], mode="exact", ubatch=UBATCH, name=name, extra=list(extra))
-        self.addCleanup(toki.kill, signal.SIGTERM)
-        return toki
-
-    def check(self, toki, ref, msgs, what, resend=True):
+    def check(self, toki, ref, msgs, what, resend=True, schedule="messages",
+              resend_limit=GEN_PROMPT):
         """The request through toki (and sent again), against the reference
-        toki's uncached answer, text and logprobs. Returns (answer, uncached
-        answer, resent)."""
+        toki's uncached answer, text and logprobs. resend_limit: the most
+        tokens a resend may evaluate (None: not checked here). Returns
+        (answer, uncached answer, resent)."""
         got = self.ask(toki, msgs)
         want = self.ask(ref, msgs, cache_prompt=False)
         self.assertEqual(want["cache"]["cached"], 0, want["cache"])
         # Tokenized and templated by toki, on the messages' schedule.
-        for k, v in (("schedule", "messages"), ("tokenized", "toki"), ("templated", "toki")):
-            self.assertEqual(got["cache"][k], v, got["cache"])
+        for k, v in (("schedule", schedule), ("tokenized", "toki"), ("templated", "toki")):
+            self.assertEqual(got["cache"][k], v, f"{what}: {got['cache']}")
         self.assertTrue(answer(got)[1], "no logprobs")
         self.assertEqual(answer(got), answer(want), f"{what}: cache={got['cache']}")
         self.identical += 1
@@ -84,10 +86,18 @@ class Architectures(unittest.TestCase):
             self.assertEqual(answer(again), answer(want), f"{what}, resent: {again['cache']}")
             self.identical += 1
             self.total += 1
-            # Only the generation prompt, in one step.
+            # The last chunk (the generation prompt), in one step.
             self.assertEqual(again["cache"]["steps"], 1, again["cache"])
-            self.assertLessEqual(again["cache"]["evaluated"], GEN_PROMPT, again["cache"])
+            if resend_limit is not None:
+                self.assertLessEqual(again["cache"]["evaluated"], resend_limit, again["cache"])
         return got, want, again
+
+
+class Architectures(ExactAnswers, unittest.TestCase):
+    def start_toki(self, llama, name="toki", extra=()):
+        toki = th.Toki([llama], mode="exact", ubatch=UBATCH, name=name, extra=list(extra))
+        self.addCleanup(toki.kill, signal.SIGTERM)
+        return toki
 
     def run_arch(self, arch):
         t0 = time.time()
