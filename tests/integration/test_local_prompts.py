@@ -5,7 +5,9 @@ every prompt, and what happens when toki's prompt turns out wrong -- a
 model file whose vocabulary was changed under the server, so that toki's
 copy and the server's differ in one token: the request is planned again
 with the server's prompt before the client sees a byte of the wrong plan,
-and the backend's local engine is turned off."""
+and the backend's local engine is turned off. And exact mode's message
+schedule on the real templates and vocabularies of Qwen 3, Llama 3, Gemma 3
+and DeepSeek V3 (FamilySchedules)."""
 import os
 import shutil
 import signal
@@ -16,6 +18,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toki_harness as th
+from test_architectures import UBATCH, ExactAnswers
+from test_exact_identity import conversations
 
 SYSTEM = ("You are a storyteller. You tell short stories about Lily and her dog Max, "
           "who live in a small house near the woods. ") * 2
@@ -180,6 +184,112 @@ class LocalPrompts(unittest.TestCase):
         finally:
             toki.kill(signal.SIGTERM)
             llama.kill()
+
+
+class FamilySchedules(ExactAnswers, unittest.TestCase):
+    """Exact mode's message schedule on real templates and vocabularies
+    (random weights; the npm tokenizers of tokenizer_model): a conversation
+    of three turns through a real `toki serve` in exact mode, each turn sent
+    again. Every answer, text and every logprob, is toki's own uncached
+    answer (a reference toki in exact mode on its own server,
+    cache_prompt:false); the cache block says who tokenized and templated
+    and which schedule; a resend reuses everything before its last chunk
+    and that chunk's whole micro-batches but the last (a generation prompt
+    is shorter than one) and evaluates the rest in one step; the next turn
+    reuses as much.
+
+    Where the last chunk starts is said by the server, not by toki: the
+    server's prompt without the generation prompt (/apply-template with
+    add_generation_prompt false), tokenized by /tokenize. Llama 3's template
+    appends the assistant header whatever add_generation_prompt says, so a
+    rendering of the messages before an assistant message ends in that
+    header: chunks start at each assistant message's text, a prompt has no
+    generation-prompt chunk (its last chunk runs from the last answer's
+    text), and a first turn, which has no answer yet, has no message start
+    (the grid: one chunk from 0)."""
+
+    def last_start(self, llama, msgs, last):
+        """How many tokens of the server's prompt for msgs come before the
+        last chunk: those before the generation prompt (last "header") or
+        before the last assistant message's text (last "answer")."""
+        if last == "header":
+            st, r = th.request(llama.port, "POST", "/apply-template",
+                               {"messages": msgs, "add_generation_prompt": False})
+            self.assertEqual(st, 200, r)
+            text = r["prompt"]
+        else:
+            st, r = th.request(llama.port, "POST", "/apply-template", {"messages": msgs})
+            self.assertEqual(st, 200, r)
+            answer_text = [m for m in msgs if m["role"] == "assistant"][-1]["content"].strip()
+            at = r["prompt"].rfind(answer_text)
+            self.assertGreater(at, 0, r["prompt"])
+            text = r["prompt"][:at]
+        st, r = th.request(llama.port, "POST", "/tokenize",
+                           {"content": text, "add_special": True, "parse_special": True})
+        self.assertEqual(st, 200, r)
+        return len(r["tokens"])
+
+    def run_family(self, name, pre, last="header", first_schedule="messages"):
+        t0 = time.time()
+        self.identical = self.total = 0
+        model = th.tokenizer_model(name, pre)
+        llama = th.LlamaServer(model=model, slots=1, ctx=4096, ubatch=UBATCH, name=name)
+        self.addCleanup(llama.kill)
+        base = th.LlamaServer(model=model, slots=1, ctx=4096, ubatch=UBATCH,
+                              name=f"{name}-reference")
+        self.addCleanup(base.kill)
+        ref = th.Toki([base], mode="exact", ubatch=UBATCH, name="reference")
+        self.addCleanup(ref.kill, signal.SIGTERM)
+        toki = th.Toki([llama], mode="exact", ubatch=UBATCH)
+        self.addCleanup(toki.kill, signal.SIGTERM)
+
+        system, users = conversations(31, count=1, turns=3)[0]
+        msgs = [{"role": "system", "content": system}]
+        log, reused = [], None
+        for t, user in enumerate(users):
+            msgs = msgs + [{"role": "user", "content": user}]
+            schedule = first_schedule if t == 0 else "messages"
+            what = f"{name}: turn {t}"
+            got, want, again = self.check(toki, ref, msgs, what, schedule=schedule,
+                                          resend_limit=None)
+            c, a = got["cache"], again["cache"]
+            if schedule == "messages":
+                self.assertEqual(c["schedule_why"], "messages rendered by toki", c)
+                self.assertGreater(c["chunks"], 1, f"{what}: {c}")
+                start = self.last_start(llama, msgs, last)
+            else:
+                self.assertEqual(c["schedule_why"], "no message start in the prompt", c)
+                start = 0  # the grid: one chunk
+            # Resent: the last chunk's whole micro-batches but the last are
+            # reused, and at least one token is evaluated.
+            n = c["prompt_tokens"]
+            self.assertEqual(a["cached"], start + (n - start - 1) // UBATCH * UBATCH,
+                             f"{what}, resent (last chunk from {start}): {a}")
+            self.assertEqual(a["cached"] + a["evaluated"], n, a)
+            if reused is not None:
+                # The next turn reuses what the turn before's resend did.
+                self.assertEqual(c["cached"], reused, f"{what}: {c}")
+            reused = a["cached"]
+            log.append((t, c["schedule"], c["chunks"], c["prompt_tokens"], c["evaluated"],
+                        a["evaluated"]))
+            msgs = msgs + [{"role": "assistant",
+                            "content": want["choices"][0]["message"]["content"]}]
+        print(f"\n{name}: identical {self.identical}/{self.total}, {time.time() - t0:.1f} s; "
+              "turn: schedule, chunks, prompt tokens/evaluated/evaluated resent: " +
+              ", ".join(f"{t} {s} {k} {p}/{e}/{r}" for t, s, k, p, e, r in log),
+              file=sys.stderr)
+
+    def test_qwen3_messages(self):
+        self.run_family("qwen3", "qwen2")
+
+    def test_llama3_messages_from_the_second_turn(self):
+        self.run_family("llama3", "llama-bpe", last="answer", first_schedule="grid")
+
+    def test_gemma3_messages(self):
+        self.run_family("gemma3", None)
+
+    def test_deepseek_v3_messages(self):
+        self.run_family("deepseek_v3", "deepseek-v3")
 
 
 class ServerPrompts(unittest.TestCase):
