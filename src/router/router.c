@@ -78,6 +78,7 @@ void router_free(struct router *r)
 		router_saved_remove(r, r->saved_head);
 	for (int i = 0; i < r->n_backends; i++) {
 		backend_free_slots(r, r->backends[i]);
+		router_ram_clear(&r->backends[i]->ram);
 		free(r->backends[i]->url);
 		free(r->backends[i]);
 	}
@@ -110,6 +111,7 @@ struct router_backend *router_add_backend(struct router *r, const char *url)
 	}
 	b->index = r->n_backends;
 	b->n_ubatch = 512;
+	router_ram_init(&b->ram);
 	r->backends[r->n_backends++] = b;
 	return b;
 }
@@ -150,6 +152,8 @@ int router_backend_set_slots(struct router *r, struct router_backend *b, int n_s
 			b->slots[i].id = i;
 		}
 	}
+	/* A server found again may have restarted: its RAM cache with it. */
+	router_ram_clear(&b->ram);
 	b->n_ctx_slot = n_ctx_slot;
 	b->n_ubatch = n_ubatch > 0 ? n_ubatch : 512;
 	b->in_flight = 0;
@@ -166,6 +170,7 @@ void router_backend_set_up(struct router *r, struct router_backend *b, int up)
 		 * so they are forgotten too (the caller deletes them). */
 		for (int i = 0; i < b->n_slots; i++)
 			router_slot_forget(r, &b->slots[i]);
+		router_ram_clear(&b->ram);
 	}
 	b->up = up;
 }
@@ -310,6 +315,12 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	}
 	double recompute = (double)(s->n_tokens - matched) * w;
 	const struct router_backend *b = s->backend;
+	/* With the server's RAM cache (exact mode), content a request mostly
+	 * drops goes there, and a cut loads it back (router/ram.h). */
+	if (router_ram_active(r, b) && 2 * matched < s->n_tokens + s->generated) {
+		double kept = w * (1.0 + restore_tokens(b, estimate_bytes(b, s->n_tokens)));
+		return kept < recompute ? kept : recompute;
+	}
 	if (!b->can_save || s->n_tokens < r->save_min_tokens ||
 	    (reuse_mode_is_exact(r->mode) && b->restore_inexact))
 		return recompute;
@@ -324,6 +335,21 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	}
 	return recompute;
 }
+
+int router_ram_active(const struct router *r, const struct router_backend *b)
+{
+	/* A sliding-window model's restored state does not continue as the
+	 * live one did (restore_inexact); a server whose loads keep missing
+	 * (another version's rule, a smaller cache) is left alone. */
+	return reuse_mode_is_exact(r->mode) && b->ram_cache && !b->self_cached && !b->can_save &&
+	       !b->restore_inexact && !(b->ram.misses >= 3 && b->ram.misses > b->ram.loads);
+}
+
+/* What a state of the server's RAM cache lends the request being routed. */
+struct ram_lend {
+	const struct router_ram_state *e;
+	size_t matched, reuse;
+};
 
 /* The request being routed: its tokens' schedule (exact mode). */
 struct req_sched {
@@ -459,6 +485,21 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 		 * batches the tokens of all active slots together, which moves
 		 * the micro-batch boundaries and with them the bits. */
 		int backend_busy = reuse_mode_is_exact(r->mode) && b->in_flight > 0;
+		/* What each state of the server's RAM cache lends the request. */
+		struct ram_lend ram[ROUTER_RAM_MAX_STATES];
+		size_t n_ram = 0;
+		if (router_ram_active(r, b)) {
+			const struct router_ram_state *e;
+			TAILQ_FOREACH(e, &b->ram.states, link)
+			{
+				size_t me = router_ram_match(e, tokens, n);
+				size_t ru = me ? reuse_for(r, &q, me, e->bounds, e->n_bounds,
+				                           e->aligned, b->n_ubatch)
+				               : 0;
+				if (ru && n_ram < ROUTER_RAM_MAX_STATES)
+					ram[n_ram++] = (struct ram_lend){e, me, ru};
+			}
+		}
 		for (int si = 0; si < b->n_slots; si++) {
 			struct router_slot *s = &b->slots[si];
 			size_t m = matched[offsets[bi] + si];
@@ -492,6 +533,7 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				best.matched = m;
 				best.reuse = reuse;
 				best.restore = NULL;
+				best.from_ram = 0;
 				best.save_first = save_first;
 				/* The server reuses its own longest common prefix, which
 				 * may run past what the router knows (generated tokens
@@ -532,6 +574,32 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 					best.est_prefill_s =
 					    router_estimate_prefill_s(b, n - ereuse);
 					best.kind = "disk";
+					best.from_ram = 0;
+				}
+			}
+			/* ...or with a state of the server's RAM cache, which a cut
+			 * to its reuse makes the server load in place of the slot's
+			 * content (which goes there in turn). */
+			for (size_t k = 0; k < n_ram; k++) {
+				if (ram[k].reuse <= reuse ||
+				    router_ram_would_load(&b->ram, s, m, tokens, n, ram[k].reuse) !=
+				        ram[k].e)
+					continue;
+				double rcost = (double)(n - ram[k].reuse) + 1.0 +
+				               loss_of(r, s, m, now_us, spare, &save_first) + wait;
+				if (rcost < best_cost - 1e-9) {
+					best_cost = rcost;
+					best_busy = busy;
+					best.slot = s;
+					best.matched = ram[k].matched;
+					best.reuse = ram[k].reuse;
+					best.restore = NULL;
+					best.save_first = 0;
+					best.must_trim = 1;
+					best.from_ram = 1;
+					best.est_prefill_s =
+					    router_estimate_prefill_s(b, n - ram[k].reuse);
+					best.kind = "ram";
 				}
 			}
 		}
@@ -774,6 +842,7 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 	if (s->saved && !(n == s->n_tokens && same == n))
 		s->saved = NULL;
 	s->last_used_us = now_us;
+	s->generated = 0; /* an answer's, set after it (exact mode) */
 	if (bounds_copy(&s->bounds, &s->n_bounds, bounds, nb) != 0 ||
 	    slot_set(r, s, tokens, n, 0, 0) != 0) {
 		router_slot_forget(r, s);
@@ -791,9 +860,31 @@ int router_slot_cut(struct router *r, struct router_slot *s, const token_t *toke
 		return 0;
 	s->saved = NULL;
 	s->last_used_us = now_us;
+	s->generated = 0;
 	if (slot_set(r, s, tokens, keep, 1, junk) != 0)
 		return -1;
 	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, keep, s->backend->n_ubatch);
+	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
+	return 0;
+}
+
+int router_slot_loaded(struct router *r, struct router_slot *s, const token_t *tokens, size_t keep,
+                       token_t junk, const size_t *bounds, size_t nb, int64_t now_us)
+{
+	if (s->retired)
+		return 0;
+	/* A conversation the server kept for it: in use again. */
+	s->saved = NULL;
+	s->last_used_us = now_us;
+	s->generated = 0;
+	s->hits = 1;
+	s->think_s = 0;
+	if (bounds_copy(&s->bounds, &s->n_bounds, bounds, nb) != 0 ||
+	    slot_set(r, s, tokens, keep, 1, junk) != 0) {
+		router_slot_forget(r, s);
+		return -1;
+	}
+	s->aligned = keep;
 	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
 	return 0;
 }
@@ -979,7 +1070,7 @@ struct router_saved *router_saved_victim_on(struct router *r, const struct route
 	return victim;
 }
 
-const char *const router_route_kind_names[ROUTE_KINDS] = {"hit", "partial", "miss", "disk"};
+const char *const router_route_kind_names[ROUTE_KINDS] = {"hit", "partial", "miss", "disk", "ram"};
 
 int router_route_kind(const char *kind)
 {

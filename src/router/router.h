@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "router/radix.h"
+#include "router/ram.h"
 #include "router/sched.h"
 
 enum reuse_mode {
@@ -99,7 +100,7 @@ struct router_saved {
 
 /* Routes by kind: a slot that held the whole match, part of it, nothing
  * of it, or a saved state restored. */
-enum { ROUTE_HIT, ROUTE_PARTIAL, ROUTE_MISS, ROUTE_DISK, ROUTE_KINDS };
+enum { ROUTE_HIT, ROUTE_PARTIAL, ROUTE_MISS, ROUTE_DISK, ROUTE_RAM, ROUTE_KINDS };
 int router_route_kind(const char *kind);
 extern const char *const router_route_kind_names[ROUTE_KINDS];
 
@@ -153,6 +154,9 @@ struct router_backend {
 	 * toki then lets it pick the slot in fast mode too, as it does alone:
 	 * its RAM holds what toki evicted, which toki cannot see. */
 	int ram_cache;
+	/* Exact mode: the states toki's tasks put in that RAM cache
+	 * (router/ram.h), which a cut on another content loads back. */
+	struct router_ram ram;
 	unsigned discoveries; /* times it was (re)discovered: each start or restart seen */
 	uint64_t evaluated_tokens, cached_tokens, requests;
 	/* For /metrics: requests routed here by kind (router_route_kind), slot
@@ -200,11 +204,15 @@ struct route_choice {
 	size_t reuse;   /* tokens the request will reuse (mode applied) */
 	int must_trim;  /* the slot holds more than `reuse` matching tokens: cut it back */
 	double est_prefill_s;
-	const char *kind; /* "hit", "partial", "miss", "disk" */
+	const char *kind; /* "hit", "partial", "miss", "disk", "ram" */
 	/* Before the request: save the slot's current content (it is worth
 	 * keeping), then restore this state into the slot (NULL: none). */
 	int save_first;
 	struct router_saved *restore;
+	/* Exact mode: the reuse is a state in the server's RAM cache, which the
+	 * plan's first step (a cut on the slot's other content) makes the
+	 * server load (router/ram.h). */
+	int from_ram;
 };
 
 enum route_status { ROUTE_CHOSEN = 0, ROUTE_WAIT = 1, ROUTE_NO_BACKEND = -1 };
@@ -285,6 +293,16 @@ struct router_saved *router_saved_victim(struct router *r);
 struct router_saved *router_saved_victim_on(struct router *r, const struct router_backend *b);
 void router_backend_note_restore(struct router_backend *b, uint64_t bytes, double ms);
 void router_backend_note_save(struct router_backend *b, uint64_t bytes, double ms);
+
+/* Whether exact mode counts on backend b's RAM cache (router/ram.h): the
+ * server has one (ram_cache), its slots have KV caches of their own, and
+ * toki has no slot files for it (those serve instead). */
+int router_ram_active(const struct router *r, const struct router_backend *b);
+/* The slot now holds tokens[0..keep) and a cut's throw-away token, the rows
+ * loaded from the server's RAM cache: on the request's schedule
+ * bounds[0..nb) (the route checked that the state's agrees) up to keep. */
+int router_slot_loaded(struct router *r, struct router_slot *s, const token_t *tokens, size_t keep,
+                       token_t junk, const size_t *bounds, size_t nb, int64_t now_us);
 
 /* The largest prefix exact mode may reuse for a request of n tokens given a
  * slot whose first `aligned` tokens are on the grid and `matched` match. */
