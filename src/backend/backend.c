@@ -355,9 +355,11 @@ static void mark_self_cached(struct backend *b)
  * then sent B into another slot: if that empties the first slot (its idle
  * A went to RAM), its slots share one KV cache and are emptied at every new
  * task, llama-server's default without -np (self_cached), which /slots
- * shows. Asked only where the answer changes what toki does: fast mode, no
- * slot files, two slots or more (with one, the server and toki pick the
- * same slot).
+ * shows. Asked only where the answer changes what toki does: no slot files,
+ * two slots or more (with one, the server and toki pick the same slot, and
+ * exact mode has no other slot to load a state into); in fast mode the
+ * server then picks slots, in exact mode toki loads its own states back
+ * from that RAM (router/ram.h).
  *
  * Steps (ram_probe_step): -1 the /embeddings check, 0 A, 1 B, 2 A again,
  * 3 B in another slot, 4 the look at /slots. */
@@ -401,8 +403,7 @@ static int ram_probe_send(struct backend *b)
 static void ram_probe(struct backend *b)
 {
 	b->ram_probe_step = -1;
-	if (reuse_mode_is_exact(b->d->router->mode) || b->rb->can_save || b->rb->n_slots < 2 ||
-	    ram_probe_send(b) != 0)
+	if (b->rb->can_save || b->rb->n_slots < 2 || ram_probe_send(b) != 0)
 		discover_models(b);
 }
 
@@ -421,6 +422,15 @@ static void ram_probe_found(struct backend *b, int ram, int self_cleared)
 {
 	if (self_cleared)
 		mark_self_cached(b);
+	else if (ram && !b->rb->ram_cache && reuse_mode_is_exact(b->d->router->mode))
+		log_info(
+		    "backend %s keeps the states of its slots in RAM (--cache-ram): exact mode "
+		    "loads its own states back from there when a conversation returns to "
+		    "another slot%s",
+		    b->rb->url,
+		    b->rb->restore_inexact ? " (not on this sliding-window model: a restored "
+		                             "state does not continue exactly)"
+		                           : "");
 	else if (ram && !b->rb->ram_cache)
 		log_info(
 		    "backend %s keeps the states of its slots in RAM (--cache-ram): without slot "

@@ -138,7 +138,8 @@ enum slot_fact_kind {
 	SLOT_ON_SCHEDULE, /* tokens[0..n), every row on the request's schedule (exact) */
 	SLOT_CUT,         /* the cut's kept prefix and its throw-away token */
 	SLOT_RESTORED,    /* the saved state restored into it */
-	SLOT_UNKNOWN,     /* nothing known: forgotten */
+	SLOT_LOADED,  /* a cut loaded a state of the server's RAM cache: the cut's kept prefix */
+	SLOT_UNKNOWN, /* nothing known: forgotten */
 };
 
 /* The one writer of what a slot holds on the request path: every outcome of
@@ -163,6 +164,10 @@ static void settle_slot(struct daemon *d, struct router_slot *s, const struct se
 		break;
 	case SLOT_RESTORED:
 		router_slot_restored(d->router, s, r->run.choice.restore, now);
+		break;
+	case SLOT_LOADED:
+		router_slot_loaded(d->router, s, r->prompt.tokens, r->run.cut_keep, r->run.cut_junk,
+		                   r->prompt.bounds, r->prompt.n_bounds, now);
 		break;
 	case SLOT_UNKNOWN:
 		router_slot_forget(d->router, s);
@@ -319,6 +324,8 @@ static void record_answer(struct serve_req *r, int success)
 			/* The plan ran as checked step by step: every row of the
 			 * prompt is on the request's schedule. */
 			settle(r, SLOT_ON_SCHEDULE, r->prompt.n_tokens, 0);
+			/* Until the tail cut, the answer follows the prompt there. */
+			s->generated = t->predicted_n > 0 ? (size_t)t->predicted_n : 0;
 			if ((size_t)t->cache_n != r->run.plan.final_cache)
 				log_warn("exact mode: backend reused %lld tokens, expected %zu",
 				         t->cache_n, r->run.plan.final_cache);
@@ -556,6 +563,16 @@ static void on_step_error(struct backend_call *call, enum backend_error err, voi
 	exec_call_failed(r, err);
 }
 
+/* A completion task of n_task tokens (the prompt's first n_known, and a
+ * cut's throw-away one) goes to the request's slot: what the server's RAM
+ * cache does with the slot's content (router/ram.h). */
+static void ram_task(struct serve_req *r, size_t n_known, size_t n_task)
+{
+	struct router_slot *s = r->run.slot;
+	if (s && router_ram_active(r->d->router, s->backend))
+		router_ram_task(&s->backend->ram, s, r->prompt.tokens, n_known, n_task);
+}
+
 /* Sends a cut: the slot is left holding tokens[0..keep) and one token that
  * differs from the prompt's next, so that the server reuses exactly keep
  * tokens next (it reuses the longest common prefix). Returns 0, or -1 when
@@ -564,6 +581,7 @@ static int send_cut(struct serve_req *r, size_t keep, const struct backend_call_
 {
 	r->run.cut_keep = keep;
 	r->run.cut_junk = junk_after(r, keep);
+	ram_task(r, keep, keep + 1);
 	char *body = prefill_body(r->prompt.tokens, keep, 1, r->run.cut_junk, r->run.slot->id, 1);
 	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
 	                                        strlen(body), h, r)
@@ -713,14 +731,22 @@ static void on_cut_done(struct backend_call *call, int status, const char *body,
 		return;
 	}
 	note_step(r, prompt_n, ms);
+	struct router_ram *ram = &r->run.slot->backend->ram;
 	if ((size_t)cache_n != r->run.cut_keep) {
 		char why[160];
-		snprintf(why, sizeof why, "a cut to %zu tokens kept %lld", r->run.cut_keep,
-		         cache_n);
+		snprintf(
+		    why, sizeof why, "a cut to %zu tokens kept %lld%s", r->run.cut_keep, cache_n,
+		    r->run.choice.from_ram ? " (the state was no longer in the server's RAM)" : "");
+		ram->misses += r->run.choice.from_ram;
 		step_went_wrong(r, why);
 		return;
 	}
-	settle(r, SLOT_CUT, 0, 0);
+	if (r->run.choice.from_ram) {
+		ram->loads++;
+		settle(r, SLOT_LOADED, 0, 0);
+	} else {
+		settle(r, SLOT_CUT, 0, 0);
+	}
 	r->run.done_upto = r->run.cut_keep;
 	if (r->run.cut_keep)
 		r->d->stats.trim_tokens++;
@@ -788,6 +814,7 @@ static const struct backend_call_handlers prefill_handlers = {
  * false), as an uncached run does. */
 static void step_prefill(struct serve_req *r, size_t upto)
 {
+	ram_task(r, upto, upto);
 	char *body =
 	    prefill_body(r->prompt.tokens, upto, 0, 0, r->run.slot->id, r->run.done_upto > 0);
 	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
@@ -845,6 +872,8 @@ static void step_generate(struct serve_req *r, size_t upto)
 	}
 	r->run.progress_checked = 0;
 	r->run.t_forward_us = clock_now_us();
+	if (r->prompt.routable && !server_picks_slot(r))
+		ram_task(r, r->prompt.n_tokens, r->prompt.n_tokens);
 	reply_start_attempt(r);
 	/* Every request gets one line when it ends; this one, as it starts,
 	 * only when its prefill will be long enough to wait for. */

@@ -131,6 +131,14 @@ static json_t *backend_stats(struct backend *b)
 	json_object_set_new(e, "discoveries", json_integer(rb->discoveries));
 	json_object_set_new(e, "self_cached", json_boolean(rb->self_cached));
 	json_object_set_new(e, "ram_cache", json_boolean(rb->ram_cache));
+	/* Exact mode's use of that RAM cache (router/ram.h): whether it counts
+	 * on it, the states of its own it knows are there, and the "ram" routes
+	 * whose cut loaded one, or found it gone. */
+	json_object_set_new(
+	    e, "ram_states",
+	    json_pack("{s:b, s:I, s:I, s:I, s:I}", "used", router_ram_active(b->d->router, rb),
+	              "states", (json_int_t)rb->ram.n_states, "tokens", (json_int_t)rb->ram.tokens,
+	              "loads", (json_int_t)rb->ram.loads, "misses", (json_int_t)rb->ram.misses));
 	char verdict[400];
 	selftest_verdict(&b->selftest, verdict, sizeof verdict);
 	json_object_set_new(e, "exact",

@@ -174,22 +174,19 @@ class DefaultSlots(unittest.TestCase):
         # Loaded from the server's RAM cache: the first turn's prompt.
         self.assertGreater(r["timings"]["cache_n"], 200, r["timings"])
 
-    def test_exact_mode_sees_it_on_the_slots(self):
+    def test_exact_mode_knows_at_start(self):
+        # Exact mode runs the RAM probe too (it loads its own states back
+        # from that RAM on a server with -np: router/ram.h), which finds the
+        # shared KV cache before the first request.
         self.toki = th.Toki([self.llama], mode="exact")
-        st, r = self.toki.chat(LONG, max_tokens=4)
-        self.assertEqual(st, 200, r)
-        self.assertFalse(self.toki.stats()["backends"][0]["self_cached"])
-        st, r = self.toki.chat(self.other, max_tokens=4)
-        self.assertEqual(st, 200, r)
-        # The other conversation's task emptied the first one's slot: toki
-        # sees it at its look at the server's slots after that answer.
-        deadline = time.time() + 30
-        while not self.toki.stats()["backends"][0].get("self_cached"):
-            self.assertLess(time.time(), deadline, self.toki.log_text())
-            time.sleep(0.05)
-        log = self.toki.log_text()
+        log = self.toki.wait_log(" up: ")
+        b = self.toki.stats()["backends"][0]
+        self.assertTrue(b["self_cached"], log)
+        self.assertFalse(b["ram_states"]["used"], b)
         self.assertIn("exact mode cannot promise the same answer", log)
         self.assertIn("-np N", log)
+        st, r = self.toki.chat(LONG, max_tokens=4)
+        self.assertEqual(st, 200, r)
 
 
 class RamCache(unittest.TestCase):
@@ -231,8 +228,9 @@ class RamCacheProbe(unittest.TestCase):
     the requests toki pinned before it had cut states the server would have
     kept (bench n, -np 2 --cache-ram 8192: fast 12,408 against 10,854
     alone). In fast mode without slot files, on a server with two slots or
-    more, toki now asks at start (three tiny prompts in one slot). Exact
-    mode and slot files need no answer, so they do not ask."""
+    more, toki now asks at start (three tiny prompts in one slot), and so
+    does exact mode, which loads its own states back from that RAM. Slot
+    files need no answer, so they do not ask."""
 
     def started(self, cache_ram, mode="fast", slots=2, model=None):
         llama = th.LlamaServer(model=model, slots=slots, cache_ram=cache_ram)
@@ -293,16 +291,22 @@ class RamCacheProbe(unittest.TestCase):
                 toki.kill(signal.SIGTERM)
                 llama.kill()
 
-    def test_exact_mode_and_one_slot_do_not_ask(self):
+    def test_exact_mode_asks_one_slot_does_not(self):
+        # Exact mode asks too (issue 24, item 2): it loads its own states
+        # back from that RAM (router/ram.h). One slot: nothing to ask for.
         for mode, slots in (("exact", 2), ("fast", 1)):
             b, log, server_log = self.started(8192, mode=mode, slots=slots)
-            self.assertFalse(b["ram_cache"], log)
+            self.assertEqual(b["ram_cache"], mode == "exact", log)
+            self.assertEqual(b["ram_states"]["used"], mode == "exact", b)
+            if mode == "exact":
+                self.assertIn("exact mode loads its own states back from there", log)
             # Exact mode's self-test pins its slot for its own 10 requests (two
-            # runs of a history and four steps); the RAM probe would add 4.
-            pinned = 10 if mode == "exact" else 0
+            # runs of a history and four steps); the RAM probe pins 4.
+            pinned = 14 if mode == "exact" else 0
             self.assertEqual(server_log.count("selected slot by id"), pinned, server_log)
-            # And it holds with the server's RAM cache on (--cache-ram 8192
-            # here): each run in a slot of its own, nothing loaded back.
+            # And the self-test holds with the server's RAM cache on
+            # (--cache-ram 8192 here): each run in a slot of its own, nothing
+            # loaded back.
             self.assertEqual(b["exact"]["selftest"], "verified" if mode == "exact" else "off",
                              b["exact"])
 
