@@ -152,7 +152,8 @@ def main():
     ap.add_argument("--against", help="an older toki binary, run in exact mode beside")
     ap.add_argument("-n", type=int, default=200, help="rounds (each path: 2 requests a mode)")
     ap.add_argument("--gap-ms", type=float, default=30)
-    ap.add_argument("--json", help="write every measurement here")
+    ap.add_argument("--json", help="write every measurement here (default bench/results/"
+                    "bench_short_chat-TIME.json)")
     ap.add_argument("--model", help="default: the harness's test model (stories260K)")
     args = ap.parse_args()
     if args.toki:
@@ -295,12 +296,15 @@ def main():
     for name, s in stats.items():
         print(f"{name}: tail_cuts {s.get('tail_cuts')}, evaluated_tokens "
               f"{s.get('evaluated_tokens')}, routed {s.get('routed')}, hits {s.get('hits')}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"prompt_tokens": len(tokens), "keep": keep, "gap_ms": args.gap_ms,
-                       "load": [load0, load1],
-                       "paths": {p.name: p.rec for p in paths}, "identity": ident,
-                       "stats": stats}, f)
+    if not args.json:
+        os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+        args.json = os.path.join(HERE, "results",
+                                 time.strftime("bench_short_chat-%Y%m%d-%H%M%S.json"))
+    with open(args.json, "w") as f:
+        json.dump({"prompt_tokens": len(tokens), "keep": keep, "gap_ms": args.gap_ms,
+                   "load": [load0, load1], "paths": {p.name: p.rec for p in paths},
+                   "identity": ident, "stats": stats}, f)
+    print(f"\nevery measurement: {args.json}")
 
 
 if __name__ == "__main__":
