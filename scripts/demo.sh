@@ -51,6 +51,13 @@ start_toki() { # $1: the reuse mode
 start_toki exact
 cleanup() {
 	kill "$tpid" "$lpid" 2>/dev/null || true
+	# A llama-server stuck in a task does not stop on TERM (seen once: a slot
+	# save that never ran); the demo must end all the same.
+	for _ in $(seq 100); do
+		kill -0 "$lpid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -9 "$lpid" 2>/dev/null || true
 	wait "$tpid" "$lpid" 2>/dev/null || true
 }
 trap cleanup EXIT
