@@ -26,6 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+from bench_turns import server_prompt_tokens  # noqa: E402 (the server's own count)
 
 GRAMMAR = 'root ::= "<|channel|>final<|message|>" [a-z]+'
 
@@ -51,14 +52,6 @@ def workload(turns):
 def user_text(conv, t):
     return (f"Conversation {conv}, turn {t}: please look at the function number {t} and "
             "make it faster without changing what it returns. ") * 3
-
-
-def server_prompt_tokens(th, llama):
-    st, text_ = th.request(llama.port, "GET", "/metrics", auth=False, raw=True)
-    for line in text_.splitlines():
-        if line.startswith("llamacpp:prompt_tokens_total "):
-            return float(line.split()[1])
-    raise RuntimeError("no llamacpp:prompt_tokens_total")
 
 
 def run(th, model, path, binary, turns):

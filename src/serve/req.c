@@ -513,6 +513,21 @@ static void take_tokens(struct serve_req *r, struct backend *b, struct token_lis
 	t->n = t->cap = 0;
 }
 
+/* A chat prompt made here: its tokens, and exact mode's chunk starts (taken
+ * over from st) from the messages as `by` rendered them (toki, or the
+ * server); then on. */
+static void chat_tokens_ready(struct serve_req *r, struct backend *b, struct token_list *t,
+                              struct prompt_starts *st, const char *by)
+{
+	free(r->prompt.bounds);
+	r->prompt.n_bounds = sched_chunks(st->pos, st->kind, st->n);
+	r->prompt.bounds = st->pos;
+	r->prompt.starts_by = by;
+	free(st->kind);
+	take_tokens(r, b, t, !strcmp(by, "toki"));
+	tokens_ready(r);
+}
+
 /* The chat request templated and tokenized here, when b's engine matched
  * the server (backend/prompt_probe.h) and the request is one it renders.
  * Returns 1 when the request went on from here. */
@@ -537,13 +552,7 @@ static int local_chat(struct serve_req *r, struct backend *b)
 		free(st.kind);
 		return 0;
 	}
-	free(r->prompt.bounds);
-	r->prompt.n_bounds = sched_chunks(st.pos, st.kind, st.n);
-	r->prompt.bounds = st.pos;
-	r->prompt.starts_by = "toki";
-	free(st.kind);
-	take_tokens(r, b, &t, 1);
-	tokens_ready(r);
+	chat_tokens_ready(r, b, &t, &st, "toki");
 	return 1;
 }
 
@@ -604,13 +613,7 @@ static void on_render_done(struct prefix_render_result *res, void *arg)
 			req_fail(r, 500, "out of memory");
 		return;
 	}
-	free(r->prompt.bounds);
-	r->prompt.n_bounds = sched_chunks(st.pos, st.kind, st.n);
-	r->prompt.bounds = st.pos;
-	r->prompt.starts_by = "server";
-	free(st.kind);
-	take_tokens(r, b, &t, 0);
-	tokens_ready(r);
+	chat_tokens_ready(r, b, &t, &st, "server");
 }
 
 static void on_render_error(enum backend_error err, void *arg)
