@@ -26,7 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-from bench_turns import server_prompt_tokens  # noqa: E402 (the server's own count)
+from bench_turns import server_prompt_tokens, uncached_identical, wait_slots_free  # noqa: E402
 
 GRAMMAR = 'root ::= "<|channel|>final<|message|>" [a-z]+'
 
@@ -80,11 +80,7 @@ def run(th, model, path, binary, turns):
             if st != 200:
                 raise RuntimeError(f"{path}: {st} {r}")
             if toki:  # exact mode's tail cut is the server's work too
-                deadline = time.time() + 60
-                while any(s["busy"] for b in toki.stats()["backends"] for s in b["slots"]):
-                    if time.time() > deadline:
-                        raise RuntimeError("a slot stayed busy")
-                    time.sleep(0.02)
+                wait_slots_free(toki)
             evaluated = int(server_prompt_tokens(th, llama) - before)
             c = r["choices"][0]
             sent.append((body, c["message"]["content"], c.get("logprobs")))
@@ -92,14 +88,7 @@ def run(th, model, path, binary, turns):
                          r["usage"]["completion_tokens"], (r.get("cache") or {}).get("schedule")))
             if resend:
                 history[conv] = msgs + [{"role": "assistant", "content": c["message"]["content"]}]
-        identical = None
-        if path == "exact":
-            identical = 0
-            for body, content, lp in sent:
-                st, raw = th.request(port, "POST", "/v1/chat/completions",
-                                     dict(body, cache_prompt=False), auth=auth)
-                c = raw["choices"][0]
-                identical += (c["message"]["content"], c.get("logprobs")) == (content, lp)
+        identical = uncached_identical(th, port, auth, sent) if path == "exact" else None
         return rows, identical
     finally:
         if toki:

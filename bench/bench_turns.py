@@ -58,6 +58,28 @@ def server_prompt_tokens(th, llama):
     raise RuntimeError("no llamacpp:prompt_tokens_total")
 
 
+def wait_slots_free(toki):
+    """Until toki's slots are free: exact mode's tail cuts are the server's
+    work too, and its counter must include them."""
+    deadline = time.time() + 60
+    while any(s["busy"] for b in toki.stats()["backends"] for s in b["slots"]):
+        if time.time() > deadline:
+            raise RuntimeError("a slot stayed busy")
+        time.sleep(0.02)
+
+
+def uncached_identical(th, port, auth, sent):
+    """How many of the sent (body, text, logprobs) answers the same request
+    with cache_prompt false gives again, text and logprobs."""
+    identical = 0
+    for body, content, lp in sent:
+        st, raw = th.request(port, "POST", "/v1/chat/completions",
+                             dict(body, cache_prompt=False), auth=auth)
+        c = raw["choices"][0]
+        identical += (c["message"]["content"], c.get("logprobs")) == (content, lp)
+    return identical
+
+
 def run(th, path, slot_files, cache_ram, think_s):
     convs, order = workload()
     slot_dir = tempfile.mkdtemp(prefix="toki-turns-")
@@ -84,21 +106,10 @@ def run(th, path, slot_files, cache_ram, think_s):
             if name != "long":
                 history[name] = msgs + [{"role": "assistant", "content": c["message"]["content"]}]
             time.sleep(think_s)  # the user's (or agent's) think time
-        if toki:  # exact mode's tail cuts are the server's work too
-            deadline = time.time() + 60
-            while any(s["busy"] for b in toki.stats()["backends"] for s in b["slots"]):
-                if time.time() > deadline:
-                    raise RuntimeError("a slot stayed busy")
-                time.sleep(0.02)
+        if toki:
+            wait_slots_free(toki)
         evaluated = server_prompt_tokens(th, llama) - before
-        identical = None
-        if path == "exact":
-            identical = 0
-            for body, content, lp in sent:
-                st, raw = th.request(port, "POST", "/v1/chat/completions",
-                                     dict(body, cache_prompt=False), auth=auth)
-                c = raw["choices"][0]
-                identical += (c["message"]["content"], c.get("logprobs")) == (content, lp)
+        identical = uncached_identical(th, port, auth, sent) if path == "exact" else None
         return {"evaluated": int(evaluated), "identical": identical, "requests": len(order)}
     finally:
         if toki:
