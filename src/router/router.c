@@ -43,8 +43,10 @@ struct router *router_new(enum reuse_mode mode)
 	r->hot_weight = 1.0;
 	r->spare_weight = 4.0;
 	r->stale_half_life_s = 600;
-	r->think_half_lives = 1;
-	r->think_floor_s = 2;
+	r->think_half_lives = 0.5;
+	r->think_floor_s = 0.25;
+	r->fresh_s = 0.5;
+	r->fresh_weight = 0.5;
 	r->save_min_tokens = 256;
 	return r;
 }
@@ -294,7 +296,17 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	*save_first = 0;
 	if (s->n_tokens <= matched)
 		return 0;
-	double w = s->hits ? r->hot_weight : r->cold_weight;
+	double age_s = (double)(now_us - s->last_used_us) / 1e6;
+	/* Content never continued may be a one-off (a title request) or a
+	 * conversation's first turn, whose next turn, if it has one, comes
+	 * within the usual think time (the router's think_s, every
+	 * conversation's averaged, at least fresh_s): for two of those it
+	 * weighs fresh_weight, an even chance. Two new conversations
+	 * otherwise took turns overwriting each other while an older one,
+	 * hot and longer, kept its slot (issue 24, three conversations on
+	 * two slots). */
+	double usual = r->think_s > r->fresh_s ? r->think_s : r->fresh_s;
+	double w = s->hits ? r->hot_weight : age_s <= 2 * usual ? r->fresh_weight : r->cold_weight;
 	if (spare && w < r->spare_weight)
 		w = r->spare_weight;
 	/* How likely the content is to be used again. Its weight halves every
@@ -305,7 +317,6 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	 * still taking turns (one that ended a minute ago otherwise kept its
 	 * slot while two in use took turns overwriting each other on the
 	 * other: issue 24, 2.03x llama-server alone's tokens). */
-	double age_s = (double)(now_us - s->last_used_us) / 1e6;
 	if (age_s > 0 && r->stale_half_life_s > 0)
 		w *= pow(0.5, age_s / r->stale_half_life_s);
 	if (s->hits && s->think_s > 0 && r->think_half_lives > 0) {
@@ -336,12 +347,22 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	return recompute;
 }
 
+/* On a server whose slots share one KV cache (self_cached), an answer
+ * depends on what the other slots hold; exact mode keeps to the first, so
+ * that they hold nothing (the server empties idle ones at every new task
+ * anyway), and the server's RAM cache brings its states back into it, as
+ * on a server with one slot. */
+static int usable_slots(const struct router *r, const struct router_backend *b)
+{
+	return reuse_mode_is_exact(r->mode) && b->self_cached && b->n_slots > 1 ? 1 : b->n_slots;
+}
+
 int router_ram_active(const struct router *r, const struct router_backend *b)
 {
 	/* A sliding-window model's restored state does not continue as the
 	 * live one did (restore_inexact); a server whose loads keep missing
 	 * (another version's rule, a smaller cache) is left alone. */
-	return reuse_mode_is_exact(r->mode) && b->ram_cache && !b->self_cached && !b->can_save &&
+	return reuse_mode_is_exact(r->mode) && b->ram_cache && !b->can_save &&
 	       !b->restore_inexact && !(b->ram.misses >= 3 && b->ram.misses > b->ram.loads);
 }
 
@@ -468,7 +489,7 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 		if (!b->up || !backend_allowed(allowed, bi) ||
 		    (reuse_mode_is_exact(r->mode) && b->in_flight > 0))
 			continue;
-		for (int si = 0; si < b->n_slots && !spare; si++)
+		for (int si = 0; si < usable_slots(r, b) && !spare; si++)
 			spare = !b->slots[si].busy && b->slots[si].n_tokens == 0;
 	}
 
@@ -500,7 +521,7 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 					ram[n_ram++] = (struct ram_lend){e, me, ru};
 			}
 		}
-		for (int si = 0; si < b->n_slots; si++) {
+		for (int si = 0; si < usable_slots(r, b); si++) {
 			struct router_slot *s = &b->slots[si];
 			size_t m = matched[offsets[bi] + si];
 			if (m > s->n_tokens)
@@ -616,11 +637,12 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 
 /* A turn that continued the slot's content: the wait before it is the
  * conversation's think time. */
-static void note_turn(struct router_slot *s)
+static void note_turn(struct router *r, struct router_slot *s)
 {
 	if (s->pending_gap_s < 0)
 		return;
 	s->think_s = s->think_s > 0 ? 0.5 * s->think_s + 0.5 * s->pending_gap_s : s->pending_gap_s;
+	r->think_s = r->think_s > 0 ? 0.8 * r->think_s + 0.2 * s->pending_gap_s : s->pending_gap_s;
 	if (s->think_s <= 0)
 		s->think_s = 1e-3;
 	s->pending_gap_s = -1; /* one turn, counted once */
@@ -740,7 +762,7 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 	 * prompt makes a new, cold conversation. */
 	if (reused > 0 && s->n_tokens > 0 && same + (s->junk_tail != 0) >= s->n_tokens) {
 		s->hits++;
-		note_turn(s);
+		note_turn(r, s);
 	} else {
 		s->hits = 0;
 		s->think_s = 0;
@@ -834,7 +856,7 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 	 * hot). */
 	if (same > 0 && same + (s->junk_tail != 0) >= s->n_tokens) {
 		s->hits++;
-		note_turn(s);
+		note_turn(r, s);
 	} else {
 		s->hits = 0;
 		s->think_s = 0;

@@ -184,6 +184,10 @@ struct router {
 	 * think_floor_s) once it has let one go by (loss_of in router.c). */
 	double stale_half_life_s;
 	double think_half_lives, think_floor_s;
+	/* Content never continued weighs fresh_weight for two usual think
+	 * times (think_s: every conversation's, averaged; at least fresh_s)
+	 * after its request: its next turn, if it has one, is due. */
+	double fresh_weight, fresh_s, think_s;
 	/* Saved states, most recently used first. */
 	struct router_saved *saved_head, *saved_tail;
 	size_t n_saved;

@@ -13,6 +13,8 @@ uncached answers from a reference server beside it:
     answer, text and logprobs, is the uncached one; later turns come back
     by "ram" routes, each evaluating less than its new messages and the
     chunk they start in; the loads are counted, no misses;
+  - the same on one slot (-np 1): each conversation's second turn comes
+    back from RAM into the slot the others used;
   - with --cache-ram 0 the probe finds no RAM cache: no "ram" route;
   - with a RAM cache too small for what toki counts on (--cache-ram 1):
     the cut finds the state gone (a miss), the request is planned again from
@@ -51,9 +53,9 @@ class RamCache(unittest.TestCase):
         for p in cls.procs:
             p.kill()
 
-    def start(self, cache_ram):
-        llama = th.LlamaServer(slots=2, ctx=2048, ubatch=UBATCH, cache_ram=cache_ram,
-                               name=f"ram-{cache_ram}")
+    def start(self, cache_ram, slots=2):
+        llama = th.LlamaServer(slots=slots, ctx=2048, ubatch=UBATCH, cache_ram=cache_ram,
+                               name=f"ram-{cache_ram}-np{slots}")
         self.addCleanup(llama.kill)
         toki = th.Toki([llama], mode="exact", ubatch=UBATCH)
         self.addCleanup(toki.kill, signal.SIGTERM)
@@ -103,6 +105,22 @@ class RamCache(unittest.TestCase):
         print(f"\nram routes {len(ram)} of {len(turns)}; turn: route prompt/evaluated: " +
               ", ".join(f"c{i}t{t} {c['route']} {c['prompt_tokens']}/{c['evaluated']}"
                         for i, t, c, _ in turns), file=sys.stderr)
+
+    def test_one_slot(self):
+        # One slot: the probe is asked in exact mode too, and a cut on the
+        # slot swaps the conversation there for the one that comes back
+        # (bench n, -np 1 --cache-ram 8192: 1.97x llama-server alone's
+        # tokens before, when one slot meant no RAM route).
+        toki = self.start(8192, slots=1)
+        self.assertTrue(self.ram(toki)["used"], toki.stats()["backends"][0])
+        turns = self.interleave(toki, 33, turns=2)
+        ram = [c for i, t, c, _ in turns if c["route"] == "ram"]
+        self.assertEqual(len(ram), 3, [c for _, _, c, _ in turns])
+        for c in ram:
+            self.assertEqual(c["slot"], 0, c)
+            self.assertGreater(c["reuse"], 0, c)
+        st = self.ram(toki)
+        self.assertEqual((st["loads"], st["misses"]), (3, 0), st)
 
     def test_no_ram_cache_no_ram_route(self):
         toki = self.start(0)

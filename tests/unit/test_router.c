@@ -396,10 +396,9 @@ static void test_miss_takes_empty_slot(void **state)
 }
 
 /* Both slots full; the hot conversation is the least recently used, so
- * neither LRU nor slot order would spare it: only the policy does. It is
- * within its think time (10 s between its turns), its next turn due sooner
- * than the cold one's (if that one ever has another), so the cold one
- * goes. */
+ * neither LRU nor slot order would spare it: only the policy does. Its
+ * turns came 2 s apart and its next one is due; the cold content may be a
+ * one-off, and it goes. */
 static void check_evicts_cold(enum reuse_mode mode, int hot_first)
 {
 	struct router_backend *b;
@@ -407,18 +406,18 @@ static void check_evicts_cold(enum reuse_mode mode, int hot_first)
 	struct router_slot *hot, *cold;
 	if (hot_first) {
 		hot = serve_at(r, conv(1, 1000), 1000, SEC(1)).slot;
-		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(11)).slot, hot);
-		cold = serve_at(r, conv(2, 1500), 1500, SEC(12)).slot;
+		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(3.5)).slot, hot);
+		cold = serve_at(r, conv(2, 1500), 1500, SEC(4)).slot;
 	} else {
-		cold = serve_at(r, conv(2, 1500), 1500, SEC(1)).slot;
-		hot = serve_at(r, conv(1, 1000), 1000, SEC(2)).slot;
-		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(12)).slot, hot);
+		cold = serve_at(r, conv(2, 1500), 1500, SEC(0.5)).slot;
+		hot = serve_at(r, conv(1, 1000), 1000, SEC(1)).slot;
+		assert_ptr_equal(serve_at(r, conv(1, 1500), 1500, SEC(3.5)).slot, hot);
 		/* Touch the cold one last. */
 		struct route_choice c;
-		assert_int_equal(choose(r, conv(2, 1500), 1500, SEC(13), &c), ROUTE_CHOSEN);
+		assert_int_equal(choose(r, conv(2, 1500), 1500, SEC(4), &c), ROUTE_CHOSEN);
 		assert_ptr_equal(c.slot, cold);
-		router_slot_begin(r, cold, SEC(13), 0.1);
-		router_slot_end(r, cold, SEC(13.1));
+		router_slot_begin(r, cold, SEC(4), 0.1);
+		router_slot_end(r, cold, SEC(4.5));
 	}
 	assert_ptr_not_equal(hot, cold);
 	assert_true(hot->hits > 0);
@@ -426,10 +425,53 @@ static void check_evicts_cold(enum reuse_mode mode, int hot_first)
 	assert_true(hot->last_used_us < cold->last_used_us);
 
 	struct route_choice c;
-	assert_int_equal(choose(r, conv(3, 500), 500, SEC(15), &c), ROUTE_CHOSEN);
+	assert_int_equal(choose(r, conv(3, 500), 500, SEC(6), &c), ROUTE_CHOSEN);
 	assert_ptr_equal(c.slot, cold);
 	assert_string_equal(c.kind, "miss");
 	router_free(r);
+}
+
+/* Issue 24, three conversations and more on two slots: a resent prompt,
+ * a finished conversation of 4 turns, then two new ones taking turns.
+ * The second new one must not overwrite the first, fresh and still
+ * without a hit, while the finished one keeps the other slot: the two
+ * took turns overwriting each other, every turn a miss. With think times
+ * of 0.25 s (llama-server's LRU happens to get this right) and of 3 s
+ * (the new conversation is then older than any fixed window). */
+static void check_new_conversations_keep_slots(enum reuse_mode mode, double think)
+{
+	struct router_backend *b;
+	struct router *r = mkrouter(mode, 1, 2, UB, &b);
+	double t = 0, step = 0.5 + think; /* serve_at's request takes 0.5 s */
+	serve_at(r, conv(0, 2000), 2000, SEC(t));
+	serve_at(r, conv(0, 2000), 2000, SEC(t += step));
+	for (int k = 0; k < 4; k++)
+		serve_at(r, conv(1, 300 * (size_t)(k + 1)), 300 * (size_t)(k + 1), SEC(t += step));
+	struct route_choice a = serve_at(r, conv(2, 800), 800, SEC(t += step));
+	struct route_choice bc = serve_at(r, conv(3, 800), 800, SEC(t += step));
+	assert_ptr_not_equal(a.slot, bc.slot);
+	for (int k = 1; k < 3; k++) {
+		size_t n = 800 + 500 * (size_t)k;
+		struct route_choice c = serve_at(r, conv(2, n), n, SEC(t += step));
+		assert_ptr_equal(c.slot, a.slot);
+		assert_string_equal(c.kind, "hit");
+		c = serve_at(r, conv(3, n), n, SEC(t += step));
+		assert_ptr_equal(c.slot, bc.slot);
+		assert_string_equal(c.kind, "hit");
+	}
+	router_free(r);
+}
+
+static void test_new_conversations_keep_slots(void **state)
+{
+	for (int m = 0; m < 2; m++) {
+		enum reuse_mode mode = m ? REUSE_EXACT : REUSE_FAST;
+		const double thinks[] = {0.25, 3, 30};
+		for (int k = 0; k < 3; k++) {
+			check_new_conversations_keep_slots(mode, thinks[k]);
+			teardown_seqs(state);
+		}
+	}
 }
 
 /* Issue 24: a conversation that stopped taking turns gives way to two in
@@ -1423,6 +1465,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_full_evicts_cold, teardown_seqs),
 	    cmocka_unit_test_teardown(test_stale_hot_loses_value, teardown_seqs),
 	    cmocka_unit_test_teardown(test_finished_conversation_gives_way, teardown_seqs),
+	    cmocka_unit_test_teardown(test_new_conversations_keep_slots, teardown_seqs),
 	    cmocka_unit_test_teardown(test_turn_after_a_tail_cut_is_a_hit, teardown_seqs),
 	    cmocka_unit_test_teardown(test_no_exact_restore_where_inexact, teardown_seqs),
 	    cmocka_unit_test_teardown(test_busy_prefers_free, teardown_seqs),
