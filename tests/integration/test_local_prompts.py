@@ -288,6 +288,11 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
     def test_llama3_messages_from_the_second_turn(self):
         self.run_family("llama3", "llama-bpe", last="answer", first_schedule="grid")
 
+    def test_llama3_2_messages(self):
+        # Llama 3.2's tool-calling template appends its header only for the
+        # generation prompt: the message schedule from the first turn.
+        self.run_family("llama3_2", "llama-bpe")
+
     def test_gemma3_messages(self):
         self.run_family("gemma3", None)
 
