@@ -318,6 +318,32 @@ static void on_save_probe_done(struct backend_call *call, int status, const char
 	ram_probe(b);
 }
 
+/* Its slots share one KV cache (llama-server without -np): said once, with
+ * how toki saw it and what it does about it. */
+static void warn_shared_kv(const struct backend *b, const char *seen, const char *then)
+{
+	log_warn("backend %s: its slots share one KV cache (llama-server started without -np)%s. "
+	         "%s Start llama-server with -np N (and --slot-save-path DIR, toki --slot-dir "
+	         "DIR) to keep conversations in slots of their own",
+	         b->rb->url, seen, then);
+}
+
+/* Exact mode's self-test found that an answer on one slot depends on what
+ * the others hold, and none on its own history (selftest.h): the slots
+ * share one KV cache, which the server does not say (with --cache-ram 0 it
+ * empties nothing either: bench n, no -np, --cache-ram 0 gave 19 of 24
+ * identical answers when exact mode used every slot). */
+static void mark_shared_kv(struct backend *b)
+{
+	if (!b->rb->shared_kv && !b->rb->self_cached)
+		warn_shared_kv(b,
+		               ": the self-test's answer on one slot changed with what another "
+		               "slot held",
+		               "Exact mode uses only its first slot from now on, one conversation "
+		               "at a time.");
+	b->rb->shared_kv = 1;
+}
+
 /* The server empties its idle slots into its RAM at every new task
  * (router.h, self_cached): said once. */
 static void mark_self_cached(struct backend *b)
@@ -325,25 +351,18 @@ static void mark_self_cached(struct backend *b)
 	if (b->rb->self_cached)
 		return;
 	b->rb->self_cached = 1;
+	b->rb->shared_kv = 1;
 	/* toki cannot choose the slot there: no slot files either. What it
 	 * empties goes to its RAM cache, which exact mode loads back. */
 	b->rb->can_save = 0;
 	b->rb->ram_cache = 1;
-	if (reuse_mode_is_exact(b->d->router->mode))
-		log_warn("backend %s empties its idle slots into its RAM cache at every new task: "
-		         "its slots share one KV cache (llama-server started without -np), where "
-		         "an answer depends on what the other slots hold. Exact mode uses only its "
-		         "first slot from now on, one conversation at a time, and loads its states "
-		         "back from that RAM. Start llama-server with -np N (and --slot-save-path "
-		         "DIR, toki --slot-dir DIR) to keep conversations in slots of their own",
-		         b->rb->url);
-	else
-		log_warn("backend %s empties its idle slots into its RAM cache at every new task: "
-		         "its slots share one KV cache (llama-server started without -np). toki "
-		         "lets it pick the slot from now on, which is all the caching it allows. "
-		         "Start llama-server with -np N (and --slot-save-path DIR, toki --slot-dir "
-		         "DIR)",
-		         b->rb->url);
+	warn_shared_kv(b, ", and it empties its idle slots into its RAM cache at every new task",
+	               reuse_mode_is_exact(b->d->router->mode)
+	                   ? "There an answer depends on what the other slots hold. Exact mode "
+	                     "uses only its first slot from now on, one conversation at a time, "
+	                     "and loads its states back from that RAM."
+	                   : "toki lets it pick the slot from now on, which is all the caching "
+	                     "it allows.");
 }
 
 /* Does the server keep slot states in its RAM (--cache-ram, on by default)?
@@ -543,6 +562,10 @@ static void discovered(struct backend *b)
 	b->discovering = 0;
 	if (t->state == SELFTEST_FAILED && selftest_try_remedy(b))
 		return; /* restarting; discovery runs again when it is back */
+	if (t->shared_kv)
+		mark_shared_kv(b);
+	else
+		b->rb->shared_kv = b->rb->self_cached;
 	char verdict[400];
 	selftest_verdict(t, verdict, sizeof verdict);
 	slot_store_backend_ready(b->d, b, b->model_path);

@@ -74,7 +74,8 @@ void selftest_verdict(const struct selftest *t, char *out, size_t n)
 	const char *remedy = t->remedy ? t->remedy : "";
 	switch (t->state) {
 	case SELFTEST_VERIFIED:
-		snprintf(out, n, "verified on this backend%s%s", with, remedy);
+		snprintf(out, n, "verified on this backend%s%s%s", with, remedy,
+		         t->shared_kv ? ", on its first slot (its slots share one KV cache)" : "");
 		break;
 	case SELFTEST_FAILED:
 		snprintf(out, n, "not verified on this backend%s%s: %s", with, remedy, t->detail);
@@ -101,8 +102,9 @@ json_t *selftest_request(const int32_t *toks, int run, int step, int slot)
 {
 	json_t *prompt = json_array();
 	int n = step == 0 ? SELFTEST_HISTORY : selftest_step_ends[step - 1];
+	int reversed = run == 1 || run == 2;
 	for (int i = 0; prompt && i < n; i++) {
-		int32_t id = step == 0 ? toks[run ? SELFTEST_HISTORY - 1 - i : i]
+		int32_t id = step == 0 ? toks[reversed ? SELFTEST_HISTORY - 1 - i : i]
 		                       : toks[SELFTEST_HISTORY + i];
 		if (json_array_append_new(prompt, json_integer(id)) != 0) {
 			json_decref(prompt);
@@ -118,6 +120,26 @@ json_t *selftest_request(const int32_t *toks, int run, int step, int slot)
 	return json_pack("{s:o, s:i, s:i, s:b, s:i, s:f}", "prompt", prompt, "n_predict",
 	                 last ? 1 : 0, "id_slot", slot, "cache_prompt", step >= 2, "n_probs",
 	                 last ? 10 : 0, "temperature", 0.0);
+}
+
+/* Ten tokens: enough to free the cells that a shared KV cache then gives
+ * run 1's next step (the replaced prompt was 270), and nothing run 1 holds. */
+enum { INSERT_TOKENS = 10 };
+
+json_t *selftest_insert_request(const int32_t *toks, int slot)
+{
+	json_t *prompt = json_array();
+	for (int i = 0; prompt && i < INSERT_TOKENS; i++) {
+		if (json_array_append_new(prompt, json_integer(toks[SELFTEST_TOKENS - 1 - i])) !=
+		    0) {
+			json_decref(prompt);
+			prompt = NULL;
+		}
+	}
+	if (!prompt)
+		return NULL;
+	return json_pack("{s:o, s:i, s:i, s:b}", "prompt", prompt, "n_predict", 0, "id_slot", slot,
+	                 "cache_prompt", 0);
 }
 
 /* The first place where a and b differ, as a path. */
@@ -205,7 +227,7 @@ void selftest_clear(struct selftest *t)
 {
 	free(t->tokens);
 	t->tokens = NULL;
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < SELFTEST_RUNS; i++) {
 		json_decref(t->answer[i]);
 		t->answer[i] = NULL;
 	}
@@ -218,8 +240,14 @@ static void on_error(struct backend_call *call, enum backend_error err, void *ar
 static const struct backend_call_handlers handlers = {.on_done = on_done, .on_error = on_error};
 
 /* Before run 0, -2 asks whether the server serves embeddings and -1
- * tokenizes; between the runs, on a server with one slot, 5 erases it. */
-enum { STEP_EMBEDDINGS = -2, STEP_TOKENIZE = -1, STEP_ERASE = SELFTEST_STEPS + 1 };
+ * tokenizes; between the runs, on a server with one slot, 5 erases it; in
+ * run 1 on two slots, 6 replaces run 0's slot between steps 1 and 2. */
+enum {
+	STEP_EMBEDDINGS = -2,
+	STEP_TOKENIZE = -1,
+	STEP_ERASE = SELFTEST_STEPS + 1,
+	STEP_INSERT = SELFTEST_STEPS + 2
+};
 
 static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -262,6 +290,8 @@ static int send_step(struct backend *b)
 	}
 	if (t->step == STEP_TOKENIZE)
 		return post(b, "/tokenize", json_pack("{s:s}", "content", selftest_text));
+	if (t->step == STEP_INSERT)
+		return post(b, "/completion", selftest_insert_request(t->tokens, t->slot[0]));
 	if (t->step == STEP_ERASE) {
 		char path[64];
 		snprintf(path, sizeof path, "/slots/%d?action=erase", t->slot[0]);
@@ -275,22 +305,48 @@ static int send_step(struct backend *b)
 static void next(struct backend *b)
 {
 	struct selftest *t = &b->selftest;
+	int two_slots = t->slot[1] != t->slot[0];
 	if (t->step == SELFTEST_STEPS && t->run == 1) {
-		char why[300];
-		if (selftest_compare(t->answer[0], t->answer[1], why, sizeof why))
-			finish(b, SELFTEST_FAILED, "%s", why);
-		else
+		if (!selftest_compare(t->answer[0], t->answer[1], t->why, sizeof t->why)) {
 			finish(b, SELFTEST_VERIFIED,
 			       "a prompt in %d steps gave the same logprobs after two different "
 			       "earlier prompts",
 			       SELFTEST_STEPS);
+			return;
+		}
+		if (!two_slots) {
+			finish(b, SELFTEST_FAILED, "%s", t->why);
+			return;
+		}
+		/* A shared KV cache, or a backend that remembers: runs 2
+		 * and 3 tell them apart. */
+		t->run = 2;
+		t->step = 0;
+	} else if (t->step == SELFTEST_STEPS && t->run == 3) {
+		char why[300];
+		if (selftest_compare(t->answer[2], t->answer[3], why, sizeof why)) {
+			finish(b, SELFTEST_FAILED, "%s", why);
+		} else {
+			t->shared_kv = 1;
+			finish(
+			    b, SELFTEST_VERIFIED,
+			    "on its first slot: %s when another slot's content changed, the same "
+			    "bits on one slot",
+			    t->why);
+		}
 		return;
-	}
-	if (t->step == SELFTEST_STEPS && t->slot[1] == t->slot[0]) {
+	} else if (t->step == SELFTEST_STEPS && t->run == 2) {
+		t->run = 3;
+		t->step = 0;
+	} else if (t->step == SELFTEST_STEPS && !two_slots) {
 		t->step = STEP_ERASE;
 	} else if (t->step == SELFTEST_STEPS || t->step == STEP_ERASE) {
 		t->run = 1;
 		t->step = 0;
+	} else if (t->run == 1 && t->step == 1 && two_slots) {
+		t->step = STEP_INSERT;
+	} else if (t->step == STEP_INSERT) {
+		t->step = 2;
 	} else {
 		t->step++;
 	}
@@ -347,6 +403,11 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 	if (!r) {
 		finish(b, SELFTEST_UNKNOWN, "POST %s answered %d",
 		       t->step == STEP_TOKENIZE ? "/tokenize" : "/completion", status);
+		return;
+	}
+	if (t->step == STEP_INSERT) {
+		json_decref(r);
+		next(b);
 		return;
 	}
 	if (t->step == STEP_TOKENIZE) {
@@ -421,6 +482,7 @@ void selftest_start(struct backend *b, void (*done)(struct backend *b))
 {
 	struct selftest *t = &b->selftest;
 	selftest_clear(t);
+	t->shared_kv = 0;
 	t->done = done;
 	t->t0_us = clock_now_us();
 	if (!reuse_mode_is_exact(b->d->router->mode)) {
@@ -440,6 +502,9 @@ void selftest_start(struct backend *b, void (*done)(struct backend *b))
 	 * slot, erased between the runs where the server allows it). */
 	t->slot[0] = b->ram_probe_slot;
 	t->slot[1] = (b->ram_probe_slot + 1) % b->rb->n_slots;
+	/* Runs 2 and 3 on the slot exact mode keeps to where slots share one
+	 * KV cache (router.c, usable_slots). */
+	t->slot[2] = t->slot[3] = 0;
 	t->step = STEP_EMBEDDINGS;
 	if (send_step(b) != 0)
 		finish(b, SELFTEST_UNKNOWN, "out of memory");

@@ -13,7 +13,19 @@
  * must be the same bits. Every step's cache_n is checked, so that a server
  * that reused something else (its RAM cache) makes the test say "unknown",
  * never "verified". About 1,100 tokens on the server, once a start. A
- * server that serves embeddings gets no prompt (one crashes on it). */
+ * server that serves embeddings gets no prompt (one crashes on it).
+ *
+ * Where the two runs have slots of their own, a tiny prompt replaces the
+ * first run's slot between run 1's first and second steps. On a server
+ * whose slots share one KV cache (llama-server without -np, or -kvu), the
+ * cells it frees take run 1's next tokens, ahead of its earlier ones, and
+ * the answer changes (every model tried: stories260K, random llama,
+ * qwen35, gemma3, gpt-oss; on -np 2 it never did). Then runs 2 and 3, on
+ * the first slot with the others left as they are, tell a shared KV cache
+ * (the same bits after the two histories: the answer depends only on the
+ * other slots, so exact mode keeps to one: shared_kv) from a backend whose
+ * answers depend on what it computed before (they differ: failed). Another
+ * 1,100 tokens, only on servers that fail the first comparison. */
 #ifndef TOKI_BACKEND_SELFTEST_H
 #define TOKI_BACKEND_SELFTEST_H
 
@@ -23,6 +35,9 @@
 #include <jansson.h>
 
 struct backend;
+
+/* Runs 0 and 1, and where they differ on two slots runs 2 and 3. */
+enum { SELFTEST_RUNS = 4 };
 
 enum selftest_state {
 	SELFTEST_OFF,      /* fast mode: nothing is promised, nothing asked */
@@ -40,10 +55,14 @@ struct selftest {
 	const char *remedy;
 	int remedy_tried;
 	double seconds; /* how long the last run took */
+	/* Verified on the first slot only: the slots share one KV cache. */
+	int shared_kv;
 	/* The run in flight. */
-	int run, step, slot[2]; /* each run's slot: two, where the server has them */
-	int32_t *tokens;        /* SELFTEST_TOKENS of them */
-	json_t *answer[2];      /* each run's completion_probabilities */
+	int run, step, slot[SELFTEST_RUNS]; /* each run's slot: runs 0 and 1 on two
+	                                       where the server has them */
+	int32_t *tokens;                    /* SELFTEST_TOKENS of them */
+	json_t *answer[SELFTEST_RUNS];      /* each run's completion_probabilities */
+	char why[300];                      /* how runs 0 and 1 differed */
 	int64_t t0_us;
 	void (*done)(struct backend *b);
 };
@@ -70,9 +89,12 @@ enum { SELFTEST_TOKENS = SELFTEST_HISTORY + SELFTEST_PROMPT };
 extern const int selftest_step_ends[SELFTEST_STEPS];
 /* The /completion body of a run's step (0: the history, 1..4: the
  * prompt's steps), on slot, from toks (SELFTEST_TOKENS of them: the first
- * SELFTEST_HISTORY are the history of run 0, reversed for run 1; the other
- * SELFTEST_PROMPT are the prompt). NULL when out of memory. */
+ * SELFTEST_HISTORY are the history of runs 0 and 3, reversed for runs 1 and
+ * 2; the other SELFTEST_PROMPT are the prompt). NULL when out of memory. */
 json_t *selftest_request(const int32_t *toks, int run, int step, int slot);
+/* The tiny prompt that replaces run 0's slot in the middle of run 1 (on
+ * slot), from the same toks. NULL when out of memory. */
+json_t *selftest_insert_request(const int32_t *toks, int slot);
 /* The cache_n a step must report: what the step before left in the slot. */
 int selftest_expected_cache(int step);
 /* Compares two answers (completion_probabilities arrays); 0 when they are

@@ -347,14 +347,16 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	return recompute;
 }
 
-/* On a server whose slots share one KV cache (self_cached), an answer
+/* On a server whose slots share one KV cache (shared_kv), an answer
  * depends on what the other slots hold; exact mode keeps to the first, so
- * that they hold nothing (the server empties idle ones at every new task
- * anyway), and the server's RAM cache brings its states back into it, as
- * on a server with one slot. */
+ * that nothing changes in them (a server with a RAM cache empties idle ones
+ * at every new task anyway, and that cache brings its states back into the
+ * first), as on a server with one slot. */
 static int usable_slots(const struct router *r, const struct router_backend *b)
 {
-	return reuse_mode_is_exact(r->mode) && b->self_cached && b->n_slots > 1 ? 1 : b->n_slots;
+	return reuse_mode_is_exact(r->mode) && (b->shared_kv || b->self_cached) && b->n_slots > 1
+	           ? 1
+	           : b->n_slots;
 }
 
 int router_ram_active(const struct router *r, const struct router_backend *b)

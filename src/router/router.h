@@ -149,6 +149,11 @@ struct router_backend {
 	 * picks itself. What toki knows of its slots is then gone by the next
 	 * request: fast mode lets the server pick (backend.c finds this out). */
 	int self_cached;
+	/* Its slots share one KV cache (llama-server without -np, or with
+	 * -kvu): an answer on one slot depends on what the others hold, even
+	 * with no RAM cache (exact mode's self-test finds it: backend/selftest.h;
+	 * self_cached implies it). Exact mode then uses only the first slot. */
+	int shared_kv;
 	/* The server loaded a state from its RAM cache (--cache-ram) into a
 	 * slot: it reused more than that slot could hold. Without slot files
 	 * toki then lets it pick the slot in fast mode too, as it does alone:

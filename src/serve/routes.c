@@ -130,6 +130,7 @@ static json_t *backend_stats(struct backend *b)
 	              "prefill_tps", rb->prefill_tps, "decode_tps", rb->decode_tps, "slots", slots);
 	json_object_set_new(e, "discoveries", json_integer(rb->discoveries));
 	json_object_set_new(e, "self_cached", json_boolean(rb->self_cached));
+	json_object_set_new(e, "shared_kv", json_boolean(rb->shared_kv));
 	json_object_set_new(e, "ram_cache", json_boolean(rb->ram_cache));
 	/* Exact mode's use of that RAM cache (router/ram.h): whether it counts
 	 * on it, the states of its own it knows are there, and the "ram" routes

@@ -209,6 +209,54 @@ class DefaultSlots(unittest.TestCase):
                               r["choices"][0]["logprobs"]))
 
 
+class SharedKvNoRam(unittest.TestCase):
+    """Issue 24: llama-server without -np (its slots share one KV cache) and
+    with --cache-ram 0. It empties no slot, and /props and /slots look like
+    -np 4's, so nothing but an answer tells: exact mode used every slot there,
+    and bench n gave 19 of 24 answers identical. The self-test now replaces
+    the other run's slot in the middle of its second run (which changes the
+    answer only where the slots share a cache), and confirms on one slot
+    that the answer depends on the other slots, not on its own history:
+    exact mode then keeps to the first slot, every answer the uncached one."""
+
+    def test_exact_mode_finds_it_and_keeps_to_one_slot(self):
+        llama = th.LlamaServer(slots=4, cache_ram=0, np_flag=False)
+        toki = th.Toki([llama], mode="exact")
+        try:
+            log = toki.wait_log(" up: ")
+            b = toki.stats()["backends"][0]
+            self.assertTrue(b["shared_kv"], log)
+            self.assertFalse(b["self_cached"] or b["ram_cache"], log)
+            self.assertEqual(b["exact"]["selftest"], "verified", b["exact"])
+            self.assertIn("on its first slot (its slots share one KV cache)",
+                          b["exact"]["verdict"])
+            self.assertIn("its slots share one KV cache", log)
+            self.assertIn("Exact mode uses only its first slot", log)
+            self.assertIn("-np N", log)
+            other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
+                     {"role": "user", "content": "Tell me a story about Tom."}]
+            turn2 = LONG + [{"role": "assistant", "content": "Once upon a time"},
+                            {"role": "user", "content": "And then?"}]
+            sent = []
+            for msgs in (LONG, other, turn2, other):
+                st, r = toki.chat(msgs, max_tokens=4, logprobs=True, top_logprobs=1)
+                self.assertEqual(st, 200, r)
+                self.assertEqual(r["cache"]["slot"], 0, r["cache"])
+                sent.append((msgs, r))
+            for msgs, r in sent:
+                st, u = toki.chat(msgs, max_tokens=4, logprobs=True, top_logprobs=1,
+                                  cache_prompt=False)
+                self.assertEqual(st, 200, u)
+                self.assertEqual(u["cache"]["slot"], 0, u["cache"])
+                self.assertEqual((u["choices"][0]["message"]["content"],
+                                  u["choices"][0]["logprobs"]),
+                                 (r["choices"][0]["message"]["content"],
+                                  r["choices"][0]["logprobs"]))
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+
+
 class RamCache(unittest.TestCase):
     """Item 10: llama-server's own RAM cache (--cache-ram, on by default)
     keeps what a slot held when another conversation takes it, and loads it
@@ -320,15 +368,19 @@ class RamCacheProbe(unittest.TestCase):
             self.assertEqual(b["ram_states"]["used"], mode == "exact", b)
             if mode == "exact":
                 self.assertIn("exact mode loads its own states back from there", log)
-            # Exact mode's self-test pins its slot for its own 10 requests (two
-            # runs of a history and four steps); the RAM probe pins 4.
-            pinned = 14 if mode == "exact" else 0
+            # Exact mode's self-test pins its slot for its own 11 requests (two
+            # runs of a history and four steps, and the prompt that replaces
+            # the first run's slot in the middle of the second); the RAM
+            # probe pins 4.
+            pinned = 15 if mode == "exact" else 0
             self.assertEqual(server_log.count("selected slot by id"), pinned, server_log)
             # And the self-test holds with the server's RAM cache on
             # (--cache-ram 8192 here): each run in a slot of its own, nothing
             # loaded back.
             self.assertEqual(b["exact"]["selftest"], "verified" if mode == "exact" else "off",
                              b["exact"])
+            # -np 2: slots of their own, which the self-test tells.
+            self.assertFalse(b["shared_kv"], b)
 
 
 class SlotSavePathOnly(unittest.TestCase):

@@ -1164,6 +1164,34 @@ static void test_self_cached_begin_forgets_the_others(void **state)
 	router_free(r);
 }
 
+/* Slots sharing one KV cache (shared_kv, found by exact mode's self-test):
+ * an answer depends on what the other slots hold, so exact mode keeps every
+ * conversation on the first slot, empty ones beside it or not; fast mode,
+ * which promises no identity, uses them all. */
+static void test_shared_kv_exact_keeps_to_the_first_slot(void **state)
+{
+	for (int exact = 0; exact < 2; exact++) {
+		struct router_backend *b;
+		struct router *r = mkrouter(exact ? REUSE_EXACT : REUSE_FAST, 1, 3, UB, &b);
+		b->shared_kv = 1;
+		struct route_choice c1 = serve_at(r, conv(1, 1000), 1000, SEC(1));
+		struct route_choice c2 = serve_at(r, conv(2, 1000), 1000, SEC(2));
+		struct route_choice c3 = serve_at(r, conv(3, 1000), 1000, SEC(3));
+		if (exact) {
+			assert_ptr_equal(c1.slot, slot_of(b, 0));
+			assert_ptr_equal(c2.slot, slot_of(b, 0));
+			assert_ptr_equal(c3.slot, slot_of(b, 0));
+			assert_int_equal(slot_of(b, 1)->n_tokens, 0);
+			assert_int_equal(slot_of(b, 2)->n_tokens, 0);
+		} else {
+			assert_ptr_not_equal(c1.slot, c2.slot);
+			assert_ptr_not_equal(c2.slot, c3.slot);
+			assert_ptr_not_equal(c1.slot, c3.slot);
+		}
+		router_free(r);
+	}
+}
+
 static void test_same_content_two_slots(void **state)
 {
 	/* Two slots hold the same prompt: both are seen, and the request goes
@@ -1481,6 +1509,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_commit_hits, teardown_seqs),
 	    cmocka_unit_test_teardown(test_must_trim, teardown_seqs),
 	    cmocka_unit_test_teardown(test_self_cached_begin_forgets_the_others, teardown_seqs),
+	    cmocka_unit_test_teardown(test_shared_kv_exact_keeps_to_the_first_slot, teardown_seqs),
 	    cmocka_unit_test_teardown(test_truncate, teardown_seqs),
 	    cmocka_unit_test_teardown(test_forget, teardown_seqs),
 	    cmocka_unit_test_teardown(test_same_content_two_slots, teardown_seqs),

@@ -49,6 +49,34 @@ static void test_history_then_reversed(void **state)
 	assert_int_equal(json_integer_value(json_object_get(a, "id_slot")), 3);
 	json_decref(a);
 	json_decref(b);
+	/* Runs 2 and 3 (one slot, after runs 0 and 1 differed on two): the
+	 * histories of runs 1 and 0, so that run 3 repeats run 0 there. */
+	json_t *c = selftest_request(toks, 2, 0, 0);
+	json_t *d = selftest_request(toks, 3, 0, 0);
+	json_t *a0 = selftest_request(toks, 0, 0, 0);
+	json_t *b0 = selftest_request(toks, 1, 0, 0);
+	assert_true(json_equal(c, b0));
+	assert_true(json_equal(d, a0));
+	json_decref(c);
+	json_decref(d);
+	json_decref(a0);
+	json_decref(b0);
+}
+
+/* The tiny prompt that replaces run 0's slot in the middle of run 1: fresh,
+ * on that slot, nothing generated, and nothing run 1 holds at its start (the
+ * prompt's first tokens). */
+static void test_insert_request(void **state)
+{
+	(void)state;
+	json_t *r = selftest_insert_request(toks, 2);
+	json_t *p = prompt_of(r);
+	assert_true(json_array_size(p) > 0 && json_array_size(p) < 64);
+	assert_int_not_equal(json_integer_value(json_array_get(p, 0)), 1000 + SELFTEST_HISTORY);
+	assert_true(json_is_false(json_object_get(r, "cache_prompt")));
+	assert_int_equal(json_integer_value(json_object_get(r, "n_predict")), 0);
+	assert_int_equal(json_integer_value(json_object_get(r, "id_slot")), 2);
+	json_decref(r);
 }
 
 static void test_steps_grow_the_same_prompt(void **state)
@@ -162,6 +190,11 @@ static void test_verdicts(void **state)
 	selftest_verdict(&t, v, sizeof v);
 	assert_string_equal(v, "verified on this backend with GGML_VK_DISABLE_COOPMAT=1");
 	t.remedy = NULL;
+	t.shared_kv = 1;
+	selftest_verdict(&t, v, sizeof v);
+	assert_string_equal(v, "verified on this backend, on its first slot (its slots share one "
+	                       "KV cache)");
+	t.shared_kv = 0;
 	t.state = SELFTEST_FAILED;
 	snprintf(t.detail, sizeof t.detail, "it differed");
 	selftest_verdict(&t, v, sizeof v);
@@ -178,6 +211,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_history_then_reversed),
+	    cmocka_unit_test(test_insert_request),
 	    cmocka_unit_test(test_steps_grow_the_same_prompt),
 	    cmocka_unit_test(test_step_sizes_leave_partial_tiles),
 	    cmocka_unit_test(test_compare_same_bits),
