@@ -332,15 +332,21 @@ static void warn_shared_kv(const struct backend *b, const char *seen, const char
  * the others hold, and none on its own history (selftest.h): the slots
  * share one KV cache, which the server does not say (with --cache-ram 0 it
  * empties nothing either: bench n, no -np, --cache-ram 0 gave 19 of 24
- * identical answers when exact mode used every slot). */
+ * identical answers when exact mode used every slot). The test erased the
+ * other slots where the server allows it (verified); where it does not, what
+ * they hold stays, and the answers depend on it (failed). */
 static void mark_shared_kv(struct backend *b)
 {
 	if (!b->rb->shared_kv && !b->rb->self_cached)
-		warn_shared_kv(b,
-		               ": the self-test's answer on one slot changed with what another "
-		               "slot held",
-		               "Exact mode uses only its first slot from now on, one conversation "
-		               "at a time.");
+		warn_shared_kv(
+		    b, ": the self-test's answer on one slot changed with what another slot held",
+		    b->selftest.state == SELFTEST_VERIFIED
+		        ? "Exact mode uses only its first slot from now on, one conversation at "
+		          "a time; toki erased the others."
+		        : "Exact mode uses only its first slot from now on, one conversation at "
+		          "a time, but without --slot-save-path toki cannot erase what the others "
+		          "hold, and its answers depend on that: exact mode's promise does not "
+		          "hold on this server.");
 	b->rb->shared_kv = 1;
 }
 
@@ -580,7 +586,7 @@ static void discovered(struct backend *b)
 	if (t->state == SELFTEST_VERIFIED || t->state == SELFTEST_UNKNOWN)
 		log_info("backend %s: exact: %s (self-test, %.1f s)", b->rb->url, verdict,
 		         t->seconds);
-	else if (t->state == SELFTEST_FAILED)
+	else if (t->state == SELFTEST_FAILED && !t->shared_kv)
 		log_warn(
 		    "backend %s: exact: %s. Answers on this server depend on what it "
 		    "computed before them, cached or not, so no cache can make them a function "

@@ -25,7 +25,12 @@
  * (the same bits after the two histories: the answer depends only on the
  * other slots, so exact mode keeps to one: shared_kv) from a backend whose
  * answers depend on what it computed before (they differ: failed). Another
- * 1,100 tokens, only on servers that fail the first comparison. */
+ * 1,100 tokens, only on servers that fail the first comparison. On a shared
+ * KV cache every slot is then erased (POST /slots/N?action=erase), so that
+ * the first slot's tokens go where they would on an empty server: verified.
+ * Without --slot-save-path the server erases nothing, and no prompt leaves
+ * a slot empty (a one-token prompt's cell lands where the history put it:
+ * tried, the answers still differed), so the test fails, shared_kv set. */
 #ifndef TOKI_BACKEND_SELFTEST_H
 #define TOKI_BACKEND_SELFTEST_H
 
@@ -60,6 +65,7 @@ struct selftest {
 	/* The run in flight. */
 	int run, step, slot[SELFTEST_RUNS]; /* each run's slot: runs 0 and 1 on two
 	                                       where the server has them */
+	int clear;                          /* the slot being erased after runs 2 and 3 */
 	int32_t *tokens;                    /* SELFTEST_TOKENS of them */
 	json_t *answer[SELFTEST_RUNS];      /* each run's completion_probabilities */
 	char why[300];                      /* how runs 0 and 1 differed */

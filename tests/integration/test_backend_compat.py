@@ -183,7 +183,10 @@ class DefaultSlots(unittest.TestCase):
         self.toki = th.Toki([self.llama], mode="exact")
         log = self.toki.wait_log(" up: ")
         b = self.toki.stats()["backends"][0]
-        self.assertTrue(b["self_cached"], log)
+        self.assertTrue(b["self_cached"] and b["shared_kv"], log)
+        # The self-test holds here: the server empties the idle slot at
+        # each of its tasks, so each run is alone in the cache.
+        self.assertEqual(b["exact"]["selftest"], "verified", b["exact"])
         self.assertIn("Exact mode uses only its first slot", log)
         self.assertIn("-np N", log)
         turn2 = LONG + [{"role": "assistant", "content": "Once upon a time"},
@@ -216,45 +219,80 @@ class SharedKvNoRam(unittest.TestCase):
     and bench n gave 19 of 24 answers identical. The self-test now replaces
     the other run's slot in the middle of its second run (which changes the
     answer only where the slots share a cache), and confirms on one slot
-    that the answer depends on the other slots, not on its own history:
-    exact mode then keeps to the first slot, every answer the uncached one."""
+    that the answer depends on the other slots, not on its own history.
+    Exact mode then keeps to the first slot. What the other slots hold moves
+    where its tokens go, so they must be empty: with --slot-save-path toki
+    erases them, and every answer is the one a one-slot server gives; without
+    it nothing empties a slot, and the verdict says the promise fails."""
 
-    def test_exact_mode_finds_it_and_keeps_to_one_slot(self):
-        llama = th.LlamaServer(slots=4, cache_ram=0, np_flag=False)
+    other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
+             {"role": "user", "content": "Tell me a story about Tom."}]
+    turn2 = LONG + [{"role": "assistant", "content": "Once upon a time"},
+                    {"role": "user", "content": "And then?"}]
+
+    def turns(self, toki, cache_prompt=True):
+        out = []
+        for msgs in (LONG, self.other, self.turn2, self.other):
+            st, r = toki.chat(msgs, max_tokens=4, logprobs=True, top_logprobs=1,
+                              cache_prompt=cache_prompt)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["cache"]["slot"], 0, r["cache"])
+            out.append((r["choices"][0]["message"]["content"], r["choices"][0]["logprobs"]))
+        return out
+
+    def test_with_a_slot_save_path_the_others_are_erased(self):
+        folder = tempfile.mkdtemp(prefix="toki-shared-kv-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        # Something in the other slots before toki starts, as a user's
+        # server has: the erase must take it away.
+        llama = th.LlamaServer(slots=4, cache_ram=0, np_flag=False,
+                               extra=["--slot-save-path", folder])
+        self.addCleanup(llama.kill)
+        for slot, text in ((1, "Lily likes cats. " * 20), (2, "Max runs fast. " * 40)):
+            st, r = th.request(llama.port, "POST", "/completion",
+                               {"prompt": text, "n_predict": 0, "id_slot": slot})
+            self.assertEqual(st, 200, r)
         toki = th.Toki([llama], mode="exact")
-        try:
-            log = toki.wait_log(" up: ")
-            b = toki.stats()["backends"][0]
-            self.assertTrue(b["shared_kv"], log)
-            self.assertFalse(b["self_cached"] or b["ram_cache"], log)
-            self.assertEqual(b["exact"]["selftest"], "verified", b["exact"])
-            self.assertIn("on its first slot (its slots share one KV cache)",
-                          b["exact"]["verdict"])
-            self.assertIn("its slots share one KV cache", log)
-            self.assertIn("Exact mode uses only its first slot", log)
-            self.assertIn("-np N", log)
-            other = [{"role": "system", "content": "Tom has a red ball and a big kite. " * 30},
-                     {"role": "user", "content": "Tell me a story about Tom."}]
-            turn2 = LONG + [{"role": "assistant", "content": "Once upon a time"},
-                            {"role": "user", "content": "And then?"}]
-            sent = []
-            for msgs in (LONG, other, turn2, other):
-                st, r = toki.chat(msgs, max_tokens=4, logprobs=True, top_logprobs=1)
-                self.assertEqual(st, 200, r)
-                self.assertEqual(r["cache"]["slot"], 0, r["cache"])
-                sent.append((msgs, r))
-            for msgs, r in sent:
-                st, u = toki.chat(msgs, max_tokens=4, logprobs=True, top_logprobs=1,
-                                  cache_prompt=False)
-                self.assertEqual(st, 200, u)
-                self.assertEqual(u["cache"]["slot"], 0, u["cache"])
-                self.assertEqual((u["choices"][0]["message"]["content"],
-                                  u["choices"][0]["logprobs"]),
-                                 (r["choices"][0]["message"]["content"],
-                                  r["choices"][0]["logprobs"]))
-        finally:
-            toki.kill(signal.SIGTERM)
-            llama.kill()
+        self.addCleanup(toki.kill, signal.SIGTERM)
+        log = toki.wait_log(" up: ")
+        b = toki.stats()["backends"][0]
+        self.assertTrue(b["shared_kv"], log)
+        self.assertFalse(b["self_cached"] or b["ram_cache"], log)
+        self.assertEqual(b["exact"]["selftest"], "verified", b["exact"])
+        self.assertIn("on its first slot (its slots share one KV cache)", b["exact"]["verdict"])
+        self.assertIn("its slots share one KV cache", log)
+        self.assertIn("Exact mode uses only its first slot", log)
+        self.assertIn("toki erased the others", log)
+        self.assertIn("-np N", log)
+        slots = th.request(llama.port, "GET", "/slots")[1]
+        self.assertEqual([s.get("n_prompt_tokens") or 0 for s in slots[1:]], [0, 0, 0], slots)
+        cached = self.turns(toki)
+        uncached = self.turns(toki, cache_prompt=False)
+        self.assertEqual(cached, uncached)
+        # The answers of a server whose slots are each its own, as if the
+        # others had never held anything.
+        one = th.LlamaServer(slots=1, cache_ram=0)
+        self.addCleanup(one.kill)
+        ref = th.Toki([one], mode="exact", name="toki-ref")
+        self.addCleanup(ref.kill, signal.SIGTERM)
+        self.assertEqual(self.turns(ref, cache_prompt=False), cached)
+
+    def test_without_one_it_fails_and_says_why(self):
+        llama = th.LlamaServer(slots=4, cache_ram=0, np_flag=False)
+        self.addCleanup(llama.kill)
+        toki = th.Toki([llama], mode="exact")
+        self.addCleanup(toki.kill, signal.SIGTERM)
+        log = toki.wait_log(" up: ")
+        b = toki.stats()["backends"][0]
+        self.assertTrue(b["shared_kv"], log)
+        self.assertEqual(b["exact"]["selftest"], "failed", b["exact"])
+        self.assertIn("its slots share one KV cache", b["exact"]["verdict"])
+        self.assertIn("without --slot-save-path toki cannot erase", b["exact"]["verdict"])
+        self.assertIn("exact mode's promise does not hold on this server", log)
+        self.assertNotIn("GGML_VK_DISABLE_COOPMAT", log)
+        # Still one slot: the others at least do not change.
+        cached = self.turns(toki)
+        self.assertEqual(cached, self.turns(toki, cache_prompt=False))
 
 
 class RamCache(unittest.TestCase):
