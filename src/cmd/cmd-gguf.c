@@ -31,7 +31,8 @@ static const char gen_usage[] =
     "                     [--kv-heads N] [--ff N]] [--ctx N] [--seed N] [--type f16|f32]\n"
     "                     [--name NAME] [--tokenizer tokenizer.json [--pre NAME]\n"
     "                     [--tokenizer-config tokenizer_config.json]] [--chat-template FILE]\n"
-    "                     [--arch llama|qwen35|gemma3|gpt-oss [--sliding-window N]]\n"
+    "                     [--arch llama|qwen35|qwen35moe|gemma3|gpt-oss\n"
+    "                     [--sliding-window N]]\n"
     "\n"
     "Writes a model with random weights and a built-in byte-fallback vocabulary\n"
     "and ChatML template, which llama-server loads as is. The same seed gives\n"
@@ -41,7 +42,8 @@ static const char gen_usage[] =
     "  --arch A           llama (default); qwen35: Qwen 3.5's hybrid of Gated DeltaNet\n"
     "                     and gated attention (every 4th layer); gemma3: sliding-window\n"
     "                     attention in 5 layers of 6; gpt-oss: sliding window in every\n"
-    "                     other layer, attention sinks, 4 experts (2 used)\n"
+    "                     other layer, attention sinks, 4 experts (2 used); qwen35moe:\n"
+    "                     qwen35 with 4 experts (2 used) and a shared expert\n"
     "  --sliding-window N gemma3, gpt-oss: the window in tokens (default 128)\n"
     "  --params N         pick a shape for about N parameters: 24M, 1.5B, ... (default 24M)\n"
     "  --embd N           embedding width (with --layers and --heads instead of --params)\n"
@@ -591,10 +593,10 @@ static int cmd_gen(int argc, char **argv)
 		else if (!strcmp(a, "--sliding-window"))
 			ok = parse_u32(a, val, 1u << 24, &p.sliding_window);
 		else if (!strcmp(a, "--arch") && !gguf_gen_arch_parse(val, &p.arch)) {
-			fprintf(
-			    stderr,
-			    "toki gguf: gen: --arch: llama, qwen35, gemma3 or gpt-oss, not '%s'\n",
-			    val);
+			fprintf(stderr,
+			        "toki gguf: gen: --arch: llama, qwen35, qwen35moe, gemma3 or "
+			        "gpt-oss, not '%s'\n",
+			        val);
 			return 2;
 		}
 		if (!ok)

@@ -224,14 +224,19 @@ uint64_t gguf_kv_bytes_per_token_type(const struct gguf_model_info *mi, uint32_t
  *  - gemma3: sliding-window attention (window sliding_window) in five layers
  *    of every six, Q/K norms, pre- and post-norms, tied output;
  *  - gpt-oss: sliding window in every other layer, attention sinks and
- *    biases, 4 experts (2 used) of width n_ff with biases. */
+ *    biases, 4 experts (2 used) of width n_ff with biases;
+ *  - qwen35moe: qwen35's layers with 4 experts (2 used) of width n_ff and a
+ *    gated shared expert of width n_ff in place of the dense feed-forward
+ *    (the Qwen 3.5/3.6 MoE models: 35B-A3B and larger). */
 enum gguf_gen_arch {
 	GGUF_GEN_ARCH_LLAMA = 0,
 	GGUF_GEN_ARCH_QWEN35,
 	GGUF_GEN_ARCH_GEMMA3,
 	GGUF_GEN_ARCH_GPT_OSS,
+	GGUF_GEN_ARCH_QWEN35MOE,
 };
-/* general.architecture's spelling ("llama", "qwen35", "gemma3", "gpt-oss"). */
+/* general.architecture's spelling ("llama", "qwen35", "gemma3", "gpt-oss",
+ * "qwen35moe"). */
 const char *gguf_gen_arch_name(enum gguf_gen_arch a);
 bool gguf_gen_arch_parse(const char *s, enum gguf_gen_arch *out);
 

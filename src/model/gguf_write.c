@@ -439,10 +439,9 @@ uint64_t gguf_gen_param_count(const struct gguf_gen_params *p)
 }
 
 static const char *const arch_names[] = {
-    [GGUF_GEN_ARCH_LLAMA] = "llama",
-    [GGUF_GEN_ARCH_QWEN35] = "qwen35",
-    [GGUF_GEN_ARCH_GEMMA3] = "gemma3",
-    [GGUF_GEN_ARCH_GPT_OSS] = "gpt-oss",
+    [GGUF_GEN_ARCH_LLAMA] = "llama",         [GGUF_GEN_ARCH_QWEN35] = "qwen35",
+    [GGUF_GEN_ARCH_GEMMA3] = "gemma3",       [GGUF_GEN_ARCH_GPT_OSS] = "gpt-oss",
+    [GGUF_GEN_ARCH_QWEN35MOE] = "qwen35moe",
 };
 
 const char *gguf_gen_arch_name(enum gguf_gen_arch a)
@@ -580,7 +579,7 @@ bool gguf_gen_params_check(const struct gguf_gen_params *p, char *err, size_t er
 		err_set(err, errlen, "the sliding window must be 1..%u tokens", MAX_CTX);
 		return false;
 	}
-	if ((unsigned)p->arch > GGUF_GEN_ARCH_GPT_OSS) {
+	if ((unsigned)p->arch > GGUF_GEN_ARCH_QWEN35MOE) {
 		err_set(err, errlen, "unknown architecture");
 		return false;
 	}
@@ -959,7 +958,8 @@ static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *
 	switch (p->arch) {
 	case GGUF_GEN_ARCH_LLAMA:
 		break;
-	case GGUF_GEN_ARCH_QWEN35: {
+	case GGUF_GEN_ARCH_QWEN35:
+	case GGUF_GEN_ARCH_QWEN35MOE: {
 		/* Interleaved multi-axis rotary sections over head_dim / 2
 		 * frequencies, in Qwen 3.5's proportions (11, 11, 10 of 32); text
 		 * positions are the same on every axis. */
@@ -977,6 +977,12 @@ static bool build_metadata(const struct gguf_gen_params *p, const struct vocab *
 		kv_u32(b, AKEY("ssm.group_count"), p->n_head_kv);
 		kv_u32(b, AKEY("ssm.time_step_rank"), p->n_head);
 		kv_u32(b, AKEY("ssm.inner_size"), head_dim * p->n_head);
+		if (p->arch == GGUF_GEN_ARCH_QWEN35MOE) {
+			kv_u32(b, AKEY("expert_count"), GPT_OSS_EXPERTS);
+			kv_u32(b, AKEY("expert_used_count"), GPT_OSS_EXPERTS_USED);
+			kv_u32(b, AKEY("expert_feed_forward_length"), p->n_ff);
+			kv_u32(b, AKEY("expert_shared_feed_forward_length"), p->n_ff);
+		}
 		break;
 	}
 	case GGUF_GEN_ARCH_GEMMA3:
@@ -1103,7 +1109,8 @@ static struct tensor_plan *make_plan(const struct gguf_gen_params *p, uint32_t n
 			BLK("ffn_up", e, ff);
 			BLK("ffn_down", ff, e);
 			break;
-		case GGUF_GEN_ARCH_QWEN35: {
+		case GGUF_GEN_ARCH_QWEN35:
+		case GGUF_GEN_ARCH_QWEN35MOE: {
 			/* Gated DeltaNet: K heads = KV heads, V heads = heads, both
 			 * of the head size. */
 			uint64_t key_dim = kv_dim, value_dim = q_dim;
@@ -1128,9 +1135,22 @@ static struct tensor_plan *make_plan(const struct gguf_gen_params *p, uint32_t n
 				BLK("ssm_norm", head_dim, 0);
 				BLK("ssm_out", value_dim, e);
 			}
-			BLK("ffn_gate", e, ff);
-			BLK("ffn_up", e, ff);
-			BLK("ffn_down", ff, e);
+			if (arch == GGUF_GEN_ARCH_QWEN35) {
+				BLK("ffn_gate", e, ff);
+				BLK("ffn_up", e, ff);
+				BLK("ffn_down", ff, e);
+				break;
+			}
+			/* Routed experts (softmax gating, no biases) and one shared
+			 * expert behind a sigmoid gate. */
+			BLK("ffn_gate_inp", e, GPT_OSS_EXPERTS);
+			BLK3("ffn_gate_exps", e, ff, GPT_OSS_EXPERTS);
+			BLK3("ffn_up_exps", e, ff, GPT_OSS_EXPERTS);
+			BLK3("ffn_down_exps", ff, e, GPT_OSS_EXPERTS);
+			BLK("ffn_gate_inp_shexp", e, 0);
+			BLK("ffn_gate_shexp", e, ff);
+			BLK("ffn_up_shexp", e, ff);
+			BLK("ffn_down_shexp", ff, e);
 			break;
 		}
 		case GGUF_GEN_ARCH_GEMMA3:

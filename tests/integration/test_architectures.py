@@ -185,6 +185,11 @@ class Architectures(ExactAnswers, unittest.TestCase):
     def test_qwen35_hybrid(self):
         self.run_arch("qwen35")
 
+    def test_qwen35moe_hybrid_experts(self):
+        # The Qwen 3.5/3.6 MoE models' layers: qwen35's, with routed
+        # experts and a gated shared one for the feed-forward.
+        self.run_arch("qwen35moe")
+
     def test_gemma3_sliding_window(self):
         self.run_arch("gemma3")
 

@@ -80,7 +80,7 @@ def generated_model(name, params="24M", ctx=32768, seed=1):
 # (qwen35: 3 Gated DeltaNet layers and 1 attention layer; gemma3: 5
 # sliding-window layers and 1 global; gpt-oss: sliding window in every other
 # layer).
-ARCH_LAYERS = {"qwen35": 4, "gemma3": 6, "gpt-oss": 4}
+ARCH_LAYERS = {"qwen35": 4, "qwen35moe": 4, "gemma3": 6, "gpt-oss": 4}
 
 _gen_tag = None
 

@@ -1177,6 +1177,9 @@ static void test_archs(void **state)
 	    {GGUF_GEN_ARCH_QWEN35, "qwen35", 2 + 1 + 3 * 14 + 11},
 	    {GGUF_GEN_ARCH_GEMMA3, "gemma3", 2 + 4 * 13}, /* tied output */
 	    {GGUF_GEN_ARCH_GPT_OSS, "gpt-oss", 3 + 4 * 19},
+	    /* qwen35's with 8 feed-forward tensors (router, 3 expert stacks,
+	       shared gate and shared expert) in place of 3 */
+	    {GGUF_GEN_ARCH_QWEN35MOE, "qwen35moe", 2 + 1 + 3 * 19 + 16},
 	};
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		struct gguf_gen_params p;
@@ -1209,7 +1212,12 @@ static void test_archs(void **state)
 		assert_true(gguf_get_u32(g, key, &v));
 		assert_int_equal(v, 32);
 		snprintf(key, sizeof key, "%s.attention.sliding_window", cases[c].name);
-		assert_int_equal(gguf_get_u32(g, key, &v), cases[c].arch != GGUF_GEN_ARCH_QWEN35);
+		int hybrid = cases[c].arch == GGUF_GEN_ARCH_QWEN35 ||
+		             cases[c].arch == GGUF_GEN_ARCH_QWEN35MOE;
+		assert_int_equal(gguf_get_u32(g, key, &v), !hybrid);
+		snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", cases[c].name);
+		assert_int_equal(gguf_get_u32(g, key, &v),
+		                 cases[c].arch == GGUF_GEN_ARCH_QWEN35MOE);
 		gguf_close(g);
 	}
 	enum gguf_gen_arch a;
