@@ -122,38 +122,37 @@ class ChatTemplateMatchesServer(unittest.TestCase):
         # one message: toki renders nothing there either.
         self.check(th.tokenizer_model("llama3_2", "llama-bpe"), refusals=True)
 
+    def check_gguf(self, vocabulary, pre, gguf):
+        """The template a popular GGUF carries (th.gguf_template) on a real
+        vocabulary of its family; a request it refuses must be refused by
+        both."""
+        self.check(th.tokenizer_model(vocabulary, pre, template=th.gguf_template(gguf)),
+                   refusals=True)
+
     def test_devstral_template(self):
         # Devstral's template as its GGUF carries it (npm
         # @huggingface/ollama-utils's table: no tokenizer package ships it):
         # [SYSTEM_PROMPT] with a default system message that has today's
         # date (strftime_now), [INST] turns; Mistral's Tekken vocabulary.
-        self.check(th.tokenizer_model("mistral_nemo", "tekken",
-                                      template=th.gguf_template("library/devstral:latest")),
-                   refusals=True)
+        self.check_gguf("mistral_nemo", "tekken", "library/devstral:latest")
 
     def test_qwen3_coder_template(self):
         # Qwen3-Coder's: tools as XML-described functions, tool calls as
         # <function=NAME><parameter=P>, the format Qwen 3.5/3.6 kept; Qwen
         # 3's vocabulary.
-        self.check(th.tokenizer_model("qwen3", "qwen2",
-                                      template=th.gguf_template("library/qwen3-coder:30b")),
-                   refusals=True)
+        self.check_gguf("qwen3", "qwen2", "library/qwen3-coder:30b")
 
     def test_qwen3_next_template(self):
         # Qwen3-Next's (the hybrid architecture before Qwen 3.5): Qwen 3's
         # with its reasoning rules.
-        self.check(th.tokenizer_model("qwen3", "qwen2",
-                                      template=th.gguf_template("library/qwen3-next:80b")),
-                   refusals=True)
+        self.check_gguf("qwen3", "qwen2", "library/qwen3-next:80b")
 
     def test_deepseek_v3_1_template(self):
         # DeepSeek V3.1's, as its GGUF carries it: a `thinking` variable
         # (false unless chat_template_kwargs sets it), <think> or </think>
         # after the assistant marker, tool calls in DeepSeek's markers;
         # DeepSeek V3's vocabulary.
-        self.check(th.tokenizer_model("deepseek_v3", "deepseek-v3",
-                                      template=th.gguf_template("library/deepseek-v3.1:latest")),
-                   refusals=True)
+        self.check_gguf("deepseek_v3", "deepseek-v3", "library/deepseek-v3.1:latest")
 
     def test_llama_server_default_chatml(self):
         self.check(th.test_model())
