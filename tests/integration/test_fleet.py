@@ -313,7 +313,7 @@ class FleetTest(unittest.TestCase):
                              "max_tokens": 64, "temperature": 0})
         # The victim: a server with a slot streaming and, if it comes to that
         # within a few seconds, a slot in prefill (nothing decoded yet).
-        victim = fallback = None
+        victim = None
         deadline = time.time() + 10
         while victim is None and time.time() < deadline:
             for s in self.servers:
@@ -323,10 +323,22 @@ class FleetTest(unittest.TestCase):
                 if decoding and prefill:
                     victim = s
                     break
-                if decoding:
-                    fallback = s
             time.sleep(0.05)
-        victim = victim or fallback
+        # Never both at once: the first server seen streaming, killed then
+        # and there. (A server seen streaming during the wait above may be
+        # done by its end: on a loaded machine every stream had ended, and
+        # the kill cut nothing.)
+        if victim is None and not any(t.is_alive() for t in threads):
+            launch("A3", {"messages": [{"role": "user", "content": prompt_text(103, 150)}],
+                          "max_tokens": 300, "ignore_eos": True, "temperature": 0})
+        deadline = time.time() + 60
+        while victim is None and time.time() < deadline:
+            for s in self.servers:
+                if any(x["is_processing"] and decoded(x) > 0 for x in s.slots()):
+                    victim = s
+                    break
+            else:
+                time.sleep(0.02)
         self.assertIsNotNone(victim, "no server was streaming")
         before = toki_backend(toki.stats(), victim.url)
         state = [(x["id"], x["is_processing"], decoded(x)) for x in victim.slots()]
