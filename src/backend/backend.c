@@ -566,7 +566,9 @@ static void discovered(struct backend *b)
 {
 	struct selftest *t = &b->selftest;
 	b->discovering = 0;
-	if (t->state == SELFTEST_FAILED && selftest_try_remedy(b))
+	/* The Vulkan remedy is for answers that depend on what the server
+	 * computed before, not for slots that share one KV cache. */
+	if (t->state == SELFTEST_FAILED && !t->shared_kv && selftest_try_remedy(b))
 		return; /* restarting; discovery runs again when it is back */
 	if (t->shared_kv)
 		mark_shared_kv(b);
