@@ -469,7 +469,10 @@ int run_stop(const char *name, int timeout_s, char *err, size_t errlen)
 	}
 	kill(ri.pid, SIGTERM);
 	for (int i = 0; i < timeout_s * 10; i++) {
-		if (!pid_alive(ri.pid))
+		/* A daemon this process started (toki diff's) is its child: once
+		 * it exits it stays a zombie, which kill(pid, 0) still finds,
+		 * until it is reaped here (toki diff waited the whole timeout). */
+		if (waitpid(ri.pid, NULL, WNOHANG) == ri.pid || !pid_alive(ri.pid))
 			return 0;
 		usleep(100000);
 	}

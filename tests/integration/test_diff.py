@@ -4,6 +4,8 @@ with what llama-server did: the raw run evaluates the whole prompt, the cached
 run reuses what the raw run computed and evaluates less, and the two answers
 are byte-identical (exact mode). With no daemon it fails with a message that
 says how to start one; with --model and no daemon it starts one and stops it."""
+import datetime
+import glob
 import json
 import os
 import re
@@ -11,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -183,6 +186,18 @@ class Diff(unittest.TestCase):
             self.assertLess(j["cached"]["evaluated"], j["raw"]["evaluated"])
             self.assertIn("starting", out.stderr)
             self.assertIn("stopping", out.stderr)
+            # It returns once its daemon has stopped, not at the end of the
+            # stop's timeout (30 s: an exited child it had not reaped still
+            # looked alive).
+            done = time.time()
+            logs = glob.glob(os.path.join(tmp, "state", "run", "*", "serve.log"))
+            self.assertEqual(len(logs), 1, logs)
+            with open(logs[0]) as f:
+                stopped = [line for line in f if " toki info: stopped" in line]
+            self.assertTrue(stopped, "the daemon logged no stop")
+            t_stop = datetime.datetime.strptime(stopped[-1][:23], "%Y-%m-%dT%H:%M:%S.%f")
+            t_stop = t_stop.replace(tzinfo=datetime.timezone.utc).timestamp()
+            self.assertLess(done - t_stop, 10, "toki diff waited on after its daemon stopped")
             st = subprocess.run([th.TOKI_BIN, "status"], capture_output=True, text=True,
                                 env=env, timeout=60)
             self.assertIn("nothing is running", st.stdout)
