@@ -23,6 +23,7 @@ struct daemon_config {
 	int keepalive_ms;      /* SSE keep-alive comment interval while the backend is silent */
 	int health_interval_ms;
 	size_t max_body_bytes;
+	int client_timeout_s;     /* a client's time for a request head (and body), or idle */
 	int allow_remote;         /* binding beyond loopback was asked for explicitly */
 	const char *slot_dir;     /* the backends' --slot-save-path, shared with toki */
 	long max_output;          /* cap on a request's output tokens (0: none) */

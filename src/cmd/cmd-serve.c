@@ -58,6 +58,9 @@ static void usage(FILE *out)
 	        "  --keepalive-ms N   SSE keep-alive interval while the backend is silent\n"
 	        "                     (default 5000)\n"
 	        "  --max-body-mb N    largest request body accepted (default 64)\n"
+	        "  --client-timeout S seconds a client has to send a request's head, then as\n"
+	        "                     long for its body (plus one a 256 KiB), else 408; an\n"
+	        "                     idle connection is closed after as long (default 60)\n"
 	        "  --slot-dir DIR     the backends' --slot-save-path: toki saves a slot's\n"
 	        "                     content there before evicting it and restores it later\n"
 	        "  --slot-disk-mb N   cap on the files in --slot-dir (default: a quarter of the\n"
@@ -464,6 +467,7 @@ int cmd_serve(int argc, char **argv)
 	d.cfg.keepalive_ms = 5000;
 	d.cfg.health_interval_ms = 2000;
 	d.cfg.max_body_bytes = 64u << 20;
+	d.cfg.client_timeout_s = 60;
 	d.cfg.backend_timeout_s = 1800;
 	d.cfg.save_idle_ms = 5000;
 	d.cfg.local_prompts = 1;
@@ -491,6 +495,7 @@ int cmd_serve(int argc, char **argv)
 	    {"ubatch", CMD_OPT_INT, {.i = &d.cfg.n_ubatch}, NULL},
 	    {"keepalive-ms", CMD_OPT_INT, {.i = &d.cfg.keepalive_ms}, NULL},
 	    {"max-body-mb", CMD_OPT_FN, {.ctx = &d.cfg.max_body_bytes}, max_body_opt},
+	    {"client-timeout", CMD_OPT_INT, {.i = &d.cfg.client_timeout_s}, NULL},
 	    {"slot-dir", CMD_OPT_STR, {.s = &d.cfg.slot_dir}, NULL},
 	    {"slot-disk-mb", CMD_OPT_FN, {.ctx = &d.cfg.slot_disk_bytes}, slot_disk_opt},
 	    {"max-output", CMD_OPT_LONG, {.l = &d.cfg.max_output}, NULL},
@@ -514,7 +519,7 @@ int cmd_serve(int argc, char **argv)
 	int n_urls = bu.n;
 	if (optind < argc || (n_urls == 0 && !m.model) || d.cfg.n_ubatch <= 0 || m.slots <= 0 ||
 	    m.ctx < 0 || d.cfg.max_output < 0 || d.cfg.keepalive_ms <= 0 || d.cfg.port < 0 ||
-	    d.cfg.port > 65535 || d.cfg.max_body_bytes == 0) {
+	    d.cfg.port > 65535 || d.cfg.max_body_bytes == 0 || d.cfg.client_timeout_s <= 0) {
 		if (n_urls == 0 && !m.model)
 			fprintf(stderr, "toki serve: give --backend URL or --model FILE\n");
 		usage(stderr);
@@ -611,6 +616,7 @@ int cmd_serve(int argc, char **argv)
 	struct http_server_limits limits;
 	http_server_default_limits(&limits);
 	limits.max_body_bytes = d.cfg.max_body_bytes;
+	limits.idle_timeout_s = d.cfg.client_timeout_s;
 	if (serve_init(&d) != 0) {
 		fprintf(stderr, "toki serve: out of memory\n");
 		return 1;

@@ -30,7 +30,7 @@ if LONG:
 CLIENTS = int(os.environ.get("TOKI_LOAD_CLIENTS", 200 if LONG else 100))
 SECONDS = float(os.environ.get("TOKI_LOAD_SECONDS", 60 if LONG else 20))
 MAX_TOKENS = 8
-IDLE_TIMEOUT_S = 60  # http_server_default_limits(): not configurable
+IDLE_TIMEOUT_S = 8  # toki serve --client-timeout, for Limits (60 by default)
 REQUEST_TIMEOUT_S = 180  # a request that takes longer counts as an error (not a hang)
 
 
@@ -318,7 +318,8 @@ class Limits(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.llama = th.LlamaServer(slots=1, ctx=512)
-        cls.toki = th.Toki([cls.llama], extra=["--max-body-mb", "1"])
+        cls.toki = th.Toki([cls.llama], extra=["--max-body-mb", "1", "--client-timeout",
+                                               str(IDLE_TIMEOUT_S)])
 
     @classmethod
     def tearDownClass(cls):
