@@ -102,10 +102,11 @@ def gen_tag():
     return _gen_tag
 
 
-def _drop_older(path):
-    """Deletes the files an earlier toki wrote for what path is (the same
-    name but for the tag): each is tens of MB."""
-    stem = path[: -len(gen_tag()) - len(".gguf")]
+def _drop_older(path, tag=None):
+    """Deletes the files an earlier toki (or template) wrote for what path
+    is (the same name but for the tag that ends it, gen_tag() unless given):
+    each is tens of MB."""
+    stem = path[: -len(tag or gen_tag()) - len(".gguf")]
     for f in os.listdir(WORK_DIR):
         old = os.path.join(WORK_DIR, f)
         if old.startswith(stem) and old.endswith(".gguf") and old != path and \
@@ -213,9 +214,15 @@ def tokenizer_model(name, pre=None, template=None, ctx=8192):
     byte-level BPE tokenizer; None for a SentencePiece-style one."""
     os.makedirs(WORK_DIR, exist_ok=True)
     tag = os.path.basename(template).replace(".", "_") if template else "own"
-    path = os.path.join(WORK_DIR, f"tok-{name}-{pre or 'spm'}-{tag}-{ctx}-{gen_tag()}.gguf")
+    version = gen_tag()
+    if template:
+        # Named by the template's content too: a file rewritten under the
+        # same name (gguf_template's, from a newer table) makes a new model.
+        with open(template, "rb") as f:
+            version += hashlib.sha256(f.read()).hexdigest()[:8]
+    path = os.path.join(WORK_DIR, f"tok-{name}-{pre or 'spm'}-{tag}-{ctx}-{version}.gguf")
     if not os.path.exists(path):
-        _drop_older(path)
+        _drop_older(path, version)
         tj, tc = npm_tokenizer(name)
         args = [TOKI_BIN, "gguf", "gen", "-o", path, "--embd", "64", "--layers", "1", "--heads",
                 "1", "--ctx", str(ctx), "--tokenizer", tj, "--tokenizer-config", tc]
