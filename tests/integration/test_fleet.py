@@ -77,7 +77,7 @@ class HostLlamaServer:
         self.port = th.free_port()
         self.name = name
         self.args = [th.llama_server_path(), "-m", model, "--host", host.addr, "--port",
-                     str(self.port), "-np", str(slots), "-t", "2", "--cache-ram", "0",
+                     str(self.port), "-np", str(slots), "-t", "1", "--cache-ram", "0",
                      "-c", str(ctx * slots), "--override-kv",
                      f"llama.context_length=int:{max(ctx, 2048)}", "-ub", "512", "-b", "2048"]
         self.args += list(extra)
