@@ -3,6 +3,7 @@
 
 Environment:
   TOKI_BIN            the toki binary (ctest sets it; default build/toki)
+  TOKI_GEN_BIN        the toki that writes the test models (default TOKI_BIN)
   TOKI_TEST_MODEL     the model to test with (default ../shared/models/stories260K.gguf,
                       else a generated one)
   TOKI_LLAMA_SERVER   a llama-server to use (else scripts/provision-llama-server.sh finds one)
@@ -25,6 +26,12 @@ import unittest
 SOURCE_DIR = os.environ.get("TOKI_SOURCE_DIR") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
 TOKI_BIN = os.environ.get("TOKI_BIN") or os.path.join(SOURCE_DIR, "build", "toki")
+# scripts/test-sanitize.sh sets it to the plain build's toki: the models that
+# build wrote in the ctest pass (their names carry its hash) then serve the
+# sanitized pass as they are, instead of being written again by a toki
+# several times slower (gen's code runs under the sanitizers in the unit
+# tests and in the tests that call `toki gguf gen` themselves).
+GEN_BIN = os.environ.get("TOKI_GEN_BIN") or TOKI_BIN
 WORK_DIR = os.environ.get("TOKI_TEST_WORK") or os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tokirecur", "test")
 
@@ -72,7 +79,7 @@ def generated_model(name, params="24M", ctx=32768, seed=1):
     os.makedirs(WORK_DIR, exist_ok=True)
     path = os.path.join(WORK_DIR, f"{name}-{params}-{ctx}-s{seed}.gguf")
     if not os.path.exists(path):
-        subprocess.run([TOKI_BIN, "gguf", "gen", "-o", path, "--params", params, "--ctx",
+        subprocess.run([GEN_BIN, "gguf", "gen", "-o", path, "--params", params, "--ctx",
                         str(ctx), "--seed", str(seed)], check=True)
     return path
 
@@ -95,7 +102,7 @@ def gen_tag():
     global _gen_tag
     if _gen_tag is None:
         h = hashlib.sha256()
-        with open(TOKI_BIN, "rb") as f:
+        with open(GEN_BIN, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
         _gen_tag = h.hexdigest()[:8]
@@ -126,7 +133,7 @@ def arch_model(arch, window=64, ctx=8192, seed=1):
     path = os.path.join(WORK_DIR, f"arch-{arch}-w{window}-{ctx}-s{seed}-{gen_tag()}.gguf")
     if not os.path.exists(path):
         _drop_older(path)
-        subprocess.run([TOKI_BIN, "gguf", "gen", "-o", path, "--arch", arch, "--embd", "64",
+        subprocess.run([GEN_BIN, "gguf", "gen", "-o", path, "--arch", arch, "--embd", "64",
                         "--layers", str(ARCH_LAYERS[arch]), "--heads", "4", "--kv-heads", "2",
                         "--ff", "128", "--ctx", str(ctx), "--seed", str(seed),
                         "--sliding-window", str(window)], check=True, capture_output=True)
@@ -224,7 +231,7 @@ def tokenizer_model(name, pre=None, template=None, ctx=8192):
     if not os.path.exists(path):
         _drop_older(path, version)
         tj, tc = npm_tokenizer(name)
-        args = [TOKI_BIN, "gguf", "gen", "-o", path, "--embd", "64", "--layers", "1", "--heads",
+        args = [GEN_BIN, "gguf", "gen", "-o", path, "--embd", "64", "--layers", "1", "--heads",
                 "1", "--ctx", str(ctx), "--tokenizer", tj, "--tokenizer-config", tc]
         if pre:
             args += ["--pre", pre]
