@@ -307,6 +307,14 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
     def test_deepseek_v3_messages(self):
         self.run_family("deepseek_v3", "deepseek-v3")
 
+    def test_deepseek_v3_1_messages(self):
+        # DeepSeek V3.1's template, as its GGUF carries it (</think> after
+        # the assistant marker while `thinking` is off), on DeepSeek V3's
+        # vocabulary.
+        self.run_family("deepseek_v3", "deepseek-v3",
+                        template=th.gguf_template("library/deepseek-v3.1:latest"),
+                        label="deepseek-v3.1")
+
     def test_qwen3_coder_messages(self):
         # Qwen3-Coder's template (the tool format Qwen 3.5/3.6 kept), as its
         # GGUF carries it, on Qwen 3's vocabulary.
