@@ -8,7 +8,7 @@
 # libFuzzer target.
 #   TOKI_TEST_LABEL=unit scripts/test.sh     only the tests with that ctest label
 #   TOKI_TEST_SANITIZE=0                     skip the sanitizer run
-#   TOKI_TEST_FUZZ_SECONDS=N                 seconds per fuzz target (default 40; 0 skips)
+#   TOKI_TEST_FUZZ_SECONDS=N                 seconds per fuzz target (default 20; 0 skips)
 #   TOKI_BUILD_DIR=dir                       where to build (default build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,11 +33,11 @@ run ctest "${args[@]}"
 if [ "${TOKI_TEST_SANITIZE:-1}" != 0 ]; then
 	run scripts/test-sanitize.sh
 fi
-# 40 s a target: 11 targets two at a time fit in four minutes, which keeps
-# the whole run under 30 minutes on a 2-core machine; scripts/fuzz.sh N
-# runs them longer.
-if [ "${TOKI_TEST_FUZZ_SECONDS:-40}" != 0 ] && [ -z "${TOKI_TEST_LABEL:-}" ]; then
-	run scripts/fuzz.sh "${TOKI_TEST_FUZZ_SECONDS:-40}"
+# 20 s a target (each replays its corpus and regressions first): 11 targets
+# two at a time fit in two minutes, which keeps the whole run under 30
+# minutes on a 2-core machine; scripts/fuzz.sh N runs them longer.
+if [ "${TOKI_TEST_FUZZ_SECONDS:-20}" != 0 ] && [ -z "${TOKI_TEST_LABEL:-}" ]; then
+	run scripts/fuzz.sh "${TOKI_TEST_FUZZ_SECONDS:-20}"
 fi
 echo "test suites: $passed passed, $failed failed"
 [ "$failed" = 0 ]
