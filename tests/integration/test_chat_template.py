@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -58,18 +57,15 @@ class ChatTemplateMatchesServer(unittest.TestCase):
             _, props = server_json(conn, "GET", "/props")
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                 json.dump(props, f)
-            for _ in range(2):
-                # A template with today's date (strftime_now: Devstral's)
-                # renders otherwise on each side of midnight: the renders
-                # are done again, all on one day, where one fell before it.
-                day = time.strftime("%Y-%m-%d")
+
+            def render():
                 want = [server_json(conn, "POST", "/apply-template", r) for r in reqs]
                 # llama-server passes enable_thinking only where it finds
                 # reasoning in the template; toki serve probes for it the
                 # same way.
-                outs = {t: toki_chat(model, f.name, reqs, t) for t in ("on", "off")}
-                if time.strftime("%Y-%m-%d") == day:
-                    break
+                return want, {t: toki_chat(model, f.name, reqs, t) for t in ("on", "off")}
+
+            want, outs = th.on_one_day(render)
             best = max(outs, key=lambda t: sum(o.get("prompt") == w[1].get("prompt")
                                                for o, w in zip(outs[t], want)))
             got = outs[best]
