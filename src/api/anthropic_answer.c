@@ -10,21 +10,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "api/anthropic_put.h"
+#include "platform/platform.h"
 #include "util/grow.h"
 
 /* Random ids for messages or tool calls the backend did not name: not secret,
- * only unique, so a weak fallback is fine when getrandom fails. */
+ * only unique, so a weak fallback is fine when no random bytes come. */
 static void random_hex(char *out, size_t nhex)
 {
 	unsigned char raw[32];
 	size_t nraw = (nhex + 1) / 2;
 	if (nraw > sizeof raw)
 		nraw = sizeof raw;
-	if (getrandom(raw, nraw, GRND_NONBLOCK) != (ssize_t)nraw) {
+	if (plat_random(raw, nraw) != 0) {
 		static unsigned long long ctr;
 		unsigned long long x =
 		    (unsigned long long)time(NULL) ^ (++ctr * 0x9e3779b97f4a7c15ULL);

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "platform/platform.h"
 #include "util/log.h"
 
 extern char **environ;
@@ -24,7 +25,7 @@ struct supervisor {
 	int stopping;
 	int backoff_s;
 	time_t started_at;
-	struct event *sigchld;
+	struct plat_child_watch *children;
 	struct event *restart_timer;
 	void (*on_exit)(void *arg);
 	void *on_exit_arg;
@@ -70,27 +71,20 @@ static int spawn(struct supervisor *s, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot open %s: %s", s->log_path, strerror(errno));
 		return -1;
 	}
-	pid_t pid = fork();
+	/* A process group of its own, so a terminal's ^C reaches only the
+	 * daemon, which then stops it in order. */
+	struct plat_spawn sp = {
+	    .argv = s->argv,
+	    .env_extra = s->env_extra,
+	    .fd_in = -1,
+	    .fd_out = fd,
+	    .fd_err = fd,
+	    .detach = PLAT_NEW_GROUP,
+	};
+	pid_t pid = plat_spawn(&sp, err, errlen);
 	if (pid < 0) {
-		snprintf(err, errlen, "fork: %s", strerror(errno));
 		close(fd);
 		return -1;
-	}
-	if (pid == 0) {
-		/* The child: its own process group, so a terminal's ^C reaches
-		 * only the daemon, which then stops it in order. */
-		setpgid(0, 0);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		int devnull = open("/dev/null", O_RDONLY);
-		if (devnull >= 0)
-			dup2(devnull, 0);
-		for (int i = 0; s->env_extra && s->env_extra[i]; i++)
-			putenv(s->env_extra[i]);
-		signal(SIGPIPE, SIG_DFL);
-		execvp(s->argv[0], s->argv);
-		dprintf(2, "toki: cannot run %s: %s\n", s->argv[0], strerror(errno));
-		_exit(127);
 	}
 	close(fd);
 	s->pid = pid;
@@ -114,39 +108,33 @@ static void restart_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-static void sigchld_cb(evutil_socket_t sig, short what, void *arg)
+static void child_exited(pid_t p, int status, void *arg)
 {
 	struct supervisor *s = arg;
-	int status;
-	pid_t p;
-	while ((p = waitpid(-1, &status, WNOHANG)) > 0) {
-		if (p != s->pid)
-			continue;
-		s->pid = 0;
-		if (s->stopping)
-			continue;
-		/* A server that ran for a while gets a quick restart; one that
-		 * keeps dying backs off up to 30 s. */
-		if (time(NULL) - s->started_at > 60)
-			s->backoff_s = 1;
-		else
-			s->backoff_s =
-			    s->backoff_s ? (s->backoff_s * 2 > 30 ? 30 : s->backoff_s * 2) : 1;
-		s->restarts++;
-		if (WIFSIGNALED(status))
-			log_error(
-			    "llama-server (pid %d) was killed by signal %d; restarting in %d s "
-			    "(restart %d)",
-			    (int)p, WTERMSIG(status), s->backoff_s, s->restarts);
-		else
-			log_error("llama-server (pid %d) exited with status %d; restarting in %d s "
-			          "(restart %d)",
-			          (int)p, WEXITSTATUS(status), s->backoff_s, s->restarts);
-		struct timeval tv = {s->backoff_s, 0};
-		evtimer_add(s->restart_timer, &tv);
-		if (s->on_exit)
-			s->on_exit(s->on_exit_arg);
-	}
+	if (p != s->pid)
+		return;
+	s->pid = 0;
+	if (s->stopping)
+		return;
+	/* A server that ran for a while gets a quick restart; one that
+	 * keeps dying backs off up to 30 s. */
+	if (time(NULL) - s->started_at > 60)
+		s->backoff_s = 1;
+	else
+		s->backoff_s = s->backoff_s ? (s->backoff_s * 2 > 30 ? 30 : s->backoff_s * 2) : 1;
+	s->restarts++;
+	if (WIFSIGNALED(status))
+		log_error("llama-server (pid %d) was killed by signal %d; restarting in %d s "
+		          "(restart %d)",
+		          (int)p, WTERMSIG(status), s->backoff_s, s->restarts);
+	else
+		log_error("llama-server (pid %d) exited with status %d; restarting in %d s "
+		          "(restart %d)",
+		          (int)p, WEXITSTATUS(status), s->backoff_s, s->restarts);
+	struct timeval tv = {s->backoff_s, 0};
+	evtimer_add(s->restart_timer, &tv);
+	if (s->on_exit)
+		s->on_exit(s->on_exit_arg);
 }
 
 struct supervisor *supervisor_new(struct event_base *base, char *const argv[], const char *log_path,
@@ -159,10 +147,8 @@ struct supervisor *supervisor_new(struct event_base *base, char *const argv[], c
 	s->argv = copy_strv(argv);
 	s->env_extra = env_extra ? copy_strv(env_extra) : NULL;
 	s->log_path = strdup(log_path);
-	s->sigchld = evsignal_new(base, SIGCHLD, sigchld_cb, s);
 	s->restart_timer = evtimer_new(base, restart_cb, s);
-	if (!s->argv || !s->log_path || !s->sigchld || !s->restart_timer ||
-	    (env_extra && !s->env_extra)) {
+	if (!s->argv || !s->log_path || !s->restart_timer || (env_extra && !s->env_extra)) {
 		supervisor_free(s);
 		return NULL;
 	}
@@ -171,7 +157,13 @@ struct supervisor *supervisor_new(struct event_base *base, char *const argv[], c
 
 int supervisor_start(struct supervisor *s, char *err, size_t errlen)
 {
-	event_add(s->sigchld, NULL);
+	if (!s->children) {
+		s->children = plat_child_watch_new(s->base, child_exited, s);
+		if (!s->children) {
+			snprintf(err, errlen, "cannot watch for SIGCHLD");
+			return -1;
+		}
+	}
 	return spawn(s, err, errlen);
 }
 
@@ -181,18 +173,8 @@ void supervisor_stop(struct supervisor *s, int timeout_s)
 	evtimer_del(s->restart_timer);
 	if (!s->pid)
 		return;
-	kill(s->pid, SIGTERM);
-	for (int i = 0; i < timeout_s * 10; i++) {
-		int status;
-		if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-			s->pid = 0;
-			return;
-		}
-		usleep(100000);
-	}
-	log_warn("llama-server (pid %d) ignored SIGTERM; killing it", (int)s->pid);
-	kill(s->pid, SIGKILL);
-	waitpid(s->pid, NULL, 0);
+	if (plat_stop(s->pid, 0, timeout_s * 1000))
+		log_warn("llama-server (pid %d) ignored SIGTERM; killed it", (int)s->pid);
 	s->pid = 0;
 }
 
@@ -220,44 +202,16 @@ int supervisor_restart_with(struct supervisor *s, const char *env, char *err, si
 
 int supervisor_devices_mention(const struct supervisor *s, const char *text)
 {
-	int fds[2];
-	if (pipe2(fds, O_CLOEXEC) != 0)
-		return 0;
-	pid_t pid = fork();
-	if (pid < 0) {
-		close(fds[0]);
-		close(fds[1]);
-		return 0;
-	}
-	if (pid == 0) {
-		dup2(fds[1], 1);
-		dup2(fds[1], 2);
-		int devnull = open("/dev/null", O_RDONLY);
-		if (devnull >= 0)
-			dup2(devnull, 0);
-		for (int i = 0; s->env_extra && s->env_extra[i]; i++)
-			putenv(s->env_extra[i]);
-		char *const argv[] = {s->argv[0], "--list-devices", NULL};
-		execvp(argv[0], argv);
-		_exit(127);
-	}
-	close(fds[1]);
+	char *const argv[] = {s->argv[0], "--list-devices", NULL};
+	struct plat_cmd c = {
+	    .argv = argv,
+	    .env_extra = s->env_extra,
+	    .timeout_ms = 30000, /* loading a GPU backend takes seconds */
+	    .merge_stderr = 1,
+	};
 	/* Its output is a few lines: a device a line. */
 	char buf[16384];
-	size_t len = 0;
-	ssize_t got;
-	while (len < sizeof buf - 1 && (got = read(fds[0], buf + len, sizeof buf - 1 - len)) != 0) {
-		if (got < 0 && errno == EINTR)
-			continue;
-		if (got < 0)
-			break;
-		len += (size_t)got;
-	}
-	close(fds[0]);
-	buf[len] = '\0';
-	int status;
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
+	plat_run(&c, buf, sizeof buf, NULL, NULL);
 	return strstr(buf, text) != NULL;
 }
 
@@ -267,8 +221,7 @@ void supervisor_free(struct supervisor *s)
 		return;
 	if (s->pid)
 		supervisor_stop(s, 10);
-	if (s->sigchld)
-		event_free(s->sigchld);
+	plat_child_watch_free(s->children);
 	if (s->restart_timer)
 		event_free(s->restart_timer);
 	free_strv(s->argv);

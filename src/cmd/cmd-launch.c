@@ -10,6 +10,7 @@
 #include "api/auth.h"
 #include "cmd/cmd.h"
 #include "launch/agents.h"
+#include "platform/platform.h"
 #include "util/paths.h"
 
 extern char **environ;
@@ -208,8 +209,7 @@ int cmd_launch(int argc, char **argv)
 		free(bin_path);
 		return 1;
 	}
-	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-	self[sl > 0 ? sl : 0] = '\0';
+	int have_self = plat_self_exe(self, sizeof self) == 0;
 	t.endpoint = endpoint;
 	/* The run's name is the model id agents are given: it is what a run
 	 * serves (llama-server's --alias), and toki routes an id it does not
@@ -219,7 +219,7 @@ int cmd_launch(int argc, char **argv)
 	t.model_id = run_name;
 	t.token = token;
 	t.state_dir = state;
-	t.toki_exe = sl > 0 ? self : NULL;
+	t.toki_exe = have_self ? self : NULL;
 	/* Every agent with a request timeout gets a longer one on a machine
 	 * without a GPU (docs/agents.md lists them). */
 	t.cpu_profile = a->api != AGENT_API_TOKI ? agents_detect_cpu_profile() : 0;

@@ -7,21 +7,7 @@
 
 #include "cmd/cmd.h"
 #include "model/run.h"
-
-static long rss_kib(pid_t pid)
-{
-	char path[64], line[256];
-	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return -1;
-	long kib = -1;
-	while (fgets(line, sizeof line, f))
-		if (!strncmp(line, "VmRSS:", 6))
-			kib = atol(line + 6);
-	fclose(f);
-	return kib;
-}
+#include "platform/platform.h"
 
 static json_t *status_of(const struct run_info *ri)
 {
@@ -38,8 +24,8 @@ static json_t *status_of(const struct run_info *ri)
 		json_object_set_new(o, "log", json_string(log));
 	if (run_file_path(ri->name, "llama-server.log", log, sizeof log) == 0)
 		json_object_set_new(o, "llama_log", json_string(log));
-	json_object_set_new(o, "toki_rss_kib", json_integer(rss_kib(ri->pid)));
-	json_object_set_new(o, "llama_rss_kib", json_integer(rss_kib(ri->llama_pid)));
+	json_object_set_new(o, "toki_rss_kib", json_integer(plat_rss_kib(ri->pid)));
+	json_object_set_new(o, "llama_rss_kib", json_integer(plat_rss_kib(ri->llama_pid)));
 	long st = 0;
 	char *body = run_http_get(ri->host, ri->port, "/toki/stats", &st, 3);
 	json_error_t jerr;

@@ -20,6 +20,7 @@
 
 #include "model/registry.h"
 #include "model/run.h"
+#include "platform/platform.h"
 #include "util/paths.h"
 
 /* The variable that carries the local token to agents whose configuration can
@@ -1376,42 +1377,11 @@ static int run_quiet(const char *tool, const char *arg1, int timeout_ms)
 	char *path = agents_which(tool);
 	if (!path)
 		return -1;
-	pid_t pid = fork();
-	if (pid < 0) {
-		free(path);
-		return -1;
-	}
-	if (pid == 0) {
-		int fd = open("/dev/null", O_RDWR);
-		if (fd >= 0) {
-			dup2(fd, 0);
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		setpgid(0, 0);
-		char *const argv[] = {(char *)tool, (char *)arg1, NULL};
-		execv(path, argv);
-		_exit(127);
-	}
+	char *const argv[] = {path, (char *)arg1, NULL};
+	struct plat_cmd c = {.argv = argv, .timeout_ms = timeout_ms};
+	int st = plat_run(&c, NULL, 0, NULL, NULL);
 	free(path);
-	int status = 0;
-	for (int waited = 0;; waited += 20) {
-		pid_t r = waitpid(pid, &status, WNOHANG);
-		if (r == pid)
-			break;
-		if (r < 0 && errno != EINTR)
-			return -1;
-		if (waited >= timeout_ms) {
-			kill(-pid, SIGKILL);
-			kill(pid, SIGKILL);
-			while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-				;
-			return -1;
-		}
-		struct timespec ts = {0, 20 * 1000 * 1000};
-		nanosleep(&ts, NULL);
-	}
-	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	return st;
 }
 
 int agents_detect_cpu_profile(void)
@@ -1422,6 +1392,9 @@ int agents_detect_cpu_profile(void)
 	if (forced && !strcmp(forced, "gpu"))
 		return 0;
 	if (run_quiet("nvidia-smi", "-L", 5000) == 0)
+		return 0;
+	/* Apple silicon: llama.cpp's Metal build runs every layer on the GPU. */
+	if (plat_is_apple_silicon())
 		return 0;
 	if (run_quiet("rocminfo", NULL, 5000) == 0)
 		return 0;

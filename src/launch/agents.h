@@ -134,7 +134,8 @@ int agents_fetch_model(const char *endpoint, char **model_id, long *context_leng
                        long *max_output, char *err, size_t errlen);
 
 /* 1 when no GPU answers (nvidia-smi -L and rocminfo both fail or are absent,
- * each given a few seconds), 0 when one does. $TOKI_PROFILE=cpu|gpu decides
+ * each given a few seconds, and this is no Apple silicon Mac, whose Metal
+ * build runs on the GPU), 0 when one does. $TOKI_PROFILE=cpu|gpu decides
  * without probing. */
 int agents_detect_cpu_profile(void);
 

@@ -5,6 +5,7 @@
  * once, not twice. The partial file is locked with flock() for the duration,
  * so two pulls of the same file at once cannot interleave their bytes. */
 #include "model/download.h"
+#include "platform/platform.h"
 #include "util/err.h"
 #include "util/grow.h"
 
@@ -613,7 +614,7 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 		err_set(err, errlen, "cannot open %s: %s", part, strerror(errno));
 		goto out;
 	}
-	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+	if (plat_lock(fd, 1, 0) != 0) {
 		err_set(err, errlen, "%s is being downloaded by another process (%s is locked)",
 		        label, part);
 		goto out;

@@ -10,6 +10,7 @@
 #include "model/memsize.h"
 #include "model/release.h"
 #include "model/run.h"
+#include "platform/platform.h"
 
 int launch_find_llama_server(char *path, size_t n, char *gfx, size_t gfxn)
 {
@@ -101,18 +102,34 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	if (ctx_train > 0)
 		mi.context_length = (uint64_t)ctx_train;
 
-	struct mem_budget budget;
-	if (memsize_read_machine(&budget) != 0) {
-		snprintf(err, errlen, "cannot read /proc/meminfo: %s", strerror(errno));
-		return -1;
-	}
 	/* TOKI_MEMORY_MB pretends the machine has that much (free) memory:
-	 * for trying what a smaller machine would get, and for tests. */
+	 * for trying what a smaller machine would get, and for tests. It is
+	 * taken before the machine is read, so that a machine toki cannot read
+	 * can still be started with it. */
+	struct mem_budget budget = {0};
 	const char *sim = getenv("TOKI_MEMORY_MB");
-	if (sim && atol(sim) > 0)
+	/* llama-server's environment: asked for its devices with it too. */
+	char env_gfx[64];
+	char *envs[2] = {NULL, NULL};
+	int n_env = 0;
+	if (*gfx) {
+		snprintf(env_gfx, sizeof env_gfx, "HSA_OVERRIDE_GFX_VERSION=%s", gfx);
+		envs[n_env++] = env_gfx;
+	}
+	if (sim && atol(sim) > 0) {
 		budget.total = budget.available = (uint64_t)atol(sim) << 20;
-	else if (uses_gpu(o->llama_args, o->n_llama_args))
-		memsize_read_gpu(&budget);
+	} else if (memsize_read_machine(&budget) != 0) {
+		snprintf(err, errlen,
+		         "cannot read this machine's memory (%s); set TOKI_MEMORY_MB to the "
+		         "megabytes the model may use",
+		         strerror(errno));
+		return -1;
+	} else if (uses_gpu(o->llama_args, o->n_llama_args) || plat_is_apple_silicon()) {
+		/* Apple silicon: llama.cpp's Metal build offloads every layer by
+		 * default, and Metal may wire only its working set (about 2/3
+		 * to 3/4 of RAM), so that is the memory to size against. */
+		memsize_read_gpu(&budget, binary, envs);
+	}
 	int slots = o->slots > 0 ? o->slots : 2;
 	struct memsize_report rep;
 	long fit = memsize_fit_context(&mi, &budget, kv_type_of(o->llama_args, o->n_llama_args),
@@ -150,13 +167,6 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		fprintf(stderr, "toki: %s: a training context of %ld tokens, from %s\n", o->name,
 		        ctx_train, ctx_args);
 
-	char env_gfx[64];
-	char *envs[1];
-	int n_env = 0;
-	if (*gfx) {
-		snprintf(env_gfx, sizeof env_gfx, "HSA_OVERRIDE_GFX_VERSION=%s", gfx);
-		envs[n_env++] = env_gfx;
-	}
 	/* The run's name is the model id llama-server serves (--alias), so the
 	 * id agents put in their configs, sessions and telemetry is "qwen3-4b",
 	 * not the GGUF's absolute path with the user's home directory in it.

@@ -14,218 +14,43 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "util/clock.h"
+#include "platform/platform.h"
 #include "util/paths.h"
 
 /* Largest context ever chosen: far past any model, and small enough that
  * ctx * n_slots stays a sane llama-server -c. */
 #define MEMSIZE_MAX_CTX (1L << 30)
-#define NVIDIA_SMI_TIMEOUT_MS 10000
 
 /* --- Machine ---------------------------------------------------------------- */
 
-/* The value in kB of "Key:   123 kB" at the start of a meminfo line. */
-static int meminfo_value(const char *text, const char *key, uint64_t *out)
-{
-	size_t klen = strlen(key);
-	for (const char *line = text; line && *line;) {
-		if (!strncmp(line, key, klen) && line[klen] == ':') {
-			const char *p = line + klen + 1;
-			while (*p == ' ' || *p == '\t')
-				p++;
-			if (*p < '0' || *p > '9')
-				return -1;
-			errno = 0;
-			char *end;
-			unsigned long long kb = strtoull(p, &end, 10);
-			if (errno || kb > UINT64_MAX / 1024)
-				return -1;
-			*out = (uint64_t)kb * 1024;
-			return 0;
-		}
-		line = strchr(line, '\n');
-		if (line)
-			line++;
-	}
-	return -1;
-}
-
-int memsize_parse_meminfo(const char *text, struct mem_budget *b)
-{
-	uint64_t total, avail;
-	if (meminfo_value(text, "MemTotal", &total) != 0 || total == 0) {
-		errno = EINVAL;
-		return -1;
-	}
-	if (meminfo_value(text, "MemAvailable", &avail) != 0) {
-		/* Kernels before 3.14 have no MemAvailable: free memory plus the
-		 * page cache is the usual stand-in (it overstates a little). */
-		uint64_t fr = 0, bufs = 0, cached = 0;
-		if (meminfo_value(text, "MemFree", &fr) != 0) {
-			errno = EINVAL;
-			return -1;
-		}
-		(void)meminfo_value(text, "Buffers", &bufs);
-		(void)meminfo_value(text, "Cached", &cached);
-		avail = fr + bufs + cached;
-	}
-	memset(b, 0, sizeof *b);
-	b->total = total;
-	b->available = avail < total ? avail : total;
-	return 0;
-}
-
-int memsize_read_meminfo_file(const char *path, struct mem_budget *b)
-{
-	FILE *f = fopen(path, "re");
-	if (!f)
-		return -1;
-	char buf[16384];
-	size_t n = fread(buf, 1, sizeof buf - 1, f);
-	int rerr = ferror(f);
-	fclose(f);
-	if (rerr) {
-		errno = EIO;
-		return -1;
-	}
-	buf[n] = '\0';
-	return memsize_parse_meminfo(buf, b);
-}
-
 int memsize_read_machine(struct mem_budget *b)
 {
-	return memsize_read_meminfo_file("/proc/meminfo", b);
-}
-
-int memsize_parse_nvidia_smi(const char *text, uint64_t *vram_total, uint64_t *vram_free)
-{
-	uint64_t tot = 0, fr = 0;
-	int gpus = 0;
-	for (const char *p = text; *p;) {
-		while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
-			p++;
-		if (!*p)
-			break;
-		/* "81559, 1234": total and used, MiB. Anything else ("[N/A]",
-		 * "No devices were found") means we do not know the VRAM. */
-		char *end;
-		if (*p < '0' || *p > '9')
-			return -1;
-		errno = 0;
-		unsigned long long t = strtoull(p, &end, 10);
-		p = end;
-		while (*p == ' ' || *p == '\t')
-			p++;
-		if (*p != ',')
-			return -1;
-		p++;
-		while (*p == ' ' || *p == '\t')
-			p++;
-		if (*p < '0' || *p > '9')
-			return -1;
-		unsigned long long u = strtoull(p, &end, 10);
-		p = end;
-		while (*p == ' ' || *p == '\t' || *p == '\r')
-			p++;
-		if (errno || (*p && *p != '\n') || t > (UINT64_MAX >> 21) || u > (UINT64_MAX >> 21))
-			return -1;
-		tot += (uint64_t)t << 20;
-		fr += (uint64_t)(u < t ? t - u : 0) << 20;
-		gpus++;
-	}
-	if (!gpus || !tot)
+	struct plat_mem m;
+	if (plat_mem_read(&m) != 0)
 		return -1;
-	*vram_total = tot;
-	*vram_free = fr;
+	memset(b, 0, sizeof *b);
+	b->total = m.total;
+	b->available = m.available;
 	return 0;
 }
 
-/* Runs argv (PATH searched) with stdin and stderr on /dev/null and captures
- * up to n-1 bytes of stdout, NUL-terminated; more than that is an error (a
- * cut-off line could parse as a wrong number). A child still running after
- * timeout_ms is killed: a wedged GPU driver can hang nvidia-smi for minutes,
- * and `toki model use` must not hang with it. 0 when it exited 0. */
-static int run_capture(char *const argv[], char *out, size_t n, int timeout_ms)
+int memsize_read_gpu(struct mem_budget *b, const char *llama_server, char *const env_extra[])
 {
-	int p[2];
-	if (pipe2(p, O_CLOEXEC) != 0)
+	struct plat_gpus g;
+	if (plat_gpu_read(llama_server, env_extra, 0, &g) != 0 || g.n < 1)
 		return -1;
-	pid_t pid = fork();
-	if (pid < 0) {
-		close(p[0]);
-		close(p[1]);
-		return -1;
+	/* llama.cpp splits the layers across every GPU it sees. */
+	uint64_t tot = 0, fr = 0;
+	for (int i = 0; i < g.n; i++) {
+		tot += g.dev[i].total;
+		fr += g.dev[i].free;
 	}
-	if (pid == 0) {
-		int nul = open("/dev/null", O_RDWR);
-		if (nul >= 0) {
-			dup2(nul, 0);
-			dup2(nul, 2);
-		}
-		dup2(p[1], 1);
-		execvp(argv[0], argv);
-		_exit(127);
-	}
-	close(p[1]);
-	size_t got = 0;
-	int64_t deadline = clock_now_us() + (int64_t)timeout_ms * 1000;
-	int timed_out = 0, overflow = 0;
-	for (;;) {
-		int64_t left = (deadline - clock_now_us()) / 1000;
-		if (left <= 0) {
-			timed_out = 1;
-			break;
-		}
-		struct pollfd pfd = {.fd = p[0], .events = POLLIN};
-		int pr = poll(&pfd, 1, (int)left);
-		if (pr < 0 && errno == EINTR)
-			continue;
-		if (pr < 0)
-			break;
-		if (pr == 0)
-			continue; /* the deadline check above ends it */
-		char scratch[512];
-		char *dst = got + 1 < n ? out + got : scratch;
-		size_t room = got + 1 < n ? n - 1 - got : sizeof scratch;
-		ssize_t r = read(p[0], dst, room);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		if (dst != scratch)
-			got += (size_t)r;
-		else
-			overflow = 1; /* drained so the child can finish, but not trusted */
-	}
-	close(p[0]);
-	if (n)
-		out[got < n ? got : n - 1] = '\0';
-	if (timed_out)
-		kill(pid, SIGKILL);
-	int st;
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	return !timed_out && !overflow && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-}
-
-int memsize_read_gpu(struct mem_budget *b)
-{
-	char *const argv[] = {"nvidia-smi", "--query-gpu=memory.total,memory.used",
-	                      "--format=csv,noheader,nounits", NULL};
-	char out[4096];
-	int timeout_ms = NVIDIA_SMI_TIMEOUT_MS;
-	const char *t = getenv("TOKI_NVIDIA_SMI_TIMEOUT_MS");
-	if (t && atoi(t) > 0)
-		timeout_ms = atoi(t);
-	if (run_capture(argv, out, sizeof out, timeout_ms) != 0)
-		return -1;
-	uint64_t tot, fr;
-	if (memsize_parse_nvidia_smi(out, &tot, &fr) != 0)
+	if (!tot)
 		return -1;
 	b->gpu = 1;
 	b->vram_total = tot;
-	b->vram_free = fr;
+	b->vram_free = fr < tot ? fr : tot;
+	snprintf(b->gpu_source, sizeof b->gpu_source, "%s", g.source);
 	return 0;
 }
 
@@ -482,7 +307,7 @@ static int ctx_path(const char *name, const char *leaf, char *out, size_t n)
 
 int memsize_write_ctx(const char *model_name, long ctx)
 {
-	char dir[4096], path[4096], tmp[4200];
+	char dir[4096], path[4096];
 	if (ctx <= 0 || ctx > MEMSIZE_MAX_CTX) {
 		errno = EINVAL;
 		return -1;
@@ -492,27 +317,9 @@ int memsize_write_ctx(const char *model_name, long ctx)
 		return -1;
 	if (paths_mkdir_p(dir, 0700) != 0)
 		return -1;
-	/* A per-process temporary name: two writers never share one file. */
-	snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return -1;
 	char buf[32];
 	int len = snprintf(buf, sizeof buf, "%ld\n", ctx);
-	int ok = write(fd, buf, (size_t)len) == len && fsync(fd) == 0;
-	int saved = errno;
-	if (close(fd) != 0 && ok) {
-		ok = 0;
-		saved = errno;
-	}
-	if (!ok || rename(tmp, path) != 0) {
-		if (ok)
-			saved = errno;
-		unlink(tmp);
-		errno = saved ? saved : EIO;
-		return -1;
-	}
-	return 0;
+	return plat_replace_file(path, buf, (size_t)len, 0644);
 }
 
 long memsize_read_ctx(const char *model_name)

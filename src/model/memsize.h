@@ -2,8 +2,9 @@
  * context is recorded.
  *
  * The sizing rule (memsize_fit_context):
- *   memory  = MemAvailable (CPU), or free VRAM when the model runs on a GPU
- *             (llama-server -ngl 99: weights and KV cache both in VRAM)
+ *   memory  = available RAM (CPU), or free VRAM when the model runs on a GPU
+ *             (llama-server -ngl 99: weights and KV cache both in VRAM; on
+ *             Apple silicon always: Metal's working set of unified memory)
  *   margin  = max(1.5 GiB, 10% of that memory's total), kept free for the OS,
  *             other programs, llama.cpp's compute buffers and the CUDA context;
  *             these do not depend much on the context, so a fixed reserve is
@@ -47,6 +48,7 @@ struct mem_budget {
 	int gpu;            /* 1: size against VRAM instead of RAM */
 	uint64_t vram_total;
 	uint64_t vram_free;
+	char gpu_source[32]; /* who said: "llama-server --list-devices", "nvidia-smi", ... */
 };
 
 /* The numbers behind a memsize_fit_context() answer, so a refusal can be
@@ -70,22 +72,16 @@ struct memsize_report {
 	uint64_t used;          /* weights + kv_bytes */
 };
 
-/* RAM from /proc/meminfo; gpu and VRAM set to 0. 0, or -1 (errno set). */
+/* RAM from the platform layer (Linux's MemAvailable, macOS's vm_stat,
+ * FreeBSD's vm.stats); gpu and VRAM set to 0. 0, or -1 (errno set). */
 int memsize_read_machine(struct mem_budget *b);
-/* The same from another meminfo file, and from meminfo text (MemTotal is
- * required; without MemAvailable, as on kernels before 3.14, MemFree +
- * Buffers + Cached stands in). */
-int memsize_read_meminfo_file(const char *path, struct mem_budget *b);
-int memsize_parse_meminfo(const char *text, struct mem_budget *b);
-/* VRAM from `nvidia-smi --query-gpu=memory.total,memory.used
- * --format=csv,noheader,nounits` (found on PATH, given 10 seconds or
- * $TOKI_NVIDIA_SMI_TIMEOUT_MS, then killed: a wedged driver hangs it): sums all
- * GPUs, since llama.cpp splits layers across them, and sets b->gpu = 1.
- * -1 (b untouched) when there is no nvidia-smi, it fails or says nothing
- * usable. */
-int memsize_read_gpu(struct mem_budget *b);
-/* Parses that output (MiB, one "total, used" line per GPU) into bytes. */
-int memsize_parse_nvidia_smi(const char *text, uint64_t *vram_total, uint64_t *vram_free);
+/* VRAM from the platform layer (plat_gpu_read): the devices llama_server
+ * lists with `--list-devices` (CUDA, ROCm, Vulkan, Metal, SYCL alike; NULL:
+ * not asked), else nvidia-smi, else Metal's default working set on Apple
+ * silicon. Sums all GPUs, since llama.cpp splits layers across them, and
+ * sets b->gpu = 1. -1 (b untouched) when none is found. Software devices
+ * (llvmpipe) do not count. */
+int memsize_read_gpu(struct mem_budget *b, const char *llama_server, char *const env_extra[]);
 
 /* The ggml type number of a KV cache type name as llama-server takes it
  * (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; any case), or -1. */

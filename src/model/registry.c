@@ -16,8 +16,9 @@
 
 #include <yaml.h>
 
-#include "util/paths.h"
+#include "platform/platform.h"
 #include "util/err.h"
+#include "util/paths.h"
 
 /* A registry is a few kilobytes; anything past this is not one, and reading
  * it whole would only waste memory. */
@@ -795,10 +796,7 @@ static int registry_update(mutate_fn fn, const void *arg, char *err, size_t errl
 		err_set(err, errlen, "%s: %s", lock, strerror(errno));
 		return -1;
 	}
-	int rc;
-	while ((rc = flock(lfd, LOCK_EX)) != 0 && errno == EINTR)
-		;
-	if (rc != 0) {
+	if (plat_lock(lfd, 1, 1) != 0) {
 		err_set(err, errlen, "%s: cannot lock: %s", lock, strerror(errno));
 		close(lfd);
 		return -1;
@@ -810,7 +808,7 @@ static int registry_update(mutate_fn fn, const void *arg, char *err, size_t errl
 		close(lfd);
 		return -1;
 	}
-	rc = fn(&r, path, arg, err, errlen);
+	int rc = fn(&r, path, arg, err, errlen);
 	if (rc == 0)
 		rc = write_registry(path, &r, err, errlen);
 	registry_free(&r);

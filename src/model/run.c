@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "platform/platform.h"
 #include "util/paths.h"
 
 static int run_dir(const char *name, char *out, size_t n)
@@ -25,11 +26,6 @@ static int run_dir(const char *name, char *out, size_t n)
 		return -1;
 	snprintf(sub, sizeof sub, "run/%s", name);
 	return paths_state_sub(out, n, sub);
-}
-
-static int pid_alive(pid_t pid)
-{
-	return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
 }
 
 static int read_info(const char *dir, struct run_info *ri)
@@ -60,7 +56,7 @@ static int read_info(const char *dir, struct run_info *ri)
 	if ((s = json_string_value(json_object_get(o, "mode"))))
 		snprintf(ri->mode, sizeof ri->mode, "%s", s);
 	json_decref(o);
-	return pid_alive(ri->pid) ? 0 : -1;
+	return plat_alive(ri->pid) ? 0 : -1;
 }
 
 int run_file_path(const char *name, const char *file, char *out, size_t n)
@@ -161,7 +157,7 @@ int run_check_port(const char *host, int port, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot resolve %s: %s", h, gai_strerror(rc));
 		return -1;
 	}
-	int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+	int fd = plat_socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
 	int r = 0;
 	if (fd < 0) {
 		snprintf(err, errlen, "cannot open a socket: %s", strerror(errno));
@@ -204,69 +200,16 @@ int run_check_port(const char *host, int port, char *err, size_t errlen)
 	return r;
 }
 
-/* Whether a process of the session sid is still alive (zombies, which only
- * wait for their new parent to reap them, do not count); with sig, sends it
- * to each of them. The detached `toki serve` is its session's leader, and
- * the llama-server it starts stays in that session (in a process group of
- * its own), so the session id finds it even after toki serve has died and
- * left it to init. */
-static int session_signal(pid_t sid, int sig)
-{
-	DIR *d = opendir("/proc");
-	if (!d)
-		return 0;
-	int alive = 0;
-	struct dirent *de;
-	while ((de = readdir(d))) {
-		char *end;
-		long pid = strtol(de->d_name, &end, 10);
-		if (*end || pid <= 0 || pid == (long)getpid())
-			continue;
-		char path[64], buf[1024];
-		snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-		FILE *f = fopen(path, "r");
-		if (!f)
-			continue;
-		size_t len = fread(buf, 1, sizeof buf - 1, f);
-		fclose(f);
-		buf[len] = '\0';
-		/* pid (comm) state ppid pgrp session ...; comm may hold anything,
-		 * so parse from its last ')'. */
-		const char *rp = strrchr(buf, ')');
-		char state = 0;
-		long ppid = 0, pgrp = 0, session = 0;
-		if (!rp || sscanf(rp + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) != 4)
-			continue;
-		if (session != (long)sid || state == 'Z' || state == 'X')
-			continue;
-		alive++;
-		if (sig)
-			kill((pid_t)pid, sig);
-	}
-	closedir(d);
-	return alive;
-}
-
 /* Stops everything a failed start left: toki serve first (it stops its
  * llama-server in order), then whatever of its session outlives it. */
 static void stop_failed_start(pid_t pid)
 {
-	int status;
-	if (waitpid(pid, &status, WNOHANG) == 0) {
-		kill(pid, SIGTERM);
-		for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++)
-			usleep(100000);
-		if (waitpid(pid, &status, WNOHANG) == 0) {
-			kill(pid, SIGKILL);
-			while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-				;
-		}
-	}
-	if (!session_signal(pid, SIGTERM))
+	plat_stop(pid, 0, 10000);
+	if (!plat_session_signal(pid, SIGTERM))
 		return;
-	for (int i = 0; i < 50 && session_signal(pid, 0); i++)
+	for (int i = 0; i < 50 && plat_session_signal(pid, 0); i++)
 		usleep(100000);
-	session_signal(pid, SIGKILL);
+	plat_session_signal(pid, SIGKILL);
 }
 
 /* The last line toki serve wrote to its log after offset (where this start
@@ -323,12 +266,10 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 	unlink(info);
 
 	char self[4096];
-	ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-	if (sl <= 0) {
+	if (plat_self_exe(self, sizeof self) != 0) {
 		snprintf(err, errlen, "cannot find the toki binary: %s", strerror(errno));
 		return -1;
 	}
-	self[sl] = '\0';
 	char *argv[200];
 	int a = 0;
 	char port[16], ctx[32], slots[16], maxo[32];
@@ -378,25 +319,21 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 
 	struct stat log_st;
 	long log_start = stat(log, &log_st) == 0 ? (long)log_st.st_size : 0;
-	pid_t pid = fork();
-	if (pid < 0) {
-		snprintf(err, errlen, "fork: %s", strerror(errno));
+	/* Detached: a session of its own, outliving this command. */
+	int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	struct plat_spawn sp = {
+	    .argv = argv,
+	    .file = self,
+	    .fd_in = -1,
+	    .fd_out = logfd,
+	    .fd_err = logfd,
+	    .detach = PLAT_NEW_SESSION,
+	};
+	pid_t pid = plat_spawn(&sp, err, errlen);
+	if (logfd >= 0)
+		close(logfd);
+	if (pid < 0)
 		return -1;
-	}
-	if (pid == 0) {
-		/* Detach: a session of its own, outliving this command. */
-		setsid();
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-		int nul = open("/dev/null", O_RDWR);
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		if (nul >= 0)
-			dup2(nul, 0);
-		execv(self, argv);
-		_exit(127);
-	}
 	char pidpath[4200], pidtxt[32];
 	snprintf(pidpath, sizeof pidpath, "%s/serve.pid", dir);
 	int pf = open(pidpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -467,17 +404,10 @@ int run_stop(const char *name, int timeout_s, char *err, size_t errlen)
 		snprintf(err, errlen, "'%s' is not running", name);
 		return -1;
 	}
-	kill(ri.pid, SIGTERM);
-	for (int i = 0; i < timeout_s * 10; i++) {
-		/* A daemon this process started (toki diff's) is its child: once
-		 * it exits it stays a zombie, which kill(pid, 0) still finds,
-		 * until it is reaped here (toki diff waited the whole timeout). */
-		if (waitpid(ri.pid, NULL, WNOHANG) == ri.pid || !pid_alive(ri.pid))
-			return 0;
-		usleep(100000);
-	}
-	kill(ri.pid, SIGKILL);
-	if (ri.llama_pid > 0)
+	/* A daemon this process started (toki diff's) is its child: plat_stop
+	 * reaps it, since a zombie still answers kill(pid, 0) (toki diff
+	 * waited the whole timeout). */
+	if (plat_stop(ri.pid, 0, timeout_s * 1000) == 1 && ri.llama_pid > 0)
 		kill(ri.llama_pid, SIGKILL);
 	return 0;
 }

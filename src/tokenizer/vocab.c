@@ -5,10 +5,11 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "platform/platform.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/unicode.h"
-#include "util/strmap.h"
 #include "util/grow.h"
+#include "util/strmap.h"
 
 /* llama.cpp's token attributes (llama_token_attr). */
 enum {
@@ -629,7 +630,10 @@ struct vocab *vocab_from_gguf(const struct gguf *g, char *err, size_t errlen)
 	for (size_t i = 0, k = 0; i < v->n_tokens; i++)
 		if (v->tokens[i].attr & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN))
 			v->specials[k++] = (token_t)i;
-	qsort_r(v->specials, v->n_specials, sizeof *v->specials, by_length_desc, v);
+	if (plat_qsort_r(v->specials, v->n_specials, sizeof *v->specials, by_length_desc, v) != 0) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
 	strip_attributes(v, g);
 
 	if (v->kind == VOCAB_BPE) {

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <wchar.h>
 
+#include "platform/platform.h"
 #include "ui/client.h"
 #include "util/clock.h"
 #include "util/grow.h"
@@ -1568,7 +1569,7 @@ int tui_run(const struct tui_opts *o)
 	pthread_mutex_init(&t->lock, NULL);
 	int p[2];
 	t->history = json_array();
-	if (pipe2(p, O_NONBLOCK | O_CLOEXEC) != 0 || !t->history) {
+	if (plat_pipe(p, 1) != 0 || !t->history) {
 		fprintf(stderr, "toki tui: %s\n", t->history ? strerror(errno) : "out of memory");
 		tui_free(t);
 		return 1;

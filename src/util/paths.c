@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "platform/platform.h"
+
 static int fit(char *out, size_t n, int w)
 {
 	if (w < 0 || (size_t)w >= n) {
@@ -16,10 +18,12 @@ static int fit(char *out, size_t n, int w)
 	return 0;
 }
 
-static const char *home(void)
+/* $HOME, else the password database (a service manager may start toki
+ * without HOME), else "/". */
+static void home(char *h, size_t n)
 {
-	const char *h = getenv("HOME");
-	return h && *h ? h : "/";
+	if (plat_home_dir(h, n) != 0)
+		snprintf(h, n, "/");
 }
 
 int paths_config_dir(char *out, size_t n)
@@ -27,7 +31,9 @@ int paths_config_dir(char *out, size_t n)
 	const char *x = getenv("XDG_CONFIG_HOME");
 	if (x && *x)
 		return fit(out, n, snprintf(out, n, "%s/tokirecur", x));
-	return fit(out, n, snprintf(out, n, "%s/.config/tokirecur", home()));
+	char h[2048];
+	home(h, sizeof h);
+	return fit(out, n, snprintf(out, n, "%s/.config/tokirecur", h));
 }
 
 int paths_registry_file(char *out, size_t n)
@@ -49,7 +55,9 @@ int paths_state_dir(char *out, size_t n)
 	const char *x = getenv("XDG_STATE_HOME");
 	if (x && *x)
 		return fit(out, n, snprintf(out, n, "%s/tokirecur", x));
-	return fit(out, n, snprintf(out, n, "%s/.local/state/tokirecur", home()));
+	char h[2048];
+	home(h, sizeof h);
+	return fit(out, n, snprintf(out, n, "%s/.local/state/tokirecur", h));
 }
 
 int paths_state_sub(char *out, size_t n, const char *sub)

@@ -1,8 +1,9 @@
 /* Memory sizing: the context chosen for real model shapes on simulated 8 GiB
  * and 16 GiB machines (and an 8 GiB GPU), every number worked out by hand
  * below; the floor, the training-context cap, refusals and their
- * explanations; /proc/meminfo and nvidia-smi parsing (with a fake nvidia-smi
- * on PATH); and the recorded context file.
+ * explanations; VRAM from a fake llama-server --list-devices and a fake
+ * nvidia-smi on PATH (their parsing is test_platform.c's); and the recorded
+ * context file.
  *
  * The models, from their published config.json and GGUF listings:
  *   Qwen3-4B (Qwen/Qwen3-4B): num_hidden_layers 36, num_attention_heads 32,
@@ -425,82 +426,15 @@ static void test_human(void **state)
 
 /* --- Reading the machine -------------------------------------------------------- */
 
-static void test_meminfo(void **state)
+static void test_read_machine(void **state)
 {
+	/* The parsing is tests/unit/test_platform.c's; here, this machine
+	 * gives something sensible. */
 	struct mem_budget b;
-	/* An 8 GB machine's /proc/meminfo, abridged. */
-	const char *m8 = "MemTotal:        8039596 kB\n"
-	                 "MemFree:          512000 kB\n"
-	                 "MemAvailable:    6291456 kB\n"
-	                 "Buffers:          100000 kB\n"
-	                 "Cached:          4000000 kB\n";
-	assert_int_equal(memsize_parse_meminfo(m8, &b), 0);
-	assert_int_equal(b.total, UINT64_C(8039596) * 1024);
-	assert_int_equal(b.available, UINT64_C(6291456) * 1024);
-	assert_int_equal(b.gpu, 0);
-	/* Without MemAvailable: MemFree + Buffers + Cached. */
-	const char *old = "MemTotal:       16384000 kB\nMemFree:  1000 kB\nBuffers: 200 kB\n"
-	                  "Cached:  30 kB\nSwapCached: 5 kB\n";
-	assert_int_equal(memsize_parse_meminfo(old, &b), 0);
-	assert_int_equal(b.available, 1230u * 1024u);
-	/* Available is never more than total. */
-	assert_int_equal(memsize_parse_meminfo("MemTotal: 100 kB\nMemAvailable: 200 kB\n", &b), 0);
-	assert_int_equal(b.available, 100u * 1024u);
-	/* Broken: no MemTotal, zero, garbage, no MemFree either, overflow. */
-	const char *bad[] = {"",
-	                     "MemFree: 5 kB\n",
-	                     "MemTotal: 0 kB\nMemAvailable: 0 kB\n",
-	                     "MemTotal: lots\n",
-	                     "MemTotal: 100 kB\n",
-	                     "MemTotal: 99999999999999999999 kB\n",
-	                     "MemTotal: 18014398509481984 kB\n"};
-	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-		assert_int_equal(memsize_parse_meminfo(bad[i], &b), -1);
-	/* A key that merely starts like another does not match. */
-	assert_int_equal(memsize_parse_meminfo("MemTotalX: 5 kB\n", &b), -1);
-
-	char p[512];
-	snprintf(p, sizeof p, "%s/meminfo", tmpdir);
-	write_file(p, m8, 0644);
-	assert_int_equal(memsize_read_meminfo_file(p, &b), 0);
-	assert_int_equal(b.total, UINT64_C(8039596) * 1024);
-	snprintf(p, sizeof p, "%s/none", tmpdir);
-	assert_int_equal(memsize_read_meminfo_file(p, &b), -1);
-	assert_int_equal(errno, ENOENT);
-	assert_int_equal(memsize_read_meminfo_file(tmpdir, &b), -1); /* a directory */
-
-	/* This machine: something sensible. */
 	assert_int_equal(memsize_read_machine(&b), 0);
 	assert_true(b.total > 64 * MiB);
 	assert_true(b.available > 0 && b.available <= b.total);
-}
-
-static void test_nvidia_smi_parse(void **state)
-{
-	uint64_t t = 0, f = 0;
-	assert_int_equal(memsize_parse_nvidia_smi("81559, 1234\n", &t, &f), 0);
-	assert_int_equal(t, 81559 * MiB);
-	assert_int_equal(f, (81559 - 1234) * MiB);
-	/* Two GPUs add up; CRLF and spacing are tolerated. */
-	assert_int_equal(memsize_parse_nvidia_smi("24576, 1000\r\n  8192 ,0\n\n", &t, &f), 0);
-	assert_int_equal(t, (24576 + 8192) * MiB);
-	assert_int_equal(f, (23576 + 8192) * MiB);
-	/* Used above total (it happens mid-allocation) means none free. */
-	assert_int_equal(memsize_parse_nvidia_smi("100, 200\n", &t, &f), 0);
-	assert_int_equal(f, 0);
-	const char *bad[] = {"",
-	                     "\n",
-	                     "[N/A], [N/A]\n",
-	                     "No devices were found\n",
-	                     "8192\n",
-	                     "8192, \n",
-	                     "8192, 10 MiB\n",
-	                     "8192, 10\n[N/A], 1\n",
-	                     "0, 0\n",
-	                     "99999999999999999999, 1\n"};
-	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-		if (memsize_parse_nvidia_smi(bad[i], &t, &f) != -1)
-			fail_msg("accepted '%s'", bad[i]);
+	assert_int_equal(b.gpu, 0);
 }
 
 /* A fake nvidia-smi first on PATH, before the usual directories. */
@@ -521,11 +455,12 @@ static void test_nvidia_smi_run(void **state)
 	char *saved = strdup(getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
 	struct mem_budget b = machine_8g;
 	/* It must be asked exactly this. */
-	fake_smi("[ \"$1\" = --query-gpu=memory.total,memory.used ] || exit 3\n"
+	fake_smi("[ \"$1\" = --query-gpu=name,memory.total,memory.used ] || exit 3\n"
 	         "[ \"$2\" = --format=csv,noheader,nounits ] || exit 4\n"
-	         "echo '8192, 512'; echo noise >&2",
+	         "echo 'NVIDIA GeForce RTX 4060, 8192, 512'; echo noise >&2",
 	         saved);
-	assert_int_equal(memsize_read_gpu(&b), 0);
+	assert_int_equal(memsize_read_gpu(&b, NULL, NULL), 0);
+	assert_string_equal(b.gpu_source, "nvidia-smi");
 	assert_int_equal(b.gpu, 1);
 	assert_int_equal(b.vram_total, 8 * GiB);
 	assert_int_equal(b.vram_free, 7680 * MiB);
@@ -533,24 +468,73 @@ static void test_nvidia_smi_run(void **state)
 
 	struct mem_budget c = machine_8g;
 	fake_smi("echo '8192, 512'; exit 9", saved); /* fails: not trusted */
-	assert_int_equal(memsize_read_gpu(&c), -1);
+	assert_int_equal(memsize_read_gpu(&c, NULL, NULL), -1);
 	assert_int_equal(c.gpu, 0);
 	fake_smi("echo 'No devices were found'", saved);
-	assert_int_equal(memsize_read_gpu(&c), -1);
+	assert_int_equal(memsize_read_gpu(&c, NULL, NULL), -1);
 	/* Far more output than it should print: drained, then refused. */
 	fake_smi("i=0; while [ $i -lt 3000 ]; do echo '8192, 512'; i=$((i+1)); done", saved);
-	assert_int_equal(memsize_read_gpu(&c), -1);
+	assert_int_equal(memsize_read_gpu(&c, NULL, NULL), -1);
 	/* A hung nvidia-smi is killed at the deadline. */
 	setenv("TOKI_NVIDIA_SMI_TIMEOUT_MS", "300", 1);
 	fake_smi("exec sleep 30", saved);
-	assert_int_equal(memsize_read_gpu(&c), -1);
+	assert_int_equal(memsize_read_gpu(&c, NULL, NULL), -1);
 	unsetenv("TOKI_NVIDIA_SMI_TIMEOUT_MS");
 	/* No nvidia-smi at all. */
 	char empty[512];
 	snprintf(empty, sizeof empty, "%s/nothing", tmpdir);
 	setenv("PATH", empty, 1);
-	assert_int_equal(memsize_read_gpu(&c), -1);
+	assert_int_equal(memsize_read_gpu(&c, NULL, NULL), -1);
 	assert_int_equal(c.gpu, 0);
+	setenv("PATH", saved, 1);
+	free(saved);
+}
+
+/* llama-server's own device list comes before nvidia-smi: it names what its
+ * backend (CUDA, ROCm, Vulkan, Metal) will use. */
+static void test_list_devices_run(void **state)
+{
+	char *saved = strdup(getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+	/* An nvidia-smi that would say otherwise: it must not be asked. */
+	fake_smi("echo 'NVIDIA X, 1000, 0'", saved);
+	char server[600];
+	snprintf(server, sizeof server, "%s/llama-server", tmpdir);
+	/* The backends log on stderr before the list; the environment given
+	 * reaches it (HSA_OVERRIDE_GFX_VERSION for ROCm). */
+	write_file(server,
+	           "#!/bin/sh\n[ \"$1\" = --list-devices ] || exit 3\n"
+	           "[ \"$TOKI_TEST_ENV\" = yes ] || exit 4\n"
+	           "echo 'ggml_cuda_init: found 2 CUDA devices:' >&2\n"
+	           "echo 'Available devices:'\n"
+	           "echo '  CUDA0: NVIDIA H100 80GB HBM3 (81559 MiB, 80000 MiB free)'\n"
+	           "echo '  CUDA1: NVIDIA H100 80GB HBM3 (81559 MiB, 1000 MiB free)'\n",
+	           0755);
+	char env1[] = "TOKI_TEST_ENV=yes";
+	char *env[] = {env1, NULL};
+	struct mem_budget b = machine_8g;
+	assert_int_equal(memsize_read_gpu(&b, server, env), 0);
+	assert_int_equal(b.gpu, 1);
+	assert_int_equal(b.vram_total, 2 * 81559 * MiB);
+	assert_int_equal(b.vram_free, 81000 * MiB);
+	assert_string_equal(b.gpu_source, "llama-server --list-devices");
+	/* Without the environment it fails, and nvidia-smi answers. */
+	b = machine_8g;
+	assert_int_equal(memsize_read_gpu(&b, server, NULL), 0);
+	assert_int_equal(b.vram_total, 1000 * MiB);
+	assert_string_equal(b.gpu_source, "nvidia-smi");
+	/* A software Vulkan device (lavapipe) is no GPU; with no nvidia-smi
+	 * either there is none. */
+	write_file(
+	    server,
+	    "#!/bin/sh\necho 'Available devices:'\n"
+	    "echo '  Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) (24105 MiB, 23767 MiB free)'\n",
+	    0755);
+	char empty[512];
+	snprintf(empty, sizeof empty, "%s/nothing", tmpdir);
+	setenv("PATH", empty, 1);
+	b = machine_8g;
+	assert_int_equal(memsize_read_gpu(&b, server, NULL), -1);
+	assert_int_equal(b.gpu, 0);
 	setenv("PATH", saved, 1);
 	free(saved);
 }
@@ -698,9 +682,9 @@ int main(void)
 	    cmocka_unit_test(test_bad_arguments),
 	    cmocka_unit_test(test_explain),
 	    cmocka_unit_test(test_human),
-	    cmocka_unit_test_setup_teardown(test_meminfo, setup, teardown),
-	    cmocka_unit_test(test_nvidia_smi_parse),
+	    cmocka_unit_test(test_read_machine),
 	    cmocka_unit_test_setup_teardown(test_nvidia_smi_run, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_list_devices_run, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_ctx_file, setup, teardown),
 	    cmocka_unit_test(test_ctx_train_from_args),
 	};

@@ -1,0 +1,13 @@
+/* What each platform-<os>.c gives the common code of the layer, beside the
+ * public functions of platform.h. Not for use outside src/platform/. */
+#ifndef TOKI_PLATFORM_OS_H
+#define TOKI_PLATFORM_OS_H
+
+#include "platform/platform.h"
+
+/* The GPU memory the OS itself can state when no llama-server or
+ * nvidia-smi says anything: Metal's working set on Apple silicon. 0 with
+ * g->n = 1, or -1 where the OS has nothing to say. */
+int plat_os_gpu_default(struct plat_gpus *g);
+
+#endif
