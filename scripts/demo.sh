@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One command from a fresh Debian/Ubuntu machine to the cache at work:
+# One command from a fresh Debian/Ubuntu machine (or a Mac with Homebrew:
+# install-deps.sh installs Homebrew's llama.cpp, a Metal llama-server) to the
+# cache at work:
 # installs what is needed, builds toki, provisions a llama-server if none is
 # on PATH, writes a built-in random-weight demo model (no download), starts
 # llama-server with `toki serve` in front in its default mode (exact), and
@@ -22,6 +24,8 @@ if [ -n "${TOKI_BIN:-}" ]; then
 	toki=$TOKI_BIN
 else
 	scripts/install-deps.sh
+	# macOS: Homebrew's keg-only formulae on pkg-config's path (docs/platforms.md).
+	if [ "$(uname -s)" = Darwin ]; then . scripts/macos-env.sh; fi
 	cmake -S . -B build -DTOKI_WERROR=OFF >/dev/null
 	cmake --build build -j"$(nproc)" >/dev/null
 	toki=build/toki
