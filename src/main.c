@@ -15,6 +15,7 @@ static const struct cmd_entry commands[] = {
 	{"tui", cmd_tui, "chat with the running model in the terminal: raw, cached, compare"},
 	{"diff", cmd_diff, "run a prompt raw, then cached: tokens, TTFT, speed-up, identical?"},
 	{"launch", cmd_launch, "start a coding agent pinned to the local model"},
+	{"service", cmd_service, "run toki at login: a systemd user unit or a launchd agent"},
 	{"web", cmd_web, "a browser chat UI: raw vs cached turns, live numbers, a chart"},
 	{"gguf", cmd_gguf, "inspect GGUF files, or write random-weight test models"},
 	{"tokenize", cmd_tokenize, "token ids of a text as llama-server gives them, without a server"},

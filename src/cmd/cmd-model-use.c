@@ -14,12 +14,14 @@ static void usage(FILE *out)
 	fprintf(out,
 	        "usage: toki model use NAME [--ctx N] [--slots N] [--port N] [--reuse MODE] "
 	        "[--wait S]\n"
+	        "                      [--foreground]\n"
 	        "\n"
 	        "Starts the registered model: llama-server (the registry's binary:, else an\n"
 	        "installed build, else llama-server on PATH) with toki serve in front, in the\n"
 	        "background. The context is the registry's ctx: if it fits memory, else the\n"
 	        "largest that fits; asking for more than fits is refused with the numbers.\n"
-	        "A model already running elsewhere is left alone; stop it with toki down.\n");
+	        "A model already running elsewhere is left alone; stop it with toki down.\n"
+	        "--foreground makes this process toki serve instead (what toki service runs).\n");
 }
 
 int cmd_model_use(int argc, char **argv)

@@ -25,7 +25,9 @@ static void usage(FILE *out)
 	    "  --port N          toki's port (default 8787)\n"
 	    "  --reuse MODE      exact (default), fast or grid (see toki serve --help)\n"
 	    "  --llama-server B  the llama-server binary (default: see toki model use)\n"
-	    "  --wait S          seconds to wait for the model to load (default 600)\n");
+	    "  --wait S          seconds to wait for the model to load (default 600)\n"
+	    "  --foreground      become toki serve here instead of starting it in the\n"
+	    "                    background (what a service manager runs: toki service)\n");
 }
 
 int cmd_up(int argc, char **argv)

@@ -22,6 +22,7 @@ int cmd_tui(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_web(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+int cmd_service(int argc, char **argv);
 
 /* The value of "--opt VALUE" or "--opt=VALUE" at argv[*i], for commands that
  * parse their arguments by hand: 1 (and *i advanced past it), 0 when

@@ -201,6 +201,7 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	    .n_llama_args = n_args,
 	    .llama_env = envs,
 	    .n_llama_env = n_env,
+	    .foreground = o->foreground,
 	};
 	int r = run_start(&spec, o->wait_s > 0 ? o->wait_s : 600, endpoint, n, err, errlen);
 	free(args);

@@ -21,6 +21,7 @@ struct launch_opts {
 	char *const *llama_args;
 	int n_llama_args;
 	int wait_s; /* how long to wait for the model to load; 0: 600 */
+	int foreground; /* become toki serve instead of starting it in the background */
 };
 
 /* Prints what it chose and the endpoint. 0, or -1 with err. */

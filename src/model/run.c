@@ -319,6 +319,35 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 
 	struct stat log_st;
 	long log_start = stat(log, &log_st) == 0 ? (long)log_st.st_size : 0;
+	if (spec->foreground) {
+		/* This process becomes toki serve, with the pid the service
+		 * manager watches and toki down signals; its output goes to the
+		 * run's log as a detached one's does. */
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (fd < 0) {
+			snprintf(err, errlen, "cannot open %s: %s", log, strerror(errno));
+			return -1;
+		}
+		char pidpath[4200], pidtxt[32];
+		snprintf(pidpath, sizeof pidpath, "%s/serve.pid", dir);
+		int l = snprintf(pidtxt, sizeof pidtxt, "%d\n", (int)getpid());
+		if (plat_replace_file(pidpath, pidtxt, (size_t)l, 0600) != 0) {
+			snprintf(err, errlen, "cannot write %s: %s", pidpath, strerror(errno));
+			close(fd);
+			return -1;
+		}
+		fprintf(stderr, "toki: %s runs in the foreground as toki serve (pid %d); log: %s\n",
+		        spec->name, (int)getpid(), log);
+		fflush(NULL);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		close(fd);
+		execv(self, argv);
+		int e = errno;
+		unlink(pidpath);
+		snprintf(err, errlen, "cannot run %s: %s", self, strerror(e));
+		return -1;
+	}
 	/* Detached: a session of its own, outliving this command. */
 	int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	struct plat_spawn sp = {

@@ -23,6 +23,10 @@ struct run_spec {
 	int n_llama_args;
 	char *const *llama_env; /* "K=V" */
 	int n_llama_env;
+	/* Become toki serve (exec) instead of starting it detached: what a
+	 * service manager runs (toki service). run_start then returns only on
+	 * failure. */
+	int foreground;
 };
 
 struct run_info {

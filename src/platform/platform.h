@@ -14,6 +14,7 @@
  *                       compiled everywhere so their tests run on any host
  *   compat.c            strverscmp, qsort_r, cloexec pipes and sockets,
  *                       file locks, atomic replace, default folders
+ *   service.c           systemd user units and launchd agents
  *
  * Every function returns 0 (or a documented value) on success and -1 with
  * errno set, or err filled, on failure. */
@@ -176,5 +177,37 @@ int plat_strverscmp(const char *a, const char *b);
 /* qsort with a context argument, the same on every libc. Stable. */
 int plat_qsort_r(void *base, size_t n, size_t size,
                  int (*cmp)(const void *a, const void *b, void *arg), void *arg);
+
+/* --- the service manager (service.c) ------------------------------------- */
+
+/* A systemd user unit (Linux) or a launchd agent (macOS) that runs toki at
+ * login, restarts it after a crash, and leaves it stopped after a clean
+ * exit (toki down). */
+enum plat_service_kind {
+	PLAT_SERVICE_SYSTEMD,
+	PLAT_SERVICE_LAUNCHD,
+};
+struct plat_service {
+	char *const *argv;    /* the command, its program an absolute path */
+	char *const *env;     /* "NAME=value" it runs with, or NULL */
+	const char *log_path; /* its stdout and stderr */
+	const char *workdir;  /* or NULL */
+};
+/* This OS's manager. */
+enum plat_service_kind plat_service_default(void);
+const char *plat_service_kind_name(enum plat_service_kind k);
+/* The unit's or the plist's text (owned by the caller), or NULL. */
+char *plat_service_render(enum plat_service_kind k, const struct plat_service *s);
+/* Where it goes: $XDG_CONFIG_HOME/systemd/user/tokirecur.service (else
+ * ~/.config/...), or ~/Library/LaunchAgents/com.tokirecur.toki.plist. */
+int plat_service_path(enum plat_service_kind k, char *out, size_t n);
+/* Loads and starts the written file (systemctl --user daemon-reload and
+ * enable --now; launchctl bootstrap gui/UID), or stops and unloads it.
+ * 0, or -1 with err saying what the manager said. */
+int plat_service_enable(enum plat_service_kind k, const char *path, char *err, size_t errlen);
+int plat_service_disable(enum plat_service_kind k, char *err, size_t errlen);
+/* The manager's word for its state: "active", "inactive", "failed",
+ * "running", ...; -1 (out says why) when the manager cannot be asked. */
+int plat_service_state(enum plat_service_kind k, char *out, size_t n);
 
 #endif
