@@ -31,6 +31,7 @@
 #                           (e.g. "--params 24M --turns 3"; see its --help)
 #   TOKI_GPU_CONCURRENCY_JSON  where its JSON goes (default
 #                           bench/results/gpu-concurrency-DATE.json)
+#   TOKI_GPU_CHECK_TIMEOUT  seconds each part may run (default 600)
 #   TOKI_BIN                a toki binary to use as it is, without building
 #                           (a machine without toki's build dependencies)
 #   TOKI_BUILD_DIR          else the build directory (default build)
@@ -58,13 +59,14 @@ fi
 "$TOKI_GPU_LLAMA_SERVER" --list-devices
 t_all=$SECONDS
 status=0
+limit=${TOKI_GPU_CHECK_TIMEOUT:-600}
 
 if [ "$skip" != identity ]; then
 	echo "== gpu-check: identity workloads (tests/integration/test_vulkan_identity.py)"
 	t=$SECONDS
 	# Not under set -e: the concurrency part runs either way, device time
 	# being scarce.
-	if TOKI_BIN=$toki TOKI_GPU_CHECK=1 timeout 600 python3 -u tests/integration/test_vulkan_identity.py; then
+	if TOKI_BIN=$toki TOKI_GPU_CHECK=1 timeout "$limit" python3 -u tests/integration/test_vulkan_identity.py; then
 		r=passed
 	else
 		r="FAILED ($?)"
@@ -80,7 +82,7 @@ if [ "$skip" != concurrency ]; then
 	mkdir -p "$(dirname "$json")"
 	# Word splitting of the extra arguments is wanted.
 	# shellcheck disable=SC2086
-	if timeout 600 python3 -u bench/gpu_concurrency.py --toki "$toki" \
+	if timeout "$limit" python3 -u bench/gpu_concurrency.py --toki "$toki" \
 		--llama-server "$TOKI_GPU_LLAMA_SERVER" --ngl 99 --json "$json" \
 		${TOKI_GPU_CONCURRENCY_ARGS:-}; then
 		r=passed
