@@ -11,7 +11,7 @@
 #      system-wide) and print the wrapper's path.
 # Everything except the final path goes to stderr. See docs/llama-server-provisioning.md.
 #
-# Usage: scripts/provision-llama-server.sh [--force] [--backend cpu|vulkan]
+# Usage: scripts/provision-llama-server.sh [--force] [--backend cpu|vulkan] [--arch amd64|arm64]
 #   --force   ignore TOKI_LLAMA_SERVER, PATH and the cache; provision afresh.
 #   --backend vulkan   a second prefix (llama-server-vulkan/) that adds ggml's
 #             Vulkan backend and Mesa's software Vulkan driver (lavapipe): a GPU
@@ -19,9 +19,16 @@
 #             to lavapipe and GGML_VK_VISIBLE_DEVICES=0 (ggml-vulkan hides CPU-type
 #             devices otherwise), so the model's layers run in ggml-vulkan's
 #             shaders. PATH is not searched for it.
+#   --arch arm64   a third prefix (llama-server-arm64/) with sid's arm64 packages,
+#             for scripts/test-arm64.sh: on an x86_64 host its wrapper runs sid's
+#             arm64 loader under qemu-user (qemu-aarch64 or qemu-aarch64-static on
+#             PATH; the caller installs it) with ggml's baseline CPU variant
+#             (armv8.0_1). CPU backend only; TOKI_LLAMA_SERVER_ARM64 and the
+#             cached wrapper are its fast paths (PATH is not searched for it).
 # Environment:
 #   TOKI_LLAMA_SERVER    a llama-server to use as is (cpu)
 #   TOKI_LLAMA_SERVER_VULKAN  the same for --backend vulkan
+#   TOKI_LLAMA_SERVER_ARM64   the same for --arch arm64
 #   TOKI_CACHE_DIR       cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/tokirecur)
 #   TOKI_DEBIAN_MIRROR   Debian mirror URI to fetch sid from (default: parsed from
 #                        /etc/apt sources, else http://deb.debian.org/debian)
@@ -41,12 +48,15 @@ die() { log "error: $*"; exit 1; }
 
 force=0
 gpu=cpu
+arch=amd64
 while [ $# -gt 0 ]; do
   case "$1" in
     --force) force=1 ;;
     --backend) [ $# -ge 2 ] || die "--backend needs cpu or vulkan"; gpu="$2"; shift ;;
     --backend=*) gpu="${1#--backend=}" ;;
-    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    --arch) [ $# -ge 2 ] || die "--arch needs amd64 or arm64"; arch="$2"; shift ;;
+    --arch=*) arch="${1#--arch=}" ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     *) die "unknown argument: $1 (try --help)" ;;
   esac
   shift
@@ -61,6 +71,16 @@ case "$gpu" in
     WRAPPED=(llama-server llama-tokenize) ;;
   *) die "--backend: cpu or vulkan, not $gpu" ;;
 esac
+# The Debian architecture, its multiarch triple and its dynamic loader; emu is
+# what runs a binary of that architecture here (nothing when the host is one).
+emu=()
+case "$arch" in
+  amd64) triple=x86_64-linux-gnu; ld_so=ld-linux-x86-64.so.2; ld_dir64=lib64 ;;
+  arm64)
+    [ "$gpu" = cpu ] || die "--arch arm64 provisions the CPU backend only"
+    triple=aarch64-linux-gnu; ld_so=ld-linux-aarch64.so.1; ld_dir64=lib ;;
+  *) die "--arch: amd64 or arm64, not $arch" ;;
+esac
 
 abspath() { # absolute path without resolving symlinks
   case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s/%s\n' "$PWD" "$1" ;; esac
@@ -73,6 +93,7 @@ cache_root="${TOKI_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tokirecur}"
 cache_root="$(abspath "$cache_root")"
 dest="$cache_root/llama-server"
 [ "$gpu" = cpu ] || dest="$cache_root/llama-server-$gpu"
+[ "$arch" = amd64 ] || dest="$cache_root/llama-server-$arch"
 wrapper="$dest/bin/llama-server"
 
 is_our_wrapper() { # $1: a file
@@ -93,7 +114,18 @@ wrapper_works() {
 }
 
 # --- 1-3: fast paths -------------------------------------------------------
-if [ "$force" = 0 ] && [ "$gpu" = vulkan ]; then
+if [ "$force" = 0 ] && [ "$arch" != amd64 ]; then
+  if [ -n "${TOKI_LLAMA_SERVER_ARM64:-}" ]; then
+    [ -f "$TOKI_LLAMA_SERVER_ARM64" ] && [ -x "$TOKI_LLAMA_SERVER_ARM64" ] ||
+      die "TOKI_LLAMA_SERVER_ARM64=$TOKI_LLAMA_SERVER_ARM64 is not an executable file"
+    abspath "$TOKI_LLAMA_SERVER_ARM64"
+    exit 0
+  fi
+  if wrapper_works; then
+    printf '%s\n' "$wrapper"
+    exit 0
+  fi
+elif [ "$force" = 0 ] && [ "$gpu" = vulkan ]; then
   if [ -n "${TOKI_LLAMA_SERVER_VULKAN:-}" ]; then
     [ -f "$TOKI_LLAMA_SERVER_VULKAN" ] && [ -x "$TOKI_LLAMA_SERVER_VULKAN" ] ||
       die "TOKI_LLAMA_SERVER_VULKAN=$TOKI_LLAMA_SERVER_VULKAN is not an executable file"
@@ -133,7 +165,22 @@ not_supported() {
   exit 1
 }
 [ "$(uname -s)" = Linux ] || not_supported "automatic provisioning needs Linux, this is $(uname -s)"
-[ "$(uname -m)" = x86_64 ] || not_supported "automatic provisioning needs x86_64, this is $(uname -m)"
+if [ "$arch" = amd64 ]; then
+  [ "$(uname -m)" = x86_64 ] || not_supported "automatic provisioning needs x86_64, this is $(uname -m)"
+else
+  case "$(uname -m)" in
+    aarch64|arm64) ;;
+    x86_64)
+      # qemu-user runs sid's arm64 loader directly, without -L: with -L the
+      # prefix's /usr/lib/aarch64-linux-gnu/ggml/backends0 (ggml's compiled-in
+      # search path) shows through, and ggml loads its best variant there
+      # besides the one GGML_BACKEND_PATH names.
+      qemu="$(command -v qemu-aarch64 || command -v qemu-aarch64-static || true)"
+      [ -n "$qemu" ] || not_supported "--arch arm64 on x86_64 needs qemu-aarch64 (Debian: qemu-user or qemu-user-static)"
+      emu=("$qemu") ;;
+    *) not_supported "--arch arm64 needs an aarch64 or x86_64 host, this is $(uname -m)" ;;
+  esac
+fi
 [ -f /etc/debian_version ] || not_supported "automatic provisioning needs Debian, /etc/debian_version is missing"
 for tool in apt-get apt-cache dpkg-deb; do
   command -v "$tool" >/dev/null 2>&1 || not_supported "automatic provisioning needs $tool"
@@ -201,8 +248,8 @@ apt_opts=(
   # call re-parse the whole sid index (~1.5 s each).
   -o "Dir::Cache::pkgcache=pkgcache.bin"
   -o "Dir::Cache::srcpkgcache=srcpkgcache.bin"
-  -o "APT::Architecture=amd64"
-  -o "APT::Architectures=amd64"
+  -o "APT::Architecture=$arch"
+  -o "APT::Architectures=$arch"
   -o "Acquire::Languages=none"
 )
 # As root apt drops to user _apt for downloads, which cannot write into our
@@ -263,25 +310,25 @@ done
 
 # Locations inside the prefix (relative, so they work for both P and the final dir).
 rel_loader=""
-for c in usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 \
-         usr/lib64/ld-linux-x86-64.so.2 lib64/ld-linux-x86-64.so.2; do
+for c in "usr/lib/$triple/$ld_so" "lib/$triple/$ld_so" \
+         "usr/$ld_dir64/$ld_so" "$ld_dir64/$ld_so"; do
   [ -e "$P/$c" ] && { rel_loader="$c"; break; }
 done
-[ -n "$rel_loader" ] || fail "no ld-linux-x86-64.so.2 in the extracted libc6"
+[ -n "$rel_loader" ] || fail "no $ld_so in the extracted libc6"
 # Non-CPU backends (RPC): ggml also searches the executable's directory, which
 # under an explicit loader is the loader's own directory; link them there so that
 # ggml-rpc-server (and llama-server --rpc) find them. CPU variants are not linked:
 # the wrappers name exactly one of those in GGML_BACKEND_PATH.
 loader_dir="$(dirname "$(readlink -f "$P/$rel_loader")")"
-for so in "$P"/usr/lib/x86_64-linux-gnu/ggml/backends*/libggml-*.so; do
+for so in "$P/usr/lib/$triple/ggml"/backends*/libggml-*.so; do
   [ -f "$so" ] || continue
   case "$(basename "$so")" in libggml-cpu-*) continue ;; esac
   [ -e "$loader_dir/$(basename "$so")" ] ||
     ln -s "$(realpath --relative-to="$loader_dir" "$so")" "$loader_dir/$(basename "$so")"
 done
 rel_libdirs=()
-for c in usr/lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu/llama usr/lib/x86_64-linux-gnu/ggml \
-         lib/x86_64-linux-gnu; do
+for c in "usr/lib/$triple" "usr/lib/$triple/llama" "usr/lib/$triple/ggml" \
+         "lib/$triple"; do
   [ -d "$P/$c" ] && [ ! -L "$P/$c" ] && rel_libdirs+=("$c")
 done
 libpath_for() { # $1: prefix dir
@@ -291,7 +338,7 @@ libpath_for() { # $1: prefix dir
 }
 find_bin() { # $1: name -> relative path inside prefix, or nothing
   local c
-  for c in "usr/bin/$1" "usr/libexec/x86_64-linux-gnu/llama/bin/$1" "usr/libexec/x86_64-linux-gnu/ggml/$1"; do
+  for c in "usr/bin/$1" "usr/libexec/$triple/llama/bin/$1" "usr/libexec/$triple/ggml/$1"; do
     [ -f "$P/$c" ] && { printf '%s' "$c"; return 0; }
   done
   c="$(cd "$P" && find usr -type f -name "$1" -perm -u+x 2>/dev/null | head -n 1)"
@@ -301,14 +348,14 @@ rel_server="$(find_bin llama-server)"
 [ -n "$rel_server" ] || fail "llama-server not found in the extracted packages"
 run_in_work() { # $1: relative binary, rest: args
   local b="$1"; shift
-  "$P/$rel_loader" --library-path "$(libpath_for "$P")" "$P/$b" "$@"
+  "${emu[@]+"${emu[@]}"}" "$P/$rel_loader" --library-path "$(libpath_for "$P")" "$P/$b" "$@"
 }
 
 # Every shared library must resolve inside the prefix.
 for name in "${WRAPPED[@]}"; do
   rb="$(find_bin "$name")" || true
   [ -n "$rb" ] || continue
-  listing="$("$P/$rel_loader" --library-path "$(libpath_for "$P")" --list "$P/$rb" 2>&1)" ||
+  listing="$("${emu[@]+"${emu[@]}"}" "$P/$rel_loader" --library-path "$(libpath_for "$P")" --list "$P/$rb" 2>&1)" ||
     fail "the loader cannot resolve $name's libraries: $listing"
   missing="$(printf '%s\n' "$listing" | grep 'not found' || true)"
   [ -z "$missing" ] || fail "$name needs libraries that no fetched package provides: $missing"
@@ -317,32 +364,44 @@ for name in "${WRAPPED[@]}"; do
 done
 
 # CPU backend: the best variant the CPU flags allow, confirmed by loading it.
-rel_backends="usr/lib/x86_64-linux-gnu/ggml/backends0"
+rel_backends="usr/lib/$triple/ggml/backends0"
 [ -d "$P/$rel_backends" ] || rel_backends="$(cd "$P" && find usr -type d -name 'backends*' | head -n 1)"
 if [ -z "$rel_backends" ] || [ ! -d "$P/$rel_backends" ]; then
   fail "no ggml backends directory in libggml"
 fi
-flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
-has() { local f; for f in "$@"; do case "$flags" in *" $f "*) ;; *) return 1 ;; esac; done; }
 prefs=()
-if has avx512f avx512cd avx512bw avx512dq avx512vl; then
-  has avx512_vnni avx512vbmi avx512_bf16 amx_tile amx_int8 && prefs+=(sapphirerapids)
-  has avx512_vnni avx512vbmi avx512_bf16 && prefs+=(zen4)
-  has avx512_vnni avx512_bf16 && prefs+=(cooperlake)
-  has avx512_vnni avx512vbmi && prefs+=(icelake)
-  has avx512_vnni && prefs+=(cascadelake)
-  has avx512vbmi && prefs+=(cannonlake)
-  prefs+=(skylakex)
+if [ "$arch" = arm64 ]; then
+  # Under qemu the baseline variant (armv8.0_1, NEON only): qemu's default CPU
+  # claims SVE, SVE2 and SME, whose variants load but are the slowest to emulate,
+  # and a baseline does not change with qemu's version. Natively: best first,
+  # each confirmed by loading it as below.
+  if [ ${#emu[@]} -gt 0 ]; then
+    prefs=(armv8.0_1)
+  else
+    prefs=(armv9.2_2 armv9.2_1 armv8.6_2 armv8.6_1 armv8.2_3 armv8.2_2 armv8.2_1 armv8.0_1)
+  fi
+else
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  has() { local f; for f in "$@"; do case "$flags" in *" $f "*) ;; *) return 1 ;; esac; done; }
+  if has avx512f avx512cd avx512bw avx512dq avx512vl; then
+    has avx512_vnni avx512vbmi avx512_bf16 amx_tile amx_int8 && prefs+=(sapphirerapids)
+    has avx512_vnni avx512vbmi avx512_bf16 && prefs+=(zen4)
+    has avx512_vnni avx512_bf16 && prefs+=(cooperlake)
+    has avx512_vnni avx512vbmi && prefs+=(icelake)
+    has avx512_vnni && prefs+=(cascadelake)
+    has avx512vbmi && prefs+=(cannonlake)
+    prefs+=(skylakex)
+  fi
+  if has avx2 fma f16c bmi2; then
+    has avx_vnni && prefs+=(alderlake)
+    prefs+=(haswell)
+  fi
+  has avx f16c fma && prefs+=(piledriver)
+  has avx f16c && prefs+=(ivybridge)
+  has avx && prefs+=(sandybridge)
+  has sse4_2 && prefs+=(sse42)
+  prefs+=(x64)
 fi
-if has avx2 fma f16c bmi2; then
-  has avx_vnni && prefs+=(alderlake)
-  prefs+=(haswell)
-fi
-has avx f16c fma && prefs+=(piledriver)
-has avx f16c && prefs+=(ivybridge)
-has avx && prefs+=(sandybridge)
-has sse4_2 && prefs+=(sse42)
-prefs+=(x64)
 backend=""
 for v in "${prefs[@]}"; do
   so="$rel_backends/libggml-cpu-$v.so"
@@ -364,7 +423,7 @@ if [ "$gpu" = vulkan ]; then
   icd="$(cd "$P" && find usr/share/vulkan/icd.d -name 'lvp_icd*.json' 2>/dev/null | head -n 1)"
   [ -n "$icd" ] || fail "mesa-vulkan-drivers has no lavapipe ICD manifest (lvp_icd*.json)"
   lvp="$(sed -n 's/.*"library_path"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$P/$icd")"
-  case "$lvp" in /*) rel_lvp="${lvp#/}" ;; *) rel_lvp="usr/lib/x86_64-linux-gnu/$lvp" ;; esac
+  case "$lvp" in /*) rel_lvp="${lvp#/}" ;; *) rel_lvp="usr/lib/$triple/$lvp" ;; esac
   [ -f "$P/$rel_lvp" ] || fail "lavapipe's driver $rel_lvp is not in the prefix"
   write_icd() { # $1: prefix dir, $2: output file
     sed "s#\"library_path\"[[:space:]]*:[[:space:]]*\"[^\"]*\"#\"library_path\": \"$1/$rel_lvp\"#" "$P/$icd" >"$2"
@@ -384,6 +443,8 @@ fi
 # Wrappers, with absolute paths to the final location.
 shq() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
 final_p="$dest/prefix"
+emu_sh=""
+[ ${#emu[@]} -eq 0 ] || emu_sh="$(shq "${emu[0]}") "
 written=()
 for name in "${WRAPPED[@]}"; do
   rb="$(find_bin "$name")" || true
@@ -399,7 +460,7 @@ for name in "${WRAPPED[@]}"; do
       printf '%s="${%s:-%s}"\nexport %s\n' "${kv%%=*}" "${kv%%=*}" \
         "$(printf '%s' "${kv#*=}" | sed 's/[\\"$`]/\\&/g')" "${kv%%=*}"
     done
-    printf 'exec %s --library-path %s %s "$@"\n' "$(shq "$final_p/$rel_loader")" \
+    printf 'exec %s%s --library-path %s %s "$@"\n' "$emu_sh" "$(shq "$final_p/$rel_loader")" \
       "$(shq "$(libpath_for "$final_p")")" "$(shq "$final_p/$rb")"
   } >"$work/out/bin/$name"
   chmod 0755 "$work/out/bin/$name"
@@ -410,6 +471,7 @@ version="$(run_in_work "$rel_server" --version 2>&1 | grep -m1 '^version' || tru
   printf 'mirror: %s sid\n' "$mirror"
   printf 'llama-server: %s\n' "$version"
   printf 'cpu backend: %s\n' "$backend"
+  [ "$arch" = amd64 ] || printf 'arch: %s%s\n' "$arch" "${emu[0]:+ (under ${emu[0]})}"
   [ "$gpu" = cpu ] || printf 'gpu backend: %s (%s)\n' "$gpu" "$(grep -m1 'Vulkan0' <<<"$devices" | sed 's/^ *//')"
   printf 'wrappers: %s\n' "${written[*]}"
   printf 'provisioned: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
