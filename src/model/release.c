@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "model/download.h"
+#include "platform/platform.h"
 #include "util/paths.h"
 #include "util/err.h"
 
@@ -224,8 +225,8 @@ static int on_path(const char *tool, char *out, size_t n)
 	return 0;
 }
 
-/* Runs tool (found on PATH) with one argument, collecting stdout; kills it
- * (and its process group) after PROBE_TIMEOUT_MS. Returns the exit status,
+/* Runs tool (found on PATH) with one argument, collecting stdout; killed
+ * with its process group after PROBE_TIMEOUT_MS. Returns the exit status,
  * or -1 when it could not run or did not finish. */
 static int probe(const char *tool, const char *arg, char *out, size_t n)
 {
@@ -233,71 +234,14 @@ static int probe(const char *tool, const char *arg, char *out, size_t n)
 	out[0] = '\0';
 	if (!on_path(tool, exe, sizeof exe))
 		return -1;
-	int pfd[2];
-	if (pipe2(pfd, O_CLOEXEC) != 0)
-		return -1;
-	pid_t pid = fork();
-	if (pid < 0) {
-		close(pfd[0]);
-		close(pfd[1]);
-		return -1;
-	}
-	if (pid == 0) {
-		setpgid(0, 0);
-		int devnull = open("/dev/null", O_RDWR);
-		if (devnull >= 0) {
-			dup2(devnull, STDIN_FILENO);
-			dup2(devnull, STDERR_FILENO);
-		}
-		dup2(pfd[1], STDOUT_FILENO);
-		char *const args[] = {(char *)tool, (char *)arg, NULL};
-		execv(exe, args);
-		_exit(127);
-	}
-	setpgid(pid, pid); /* both sides, so the kill below finds the group */
-	close(pfd[1]);
-	struct timespec t0, t;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	size_t got = 0;
+	char *const args[] = {exe, (char *)arg, NULL};
+	struct plat_cmd c = {.argv = args, .timeout_ms = PROBE_TIMEOUT_MS};
 	int timed_out = 0;
-	for (;;) {
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		long elapsed = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
-		if (elapsed >= PROBE_TIMEOUT_MS) {
-			timed_out = 1;
-			break;
-		}
-		struct pollfd p = {.fd = pfd[0], .events = POLLIN};
-		int r = poll(&p, 1, (int)(PROBE_TIMEOUT_MS - elapsed));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			timed_out = r == 0;
-			break;
-		}
-		char buf[4096];
-		ssize_t k = read(pfd[0], buf, sizeof buf);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			break;
-		size_t take = got + (size_t)k < n ? (size_t)k : n - 1 - got;
-		memcpy(out + got, buf, take);
-		got += take;
-		out[got] = '\0';
-	}
-	close(pfd[0]);
+	int st = plat_run(&c, out, n, NULL, &timed_out);
 	if (timed_out)
-		kill(-pid, SIGKILL);
-	int status = 0;
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	if (timed_out) {
 		fprintf(stderr, "toki: %s did not answer within %d s; ignoring it\n", tool,
 		        PROBE_TIMEOUT_MS / 1000);
-		return -1;
-	}
-	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+	return st;
 }
 
 /* The first "gfxNNNN" agent name in rocminfo's output. */
@@ -454,7 +398,7 @@ int release_choose_asset(const struct release_info *r, const char *os, const cha
 		 * (it keeps the libraries' symbolic links) over .zip. */
 		int better = best < 0;
 		if (!better) {
-			int c = strverscmp(k.version, bk.version);
+			int c = plat_strverscmp(k.version, bk.version);
 			better = c > 0 || (c == 0 && k.tar && !bk.tar);
 		}
 		if (better) {
