@@ -120,15 +120,23 @@ int release_fetch(const char *tag, struct release_info *out, char *err, size_t e
 			err_set(err, errlen, "fetching %s failed: HTTP %ld: %s", url, status, msg);
 		return -1;
 	}
+	int rc = release_parse(body, len, url, out, err, errlen);
+	free(body);
+	return rc;
+}
+
+int release_parse(const char *body, size_t len, const char *what, struct release_info *out,
+                  char *err, size_t errlen)
+{
+	memset(out, 0, sizeof *out);
 	json_error_t je;
 	json_t *j = json_loadb(body, len, 0, &je);
-	free(body);
 	const char *tag_name = json_string_value(json_object_get(j, "tag_name"));
 	json_t *assets = json_object_get(j, "assets");
 	if (!tag_name || !json_is_array(assets)) {
 		json_decref(j);
 		err_set(err, errlen, "the answer from %s is not a release (no tag_name or assets)",
-		        url);
+		        what);
 		return -1;
 	}
 	if (!paths_is_safe_name(tag_name)) {
@@ -294,6 +302,55 @@ int release_detect_backends(const char **list, int max, char *gfx, size_t gfxlen
 	return n;
 }
 
+int release_parse_cuda_version(const char *nvidia_smi, char *out, size_t n)
+{
+	/* The header's "CUDA Version: 13.0" is the newest CUDA the driver
+	 * runs; "CUDA Version: N/A" (a driver with no CUDA) is not a version. */
+	const char *p = nvidia_smi ? strstr(nvidia_smi, "CUDA Version:") : NULL;
+	if (!p || !n)
+		return -1;
+	p += strlen("CUDA Version:");
+	while (*p == ' ' || *p == '\t')
+		p++;
+	size_t k = 0;
+	while (isdigit((unsigned char)p[k]))
+		k++;
+	if (k == 0 || p[k] != '.' || !isdigit((unsigned char)p[k + 1]))
+		return -1;
+	k++;
+	while (isdigit((unsigned char)p[k]))
+		k++;
+	if (k >= n)
+		return -1;
+	memcpy(out, p, k);
+	out[k] = '\0';
+	return 0;
+}
+
+int release_cuda_driver_version(char *out, size_t n)
+{
+	char *text = malloc(PROBE_OUTPUT_MAX);
+	if (!text)
+		return -1;
+	int rc = probe("nvidia-smi", NULL, text, PROBE_OUTPUT_MAX) == 0
+	             ? release_parse_cuda_version(text, out, n)
+	             : -1;
+	free(text);
+	return rc;
+}
+
+const char *release_next_backend(const char *backend)
+{
+	/* Vulkan drives NVIDIA, AMD and Intel GPUs alike, so it is what a GPU
+	 * whose own stack does not work here falls back to before the CPU. */
+	if (!strcmp(backend, "cuda") || !strcmp(backend, "rocm") || !strcmp(backend, "sycl") ||
+	    !strcmp(backend, "openvino"))
+		return "vulkan";
+	if (!strcmp(backend, "vulkan") || !strcmp(backend, "metal"))
+		return "cpu";
+	return NULL;
+}
+
 static const char *const known_backends[] = {"cpu",      "cuda",   "rocm", "sycl",
                                              "openvino", "vulkan", "metal"};
 
@@ -374,19 +431,44 @@ static int parse_asset(const char *name, struct asset_kind *k)
 	return 0;
 }
 
-/* On macOS the plain arm64 build is the Metal build. */
+/* On macOS the plain arm64 build is the Metal build (the x64 one is built
+ * with -DGGML_METAL=OFF). */
 static int backend_matches(const struct asset_kind *k, const char *backend)
 {
 	if (!strcmp(backend, "metal"))
-		return !strcmp(k->os, "macos") && !strcmp(k->backend, "cpu");
+		return !strcmp(k->os, "macos") && !strcmp(k->arch, "arm64") &&
+		       !strcmp(k->backend, "cpu");
 	return !strcmp(k->backend, backend);
+}
+
+/* Of two builds of one backend for one platform, whether a is to be
+ * preferred: the higher version (two CUDA builds: the newer; SYCL's fp32,
+ * llama.cpp's default, over fp16, as strverscmp orders them), then .tar.gz
+ * (it keeps the libraries' symbolic links) over .zip. */
+static int better_build(const struct asset_kind *a, const struct asset_kind *b)
+{
+	int c = plat_strverscmp(a->version, b->version);
+	return c > 0 || (c == 0 && a->tar && !b->tar);
+}
+
+static long version_major(const char *v)
+{
+	return isdigit((unsigned char)v[0]) ? strtol(v, NULL, 10) : -1;
 }
 
 int release_choose_asset(const struct release_info *r, const char *os, const char *arch,
                          const char *backend, char *err, size_t errlen)
 {
-	int best = -1;
-	struct asset_kind bk = {0};
+	return release_choose_build(r, os, arch, backend, NULL, err, errlen);
+}
+
+int release_choose_build(const struct release_info *r, const char *os, const char *arch,
+                         const char *backend, const char *cuda_driver, char *err, size_t errlen)
+{
+	int best = -1, fit = -1, compat = -1;
+	struct asset_kind bk = {0}, fk = {0}, ck = {0};
+	int by_driver = !strcmp(backend, "cuda") && cuda_driver && *cuda_driver;
+	long driver_major = by_driver ? version_major(cuda_driver) : -1;
 	for (size_t i = 0; i < r->n; i++) {
 		struct asset_kind k;
 		if (parse_asset(r->assets[i].name, &k) != 0)
@@ -394,20 +476,47 @@ int release_choose_asset(const struct release_info *r, const char *os, const cha
 		if (strcmp(k.os, os) != 0 || strcmp(k.arch, arch) != 0 ||
 		    !backend_matches(&k, backend))
 			continue;
-		/* The highest version (two CUDA builds: the newer), then .tar.gz
-		 * (it keeps the libraries' symbolic links) over .zip. */
-		int better = best < 0;
-		if (!better) {
-			int c = plat_strverscmp(k.version, bk.version);
-			better = c > 0 || (c == 0 && k.tar && !bk.tar);
-		}
-		if (better) {
+		if (best < 0 || better_build(&k, &bk)) {
 			best = (int)i;
 			bk = k;
 		}
+		if (!by_driver)
+			continue;
+		if (plat_strverscmp(k.version, cuda_driver) <= 0) {
+			if (fit < 0 || better_build(&k, &fk)) {
+				fit = (int)i;
+				fk = k;
+			}
+		} else if (version_major(k.version) == driver_major) {
+			if (compat < 0 || better_build(&k, &ck)) {
+				compat = (int)i;
+				ck = k;
+			}
+		}
 	}
-	if (best >= 0)
+	if (best >= 0 && !by_driver)
 		return best;
+	if (fit >= 0)
+		return fit;
+	if (compat >= 0)
+		return compat;
+	if (best >= 0) {
+		char versions[512] = "";
+		size_t vo = 0;
+		for (size_t i = 0; i < r->n && vo < sizeof versions; i++) {
+			struct asset_kind k;
+			if (parse_asset(r->assets[i].name, &k) == 0 && !strcmp(k.os, os) &&
+			    !strcmp(k.arch, arch) && backend_matches(&k, backend))
+				vo += (size_t)snprintf(versions + vo, sizeof versions - vo, "%s%s",
+				                       vo ? ", " : "", k.version);
+		}
+		err_set(err, errlen,
+		        "the NVIDIA driver here runs CUDA %s at most (nvidia-smi says so), and "
+		        "llama.cpp %s's CUDA builds for %s %s are for CUDA %s: a newer NVIDIA "
+		        "driver runs them",
+		        cuda_driver, r->tag, os, arch, versions);
+		return -1;
+	}
 	char here[1024] = "", all[2048] = "";
 	size_t ho = 0, ao = 0;
 	for (size_t i = 0; i < r->n; i++) {
@@ -428,6 +537,118 @@ int release_choose_asset(const struct release_info *r, const char *os, const cha
 	        r->tag, backend, os, arch, os, arch, here[0] ? here : "none",
 	        all[0] ? all : "none");
 	return -1;
+}
+
+/* The tag part of a build's name: "b7000" in llama-b7000-bin-..., "" in
+ * Windows's cudart-llama-bin-... . */
+static void asset_tag(const char *name, char *out, size_t n)
+{
+	const char *p = name + strlen("llama-");
+	const char *bin = strstr(name, "-bin-");
+	size_t len = bin && bin >= p ? (size_t)(bin - p) : 0;
+	snprintf(out, n, "%.*s", (int)len, p);
+}
+
+int release_companion_asset(const struct release_info *r, size_t asset)
+{
+	struct asset_kind main_k;
+	if (asset >= r->n || parse_asset(r->assets[asset].name, &main_k) != 0)
+		return -1;
+	char main_tag[128];
+	asset_tag(r->assets[asset].name, main_tag, sizeof main_tag);
+	int best = -1, best_score = -1;
+	for (size_t i = 0; i < r->n; i++) {
+		const char *name = r->assets[i].name;
+		struct asset_kind k;
+		if (strncmp(name, "cudart-", 7) != 0 || parse_asset(name + 7, &k) != 0 ||
+		    strcmp(k.platform, main_k.platform) != 0)
+			continue;
+		char tag[128];
+		asset_tag(name + 7, tag, sizeof tag);
+		if (tag[0] && strcmp(tag, main_tag) != 0)
+			continue; /* another build's runtime */
+		int score = (tag[0] ? 2 : 0) + (k.tar == main_k.tar);
+		if (score > best_score) {
+			best = (int)i;
+			best_score = score;
+		}
+	}
+	if (best >= 0)
+		return best;
+	return strcmp(main_k.backend, "cuda") == 0 ? -2 : -1;
+}
+
+/* The names a backend's devices have in --list-devices: ggml's device
+ * names (CUDA0; ROCm0 from ggml-cuda built for HIP; MTL0, "Metal" before
+ * ggml-metal's rename; OPENVINO0). */
+static const char *const *device_prefixes(const char *backend)
+{
+	static const char *const cuda[] = {"CUDA", NULL}, *const rocm[] = {"ROCm", "HIP", NULL},
+	                         *const vulkan[] = {"Vulkan", NULL}, *const sycl[] = {"SYCL", NULL},
+	                         *const openvino[] = {"OPENVINO", NULL},
+	                         *const metal[] = {"MTL", "Metal", NULL};
+	if (!strcmp(backend, "cuda"))
+		return cuda;
+	if (!strcmp(backend, "rocm"))
+		return rocm;
+	if (!strcmp(backend, "vulkan"))
+		return vulkan;
+	if (!strcmp(backend, "sycl"))
+		return sycl;
+	if (!strcmp(backend, "openvino"))
+		return openvino;
+	if (!strcmp(backend, "metal"))
+		return metal;
+	return NULL;
+}
+
+/* "CUDA0" is a device of "CUDA"; "CUDAX" or "CUDA_Host" are not. */
+static int device_of(const char *name, const char *const *prefixes)
+{
+	for (; *prefixes; prefixes++) {
+		size_t l = strlen(*prefixes);
+		if (!strncmp(name, *prefixes, l)) {
+			const char *p = name + l;
+			while (isdigit((unsigned char)*p))
+				p++;
+			if (*p == '\0')
+				return 1;
+		}
+	}
+	return 0;
+}
+
+int release_backend_devices(const char *backend, const struct plat_gpus *g, int count_software,
+                            char *why, size_t n)
+{
+	if (why && n)
+		why[0] = '\0';
+	const char *const *prefixes = device_prefixes(backend);
+	if (!prefixes)
+		return 1; /* cpu: the CPU is always there */
+	int found = 0, software = 0;
+	for (int i = 0; i < g->n; i++) {
+		if (!device_of(g->dev[i].name, prefixes))
+			continue;
+		if (plat_gpu_is_software(&g->dev[i]) && !count_software)
+			software++;
+		else
+			found++;
+	}
+	if (found || !why || !n)
+		return found;
+	if (g->n == 0) {
+		snprintf(why, n, "it lists no %s device (no device at all)", prefixes[0]);
+		return 0;
+	}
+	size_t o = (size_t)snprintf(why, n, "it lists no %s device%s", prefixes[0],
+	                            software ? " but a software renderer, which is no GPU "
+	                                       "(named with --backend it would do)"
+	                                     : "");
+	for (int i = 0; i < g->n && o < n; i++)
+		o += (size_t)snprintf(why + o, n - o, "%s%s: %s", i ? ", " : "; only ",
+		                      g->dev[i].name, g->dev[i].desc);
+	return 0;
 }
 
 /* --- unpacking ----------------------------------------------------------- */
@@ -651,6 +872,164 @@ int release_unpack(const char *archive, const char *dir, char *err, size_t errle
 	return rc;
 }
 
+/* --- checking a build ---------------------------------------------------- */
+
+/* How long `llama-server --version` or `--list-devices` may take: loading
+ * a GPU backend initialises its driver (seconds on a machine with several
+ * GPUs), and a wedged driver must not hang the install.
+ * $TOKI_LIST_DEVICES_TIMEOUT_MS, which context sizing's --list-devices
+ * heeds too, sets another limit. */
+#define VERIFY_TIMEOUT_MS 60000
+#define VERIFY_OUTPUT_MAX (256 * 1024)
+/* How much of what a failing llama-server printed the report quotes: the
+ * loader's or the backend's complaint is in its last lines. */
+#define TAIL_LINES 12
+#define TAIL_BYTES 2000
+
+/* The last lines of text (at most TAIL_LINES and TAIL_BYTES), each
+ * indented, into out; control characters from the downloaded program are
+ * shown as '?' so that they cannot drive the terminal. */
+static void tail_lines(const char *text, char *out, size_t n)
+{
+	size_t len = strlen(text);
+	while (len > 0 && isspace((unsigned char)text[len - 1]))
+		len--;
+	if (len == 0) {
+		snprintf(out, n, "    (nothing)");
+		return;
+	}
+	const char *end = text + len, *start = end;
+	int lines = 0;
+	while (start > text && (size_t)(end - start) < TAIL_BYTES) {
+		if (start[-1] == '\n' && ++lines == TAIL_LINES)
+			break;
+		start--;
+	}
+	size_t o = 0;
+	int bol = 1;
+	for (const char *p = start; p < end && o + 6 < n; p++) {
+		if (bol) {
+			memcpy(out + o, "    ", 4);
+			o += 4;
+			bol = 0;
+		}
+		unsigned char ch = (unsigned char)*p;
+		if (ch == '\n')
+			bol = 1;
+		else if (ch == '\r')
+			continue;
+		else if (ch < 0x20 && ch != '\t')
+			ch = '?';
+		else if (ch == 0x7f)
+			ch = '?';
+		out[o++] = (char)ch;
+	}
+	out[o] = '\0';
+}
+
+/* Runs `server arg` as the launcher will run it (the same environment, and
+ * the build's HSA_OVERRIDE_GFX_VERSION), stdout and stderr together into
+ * out. 0 when it exited 0, else -1 with why. */
+static int run_server(const char *server, const char *arg, char *const env[], char *out, size_t n,
+                      char *why, size_t whylen)
+{
+	char *const argv[] = {(char *)server, (char *)arg, NULL};
+	const char *t = getenv("TOKI_LIST_DEVICES_TIMEOUT_MS");
+	int timeout_ms = t && atoi(t) > 0 ? atoi(t) : VERIFY_TIMEOUT_MS;
+	struct plat_cmd c = {
+	    .argv = argv, .env_extra = env, .timeout_ms = timeout_ms, .merge_stderr = 1};
+	int timed_out = 0;
+	int st = plat_run(&c, out, n, NULL, &timed_out);
+	if (st == 0)
+		return 0;
+	char tail[TAIL_BYTES + TAIL_LINES * 8];
+	tail_lines(out, tail, sizeof tail);
+	if (timed_out)
+		err_set(why, whylen,
+		        "`llama-server %s` did not finish within %.1f s (a hung GPU driver?); it "
+		        "printed:\n%s",
+		        arg, timeout_ms / 1000.0, tail);
+	else if (st < 0)
+		err_set(
+		    why, whylen,
+		    "`llama-server %s` could not run or was killed by a signal; it printed:\n%s",
+		    arg, tail);
+	else
+		err_set(why, whylen, "`llama-server %s` failed (exit status %d); it printed:\n%s",
+		        arg, st, tail);
+	return -1;
+}
+
+struct server_check {
+	char version[256];    /* the "version: ..." line */
+	struct plat_gpus gpu; /* what --list-devices listed */
+	int listed;           /* whether --list-devices answered */
+};
+
+/* Whether the unpacked build runs here and sees a device of its backend.
+ * 0, or -1 with why. */
+static int check_server(const char *server, const struct release_install_opts *o,
+                        struct server_check *c, char *why, size_t whylen)
+{
+	memset(c, 0, sizeof *c);
+	char *out = malloc(VERIFY_OUTPUT_MAX);
+	if (!out) {
+		err_set(why, whylen, "out of memory");
+		return -1;
+	}
+	char env_gfx[64];
+	char *env[2] = {NULL, NULL};
+	if (o->gfx) {
+		snprintf(env_gfx, sizeof env_gfx, "HSA_OVERRIDE_GFX_VERSION=%s", o->gfx);
+		env[0] = env_gfx;
+	}
+	int cpu = !strcmp(o->backend, "cpu");
+	int rc = -1;
+	if (run_server(server, "--version", env, out, VERIFY_OUTPUT_MAX, why, whylen) != 0)
+		goto done;
+	const char *v = strstr(out, "version:");
+	if (v) {
+		size_t l = strcspn(v, "\r\n");
+		snprintf(c->version, sizeof c->version, "%.*s", (int)l, v);
+		for (char *p = c->version; *p; p++)
+			if ((unsigned char)*p < 0x20 || *p == 0x7f)
+				*p = '?';
+	}
+	char lerr[TAIL_BYTES + 512] = "";
+	int ran = run_server(server, "--list-devices", env, out, VERIFY_OUTPUT_MAX, lerr,
+	                     sizeof lerr) == 0;
+	if (!ran || plat_parse_list_devices(out, &c->gpu) < 0) {
+		if (cpu) {
+			/* Builds from before --list-devices (early 2025) still
+			 * run on the CPU; --version showed that they start. */
+			rc = 0;
+			goto done;
+		}
+		if (ran) {
+			char tail[TAIL_BYTES + TAIL_LINES * 8];
+			tail_lines(out, tail, sizeof tail);
+			err_set(lerr, sizeof lerr,
+			        "`llama-server --list-devices` printed no device listing:\n%s",
+			        tail);
+		}
+		err_set(why, whylen, "%s", lerr);
+		goto done;
+	}
+	c->listed = 1;
+	char what[1024];
+	if (release_backend_devices(o->backend, &c->gpu, o->count_software, what, sizeof what) ==
+	    0) {
+		char tail[TAIL_BYTES + TAIL_LINES * 8];
+		tail_lines(out, tail, sizeof tail);
+		err_set(why, whylen, "%s; `llama-server --list-devices` printed:\n%s", what, tail);
+		goto done;
+	}
+	rc = 0;
+done:
+	free(out);
+	return rc;
+}
+
 /* --- installing ---------------------------------------------------------- */
 
 static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -705,16 +1084,101 @@ static int find_file(const char *dir, const char *name, int depth, char *out, si
 	return *best >= 0;
 }
 
-static int write_build_json(const char *path, const char *tag, const char *backend,
-                            const struct release_asset *a, int verified, const char *server,
-                            const char *gfx, char *err, size_t errlen)
+/* Moves every file and symbolic link under dir (SEARCH_DEPTH levels at
+ * most) into dest, flat: the CUDA runtime's libraries must sit beside
+ * llama-server and its libggml-cuda, whatever folders their archive has. A
+ * link keeps only its target's last component, which the flattening puts
+ * beside it (unpacking let no link point outside the archive). A name dest
+ * has already keeps the build's own file (a LICENSE, say). Returns the
+ * number moved, or -1 with a message. */
+static int move_flat(const char *dir, const char *dest, int depth, char *err, size_t errlen)
 {
+	DIR *d = opendir(dir);
+	if (!d) {
+		err_set(err, errlen, "cannot read %s: %s", dir, strerror(errno));
+		return -1;
+	}
+	int moved = 0;
+	struct dirent *de;
+	char from[4096], to[4096], target[4096];
+	while ((de = readdir(d))) {
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		struct stat st;
+		if ((size_t)snprintf(from, sizeof from, "%s/%s", dir, de->d_name) >= sizeof from ||
+		    (size_t)snprintf(to, sizeof to, "%s/%s", dest, de->d_name) >= sizeof to ||
+		    lstat(from, &st) != 0)
+			continue;
+		if (S_ISDIR(st.st_mode)) {
+			int k = depth < SEARCH_DEPTH ? move_flat(from, dest, depth + 1, err, errlen)
+			                             : 0;
+			if (k < 0) {
+				closedir(d);
+				return -1;
+			}
+			moved += k;
+			continue;
+		}
+		if (lstat(to, &st) == 0) {
+			fprintf(stderr,
+			        "toki: note: the build has its own %s; the CUDA runtime archive's "
+			        "copy is left out\n",
+			        de->d_name);
+			continue;
+		}
+		int r;
+		ssize_t tl;
+		if (lstat(from, &st) == 0 && S_ISLNK(st.st_mode) &&
+		    (tl = readlink(from, target, sizeof target - 1)) > 0) {
+			target[tl] = '\0';
+			const char *base = strrchr(target, '/');
+			r = symlink(base ? base + 1 : target, to);
+		} else {
+			r = rename(from, to);
+		}
+		if (r != 0) {
+			err_set(err, errlen, "cannot move %s to %s: %s", from, to, strerror(errno));
+			closedir(d);
+			return -1;
+		}
+		moved++;
+	}
+	closedir(d);
+	return moved;
+}
+
+static json_t *asset_json(const struct release_asset *a, int verified)
+{
+	return json_pack("{s:s, s:s, s:s?, s:b}", "asset", a->name, "url", a->url, "sha256",
+	                 a->sha256[0] ? a->sha256 : NULL, "sha256_verified", verified);
+}
+
+static int write_build_json(const char *path, const char *tag, const struct release_asset *a,
+                            int verified, const struct release_asset *cudart, int cudart_verified,
+                            const struct server_check *c, const char *server,
+                            const struct release_install_opts *o, char *err, size_t errlen)
+{
+	json_t *devices = json_array();
+	for (int i = 0; devices && i < c->gpu.n; i++) {
+		char d[200];
+		snprintf(d, sizeof d, "%s: %s", c->gpu.dev[i].name, c->gpu.dev[i].desc);
+		json_array_append_new(devices, json_string(d));
+	}
+	json_t *rt = cudart ? asset_json(cudart, cudart_verified) : json_null();
 	json_t *j =
-	    json_pack("{s:s, s:s, s:s, s:s, s:s?, s:b, s:s, s:s?, s:I}", "tag", tag, "backend",
-	              backend, "asset", a->name, "url", a->url, "sha256",
-	              a->sha256[0] ? a->sha256 : NULL, "sha256_verified", verified, "llama_server",
-	              server, "gfx", gfx, "installed_at", (json_int_t)time(NULL));
+	    devices && rt
+	        ? json_pack("{s:s, s:s, s:s, s:s, s:s?, s:b, s:o, s:s?, s:o, s:s, s:s?, s:I}",
+	                    "tag", tag, "backend", o->backend, "asset", a->name, "url", a->url,
+	                    "sha256", a->sha256[0] ? a->sha256 : NULL, "sha256_verified", verified,
+	                    "cudart", rt, "version", c->version[0] ? c->version : NULL, "devices",
+	                    devices, "llama_server", server, "gfx", o->gfx, "installed_at",
+	                    (json_int_t)time(NULL))
+	        : NULL;
 	if (!j) {
+		if (!devices || !rt) {
+			json_decref(devices);
+			json_decref(rt);
+		}
 		err_set(err, errlen, "cannot build build.json (out of memory?)");
 		return -1;
 	}
@@ -727,20 +1191,46 @@ static int write_build_json(const char *path, const char *tag, const char *backe
 	return 0;
 }
 
+/* Downloads a into dest, checked against its digest when the release
+ * gives one (*verified says whether it did). 0, or -1. */
+static int fetch_archive(const struct release_asset *a, const char *dest, int *verified, char *err,
+                         size_t errlen)
+{
+	*verified = a->sha256[0] != '\0';
+	if (!*verified)
+		fprintf(stderr,
+		        "toki: warning: the release gives no SHA-256 digest for %s; it cannot be "
+		        "verified\n",
+		        a->name);
+	struct download_opts d = {.url = a->url,
+	                          .dest = dest,
+	                          .expect_sha256 = *verified ? a->sha256 : NULL,
+	                          .label = a->name,
+	                          .progress = 1};
+	if (download_file(&d, err, errlen) != 0)
+		return -1;
+	if (*verified)
+		fprintf(stderr, "toki: %s matches the release's SHA-256 %s\n", a->name, a->sha256);
+	return 0;
+}
+
 int release_install(const struct release_info *r, size_t asset,
                     const struct release_install_opts *o, char *server, size_t n, char *err,
                     size_t errlen)
 {
 	const struct release_asset *a = &r->assets[asset];
+	const struct release_asset *rt = o->companion;
 	if (!paths_is_safe_name(o->name)) {
 		err_set(err, errlen, "'%s' is not a usable install name", o->name);
 		return -1;
 	}
-	if (!paths_is_safe_name(a->name)) {
-		err_set(err, errlen, "the asset name '%s' is not usable as a file name", a->name);
+	if (!paths_is_safe_name(a->name) || (rt && !paths_is_safe_name(rt->name))) {
+		err_set(err, errlen, "the asset name '%s' is not usable as a file name",
+		        paths_is_safe_name(a->name) ? rt->name : a->name);
 		return -1;
 	}
 	char root[4096], final[4096], downloads[4096], archive[4096], tmp[4096];
+	char rt_archive[4096] = "", rt_tmp[4096] = "";
 	if (paths_state_sub(root, sizeof root, "llama") != 0 ||
 	    (size_t)snprintf(final, sizeof final, "%s/%s", root, o->name) >= sizeof final ||
 	    (size_t)snprintf(downloads, sizeof downloads, "%s/.downloads", root) >=
@@ -748,7 +1238,11 @@ int release_install(const struct release_info *r, size_t asset,
 	    (size_t)snprintf(archive, sizeof archive, "%s/%s", downloads, a->name) >=
 	        sizeof archive ||
 	    (size_t)snprintf(tmp, sizeof tmp, "%s/.unpack-%s-XXXXXX", root, o->name) >=
-	        sizeof tmp) {
+	        sizeof tmp ||
+	    (rt && ((size_t)snprintf(rt_archive, sizeof rt_archive, "%s/%s", downloads, rt->name) >=
+	                sizeof rt_archive ||
+	            (size_t)snprintf(rt_tmp, sizeof rt_tmp, "%s/.cudart-%s-XXXXXX", root,
+	                             o->name) >= sizeof rt_tmp))) {
 		err_set(err, errlen, "the state directory path is too long");
 		return -1;
 	}
@@ -762,25 +1256,18 @@ int release_install(const struct release_info *r, size_t asset,
 		err_set(err, errlen, "cannot create %s: %s", downloads, strerror(errno));
 		return -1;
 	}
-	int verified = a->sha256[0] != '\0';
-	if (!verified)
-		fprintf(stderr,
-		        "toki: warning: the release gives no SHA-256 digest for %s; it cannot be "
-		        "verified\n",
-		        a->name);
-	struct download_opts d = {.url = a->url,
-	                          .dest = archive,
-	                          .expect_sha256 = verified ? a->sha256 : NULL,
-	                          .label = a->name,
-	                          .progress = 1};
-	if (download_file(&d, err, errlen) != 0)
+	/* A download the network broke keeps what arrived (and a finished,
+	 * checked archive), so that the next try resumes. */
+	int verified = 0, rt_verified = 0;
+	if (fetch_archive(a, archive, &verified, err, errlen) != 0)
 		return -1;
-	if (verified)
-		fprintf(stderr, "toki: %s matches the release's SHA-256 %s\n", a->name, a->sha256);
+	if (rt && fetch_archive(rt, rt_archive, &rt_verified, err, errlen) != 0)
+		return -1;
 	if (!mkdtemp(tmp)) {
 		err_set(err, errlen, "cannot create a directory in %s: %s", root, strerror(errno));
 		return -1;
 	}
+	int rc = -1, rt_made = 0;
 	char found[4096];
 	int found_depth = -1;
 	if (release_unpack(archive, tmp, err, errlen) != 0)
@@ -792,14 +1279,50 @@ int release_install(const struct release_info *r, size_t asset,
 	/* A zip made without Unix modes loses the executable bit. */
 	if (stat(found, &st) == 0 && !(st.st_mode & S_IXUSR))
 		chmod(found, (st.st_mode & 0777) | 0755);
+	char bindir[4096];
+	snprintf(bindir, sizeof bindir, "%s", found);
+	*strrchr(bindir, '/') = '\0';
+	if (rt) {
+		if (!mkdtemp(rt_tmp)) {
+			err_set(err, errlen, "cannot create a directory in %s: %s", root,
+			        strerror(errno));
+			goto fail;
+		}
+		rt_made = 1;
+		char why[1024];
+		int moved;
+		if (release_unpack(rt_archive, rt_tmp, why, sizeof why) != 0 ||
+		    (moved = move_flat(rt_tmp, bindir, 0, why, sizeof why)) < 0) {
+			err_set(err, errlen, "the CUDA runtime archive %s: %s", rt->name, why);
+			goto fail;
+		}
+		remove_tree(rt_tmp);
+		rt_made = 0;
+		fprintf(stderr, "toki: %s: %d files put beside llama-server\n", rt->name, moved);
+	}
+
+	struct server_check check;
+	char why[TAIL_BYTES * 2];
+	if (check_server(found, o, &check, why, sizeof why) != 0) {
+		err_set(err, errlen, "the %s build (%s) does not work on this machine: %s",
+		        o->backend, a->name, why);
+		rc = -2;
+		goto fail;
+	}
+	if (check.version[0])
+		fprintf(stderr, "toki: llama-server %s\n", check.version);
+	for (int i = 0; i < check.gpu.n; i++)
+		fprintf(stderr, "toki: it sees %s: %s (%llu MiB)\n", check.gpu.dev[i].name,
+		        check.gpu.dev[i].desc, (unsigned long long)(check.gpu.dev[i].total >> 20));
+	if (check.listed && check.gpu.n == 0)
+		fprintf(stderr, "toki: it sees no GPU; it runs on the CPU\n");
+
 	const char *rel = found + strlen(tmp); /* "/.../llama-server" */
 	char final_server[8192], json_path[8192];
 	snprintf(final_server, sizeof final_server, "%s%s", final, rel);
-	snprintf(json_path, sizeof json_path, "%s", found);
-	char *slash = strrchr(json_path, '/');
-	snprintf(slash + 1, sizeof json_path - (size_t)(slash + 1 - json_path), "build.json");
-	if (write_build_json(json_path, r->tag, o->backend, a, verified, final_server, o->gfx, err,
-	                     errlen) != 0)
+	snprintf(json_path, sizeof json_path, "%s/build.json", bindir);
+	if (write_build_json(json_path, r->tag, a, verified, rt, rt_verified, &check, final_server,
+	                     o, err, errlen) != 0)
 		goto fail;
 	if (lstat(final, &st) == 0) {
 		char old[4400];
@@ -824,14 +1347,21 @@ int release_install(const struct release_info *r, size_t asset,
 		goto fail;
 	}
 	unlink(archive);
+	if (rt)
+		unlink(rt_archive);
 	snprintf(server, n, "%s", final_server);
 	return 0;
 fail:
-	/* The archive matched its digest (or had none) yet did not install:
-	 * downloading it again would give the same bytes, so it goes too. */
+	/* The archives matched their digests (or had none) yet did not make a
+	 * working install: downloading them again would give the same bytes,
+	 * so they go too. */
 	unlink(archive);
 	remove_tree(tmp);
-	return -1;
+	if (rt)
+		unlink(rt_archive);
+	if (rt_made)
+		remove_tree(rt_tmp);
+	return rc;
 }
 
 /* --- finding installs ---------------------------------------------------- */

@@ -260,25 +260,86 @@ def wrapper_script():
     return f"#!/bin/sh\nexec '{server}' \"$@\"\n".encode()
 
 
-def make_tar(tag, script, extra=()):
-    """The current llama.cpp layout: llama-<tag>/ holding the binaries and
-    libraries, with the libraries' symbolic links."""
+def tar_of(entries):
+    """A .tar.gz of (name, data, kind, link) entries; directories and
+    libraries get mode 755."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as t:
-        def add(name, data, mode=0o644, kind=tarfile.REGTYPE, link=""):
+        for name, data, kind, link in entries:
             info = tarfile.TarInfo(name)
-            info.mode, info.type, info.linkname = mode, kind, link
+            info.type, info.linkname = kind, link
+            info.mode = 0o755 if kind == tarfile.DIRTYPE or ".so" in name or \
+                name.endswith("llama-server") else 0o644
             info.size = len(data) if kind == tarfile.REGTYPE else 0
             t.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
-        d = f"llama-{tag}"
-        add(d, b"", 0o755, tarfile.DIRTYPE)
-        add(f"{d}/llama-server", script, 0o755)
-        add(f"{d}/libggml.so.0.0.1", b"not really a library", 0o755)
-        add(f"{d}/libggml.so.0", b"", kind=tarfile.SYMTYPE, link="libggml.so.0.0.1")
-        add(f"{d}/LICENSE", b"MIT\n")
-        for name, data, kind, link in extra:
-            add(name, data, 0o644, kind, link)
     return buf.getvalue()
+
+
+def make_tar(tag, script, extra=(), libs=()):
+    """The current llama.cpp layout: llama-<tag>/ holding the binaries and
+    libraries, with the libraries' symbolic links."""
+    d = f"llama-{tag}"
+    entries = [(d, b"", tarfile.DIRTYPE, ""),
+               (f"{d}/llama-server", script, tarfile.REGTYPE, ""),
+               (f"{d}/libggml.so.0.0.1", b"not really a library", tarfile.REGTYPE, ""),
+               (f"{d}/libggml.so.0", b"", tarfile.SYMTYPE, "libggml.so.0.0.1"),
+               (f"{d}/LICENSE", b"MIT\n", tarfile.REGTYPE, "")]
+    entries += [(f"{d}/{lib}", b"not really a library", tarfile.REGTYPE, "") for lib in libs]
+    return tar_of(entries + list(extra))
+
+
+H100 = "NVIDIA H100 80GB HBM3 (81559 MiB, 80000 MiB free)"
+
+
+def fake_server(devices, needs=None, log="", list_devices=None):
+    """A stand-in for a release build's llama-server: a shell script (shell
+    built-ins only: the tests run toki with a PATH of fakes) that answers
+    --version and --list-devices as llama-server does, listing devices
+    (["CUDA0: ..."]; none: "(none)") after the lines of log. When needs
+    names a library it fails as the dynamic loader does unless the library
+    is beside it, where llama.cpp's Linux builds find theirs (RPATH
+    $ORIGIN): so a test passes only if the CUDA runtime was put there.
+    list_devices: shell commands to run for --list-devices instead."""
+    listing = "".join(f"  {d}\\n" for d in devices) or "  (none)\\n"
+    if list_devices is None:
+        list_devices = f'printf "{log}Available devices:\\n{listing}"'
+    check = ""
+    if needs:
+        check = (f'if [ ! -e "${{0%/*}}/{needs}" ]; then\n'
+                 f'  printf "%s: error while loading shared libraries: {needs}: cannot open '
+                 f'shared object file: No such file or directory\\n" "$0" >&2\n'
+                 f'  exit 127\nfi\n')
+    return (f'#!/bin/sh\n{check}case "$1" in\n'
+            f'--version) printf "version: 11462 (4f1c2d3)\\nbuilt with GNU 13.3.0 for Linux\\n" >&2 ;;\n'
+            f'--list-devices) {list_devices} ;;\n'
+            f'*) printf "fake llama-server: %s\\n" "$*" >&2; exit 1 ;;\n'
+            f'esac\n').encode()
+
+
+def fake_tools(bindir, cuda_version="13.4", vulkan_gpu=None):
+    """nvidia-smi as the NVIDIA driver's (-L lists the GPU; plain output
+    starts with the header that states the driver's CUDA version), and,
+    with vulkan_gpu, vulkaninfo --summary naming that GPU."""
+    os.makedirs(bindir, exist_ok=True)
+    smi = ("#!/bin/sh\n"
+           'if [ "$1" = "-L" ]; then\n'
+           '  printf "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5e2b7c1a-0d1f-4c1e-9a55-3f0e1b2c3d4e)\\n"\n'
+           "  exit 0\nfi\n"
+           "printf '%s\\n' 'Tue Sep 30 10:12:01 2026' "
+           "'+-----------------------------------------------------------------------------------------+' "
+           f"'| NVIDIA-SMI 590.48.01             Driver Version: 590.48.01      CUDA Version: {cuda_version}     |' "
+           "'|-----------------------------------------+------------------------+----------------------+' "
+           "'|   0  NVIDIA H100 80GB HBM3          On  |   00000000:19:00.0 Off |                    0 |'\n")
+    tools = {"nvidia-smi": smi}
+    if vulkan_gpu:
+        tools["vulkaninfo"] = ("#!/bin/sh\nprintf '%s\\n' 'Devices:' 'GPU0:' "
+                               "'\tdeviceType = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU' "
+                               f"'\tdeviceName = {vulkan_gpu}'\n")
+    for name, body in tools.items():
+        p = os.path.join(bindir, name)
+        with open(p, "w") as f:
+            f.write(body)
+        os.chmod(p, 0o755)
 
 
 def make_zip(script):
@@ -298,11 +359,12 @@ class InstallLlamaTest(FetchCase):
         self.arch = asset_arch()
         self.script = wrapper_script()
         self.tar = make_tar("b7001", self.script)
+        self.vulkan_tar = make_tar("b7001", fake_server(["Vulkan0: " + H100]))
         self.zip = make_zip(self.script)
         a = self.arch
         self.hosts.add_release("b7001", [
             (f"llama-b7001-bin-ubuntu-{a}.tar.gz", self.tar, True),
-            (f"llama-b7001-bin-ubuntu-vulkan-{a}.tar.gz", self.tar, True),
+            (f"llama-b7001-bin-ubuntu-vulkan-{a}.tar.gz", self.vulkan_tar, True),
             ("llama-b7001-bin-macos-arm64.tar.gz", b"mac", True),
             ("llama-b7001-bin-win-cpu-x64.zip", b"win", True),
             ("cudart-llama-bin-win-cuda-12.4-x64.zip", b"dlls", True),
@@ -441,8 +503,8 @@ class InstallLlamaTest(FetchCase):
         self.assertEqual(left, [])
 
     def test_resumed_archive_download(self):
-        cut = len(self.tar) // 8
-        self.hosts.cut_once(self.tar, cut, times=3)
+        cut = len(self.vulkan_tar) // 8
+        self.hosts.cut_once(self.vulkan_tar, cut, times=3)
         r = self.toki("model", "install-llama", "--backend", "vulkan")
         self.assertFails(r, "resume")
         r = self.toki("model", "install-llama", "--backend", "vulkan")
@@ -450,6 +512,270 @@ class InstallLlamaTest(FetchCase):
         ranges = [h.get("Range") for _, _, h in self.hosts.requests_to("/download/")]
         self.assertEqual(ranges[-1], f"bytes={3 * cut}-")
         self.assertEqual(self.build_json(r.stdout.strip())["backend"], "vulkan")
+
+
+def cudart_tar(tag, major, extra=()):
+    """A CUDA runtime archive as the release's cudart-llama-<tag>-bin-...:
+    libcudart and libcublas with their soname links, in a folder of its own
+    (install-llama puts them beside llama-server whatever the folders), and
+    a LICENSE the build has too."""
+    d = f"cudart-llama-{tag}/lib"
+    entries = [(f"cudart-llama-{tag}", b"", tarfile.DIRTYPE, ""), (d, b"", tarfile.DIRTYPE, "")]
+    for lib, full in ((f"libcudart.so.{major}", f"libcudart.so.{major}.0.96"),
+                      (f"libcublas.so.{major}", f"libcublas.so.{major}.1.0.3"),
+                      (f"libcublasLt.so.{major}", f"libcublasLt.so.{major}.1.0.3")):
+        entries.append((f"{d}/{full}", f"the {lib} runtime".encode(), tarfile.REGTYPE, ""))
+        entries.append((f"{d}/{lib}", b"", tarfile.SYMTYPE, full))
+    entries.append((f"cudart-llama-{tag}/LICENSE", b"CUDA EULA\n", tarfile.REGTYPE, ""))
+    return tar_of(entries + list(extra))
+
+
+class InstallCudaTest(FetchCase):
+    """install-llama on an NVIDIA Linux machine, stood in for by a release
+    listing with today's asset names (llama.cpp's release workflow), a fake
+    nvidia-smi and fake llama-servers that find their GPU only when the
+    CUDA runtime is where the dynamic loader looks."""
+
+    TAG = "b11462"
+
+    def setUp(self):
+        super().setUp()
+        if platform.system() != "Linux":
+            self.skipTest("the release's CUDA builds are Linux (and Windows) builds")
+        self.arch = a = asset_arch()
+        self.bin = os.path.join(self.tmp, "bin")
+        t = self.TAG
+        self.cuda13 = make_tar(t, fake_server(["CUDA0: " + H100], needs="libcudart.so.13"),
+                               libs=["libggml-cuda.so"])
+        self.cuda12 = make_tar(t, fake_server(["CUDA0: " + H100], needs="libcudart.so.12"),
+                               libs=["libggml-cuda.so"])
+        self.rt13, self.rt12 = cudart_tar(t, 13), cudart_tar(t, 12)
+        self.vulkan = make_tar(t, fake_server(["Vulkan0: " + H100]))
+        self.cpu = make_tar(t, fake_server([]))
+        other = b"not for this machine"
+        names = [  # llama.cpp b11462's assets, by name as the API lists them
+            (f"cudart-llama-{t}-bin-ubuntu-cuda-12.8-{a}.tar.gz", self.rt12),
+            (f"cudart-llama-{t}-bin-ubuntu-cuda-13.4-{a}.tar.gz", self.rt13),
+            ("cudart-llama-bin-win-cuda-12.4-x64.zip", other),
+            ("cudart-llama-bin-win-cuda-13.4-x64.zip", other),
+            (f"llama-{t}-bin-macos-arm64.tar.gz", other),
+            (f"llama-{t}-bin-macos-x64.tar.gz", other),
+            (f"llama-{t}-bin-ubuntu-{a}.tar.gz", self.cpu),
+            (f"llama-{t}-bin-ubuntu-cuda-12.8-{a}.tar.gz", self.cuda12),
+            (f"llama-{t}-bin-ubuntu-cuda-13.4-{a}.tar.gz", self.cuda13),
+            (f"llama-{t}-bin-ubuntu-openvino-2026.0-x64.tar.gz", other),
+            (f"llama-{t}-bin-ubuntu-rocm-10.0-x64.tar.gz", other),
+            (f"llama-{t}-bin-ubuntu-s390x.tar.gz", other),
+            (f"llama-{t}-bin-ubuntu-sycl-fp16-x64.tar.gz", other),
+            (f"llama-{t}-bin-ubuntu-sycl-fp32-x64.tar.gz", other),
+            (f"llama-{t}-bin-ubuntu-vulkan-{a}.tar.gz", self.vulkan),
+            (f"llama-{t}-bin-win-cpu-x64.zip", other),
+            (f"llama-{t}-bin-win-cuda-12.4-x64.zip", other),
+            (f"llama-{t}-bin-win-cuda-13.4-x64.zip", other),
+            (f"llama-{t}-bin-win-vulkan-x64.zip", other),
+            (f"llama-{t}-xcframework.zip", other),
+        ]
+        self.hosts.add_release(t, [(n, d, True) for n, d in names], latest=True)
+
+    def installed(self, name):
+        return os.path.join(self.state, "llama", name)
+
+    def left_in_state(self):
+        root = os.path.join(self.state, "llama")
+        return sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, ".downloads")))
+
+    def install(self, *args, cuda_version="13.4", vulkan_gpu=None):
+        fake_tools(self.bin, cuda_version, vulkan_gpu)
+        return self.toki("model", "install-llama", *args, env={"PATH": self.bin})
+
+    def test_nvidia_linux_gets_the_cuda_build_with_its_runtime(self):
+        r = self.install()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("backends this machine can use, best first: cuda cpu", r.stderr)
+        self.assertIn("the NVIDIA driver runs CUDA 13.4 at most", r.stderr)
+        server = r.stdout.strip()
+        d = os.path.join(self.installed(f"{self.TAG}-cuda"), f"llama-{self.TAG}")
+        self.assertEqual(server, os.path.join(d, "llama-server"))
+        main = f"llama-{self.TAG}-bin-ubuntu-cuda-13.4-{self.arch}.tar.gz"
+        rt = f"cudart-{main}"
+        for name in (main, rt):
+            self.assertTrue(self.hosts.requests_to(f"/download/{self.TAG}/{name}"), name)
+            self.assertIn(f"{name} matches the release's SHA-256", r.stderr)
+        self.assertEqual(len(self.hosts.requests_to("/download/")), 2)
+        # The runtime sits beside llama-server, links and all, so that it
+        # starts and sees the GPU as the launcher will run it.
+        self.assertEqual(os.readlink(os.path.join(d, "libcudart.so.13")), "libcudart.so.13.0.96")
+        self.assertEqual(read(os.path.join(d, "libcublas.so.13")), b"the libcublas.so.13 runtime")
+        self.assertEqual(read(os.path.join(d, "LICENSE")), b"MIT\n")  # the build's own
+        self.assertIn("LICENSE; the CUDA runtime archive's copy is left out", r.stderr)
+        out = subprocess.run([server, "--list-devices"], capture_output=True, text=True)
+        self.assertIn("CUDA0: NVIDIA H100 80GB HBM3", out.stdout)
+        self.assertIn("it sees CUDA0: NVIDIA H100 80GB HBM3 (81559 MiB)", r.stderr)
+        with open(os.path.join(d, "build.json")) as f:
+            meta = json.load(f)
+        self.assertEqual((meta["backend"], meta["asset"], meta["sha256"]),
+                         ("cuda", main, sha256(self.cuda13)))
+        self.assertEqual(meta["cudart"]["asset"], rt)
+        self.assertEqual(meta["cudart"]["sha256"], sha256(self.rt13))
+        self.assertTrue(meta["sha256_verified"] and meta["cudart"]["sha256_verified"])
+        self.assertEqual(meta["devices"], ["CUDA0: NVIDIA H100 80GB HBM3"])
+        self.assertEqual(meta["version"], "version: 11462 (4f1c2d3)")
+        self.assertEqual(self.left_in_state(), ([".downloads", f"{self.TAG}-cuda"], []))
+
+    def test_an_older_driver_gets_the_cuda_12_build(self):
+        r = self.install(cuda_version="12.9")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        d = os.path.dirname(r.stdout.strip())
+        self.assertTrue(os.path.exists(os.path.join(d, "libcudart.so.12")))
+        with open(os.path.join(d, "build.json")) as f:
+            meta = json.load(f)
+        self.assertEqual(meta["asset"], f"llama-{self.TAG}-bin-ubuntu-cuda-12.8-{self.arch}.tar.gz")
+        self.assertEqual(meta["cudart"]["asset"], "cudart-" + meta["asset"])
+        # A driver older than every build: the install says so and moves on.
+        r = self.install("--name", "x", cuda_version="11.8")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("runs CUDA 11.8 at most", r.stderr)
+        self.assertIn("using the cpu build instead", r.stderr)
+
+    def test_a_cuda_build_that_sees_no_gpu_is_reported_not_registered(self):
+        r = self.install("--backend", "cpu", "--name", "main")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        before = read(os.path.join(self.installed("main"), f"llama-{self.TAG}", "build.json"))
+        log = ("ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient "
+               "for CUDA runtime version\\n")
+        blind = make_tar("b11463", fake_server([], needs="libcudart.so.13", log=log))
+        main = f"llama-b11463-bin-ubuntu-cuda-13.4-{self.arch}.tar.gz"
+        self.hosts.add_release("b11463", [(main, blind, True),
+                                          ("cudart-" + main, cudart_tar("b11463", 13), True)])
+        r = self.install("--backend", "cuda", "--tag", "b11463", "--name", "main", "--force")
+        self.assertFails(r, "does not work on this machine", "it lists no CUDA device",
+                         "CUDA driver version is insufficient for CUDA runtime version",
+                         "main was not installed; the next backend to try: "
+                         "toki model install-llama --backend vulkan")
+        self.assertEqual(r.stdout, "")
+        # The working install it would have replaced is untouched, and
+        # nothing of the failed one is left.
+        self.assertEqual(read(os.path.join(self.installed("main"), f"llama-{self.TAG}",
+                                           "build.json")), before)
+        self.assertEqual(self.left_in_state(), ([".downloads", "main"], []))
+
+    def test_a_build_that_cannot_start_is_reported_with_what_it_printed(self):
+        # A CUDA build the release has no runtime archive for: its
+        # llama-server does not even start (as without libcudart).
+        main = f"llama-b11464-bin-ubuntu-cuda-13.4-{self.arch}.tar.gz"
+        self.hosts.add_release("b11464", [(main, self.cuda13, True)])
+        r = self.install("--backend", "cuda", "--tag", "b11464")
+        self.assertFails(r, "has no CUDA runtime archive (cudart-...)",
+                         "`llama-server --version` failed (exit status 127)",
+                         "error while loading shared libraries: libcudart.so.13: cannot open "
+                         "shared object file", "--backend vulkan")
+        self.assertFalse(os.path.exists(self.installed("b11464-cuda")))
+        self.assertEqual(self.left_in_state(), ([".downloads"], []))
+
+    def test_detected_gpu_falls_back_to_the_next_backend_that_sees_it(self):
+        # The CUDA build lists no GPU here; the Vulkan build does.
+        blind = make_tar("b11465", fake_server([], needs="libcudart.so.13"))
+        vk = make_tar("b11465", fake_server(["Vulkan0: " + H100]))
+        main = f"llama-b11465-bin-ubuntu-cuda-13.4-{self.arch}.tar.gz"
+        self.hosts.add_release("b11465", [
+            (main, blind, True), ("cudart-" + main, cudart_tar("b11465", 13), True),
+            (f"llama-b11465-bin-ubuntu-vulkan-{self.arch}.tar.gz", vk, True),
+            (f"llama-b11465-bin-ubuntu-{self.arch}.tar.gz", self.cpu, True)])
+        r = self.install("--tag", "b11465", vulkan_gpu="NVIDIA H100 80GB HBM3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("best first: cuda vulkan cpu", r.stderr)
+        self.assertIn("b11465-cuda was not installed; trying the next backend", r.stderr)
+        self.assertEqual(r.stdout.strip(), os.path.join(self.installed("b11465-vulkan"),
+                                                        "llama-b11465", "llama-server"))
+        self.assertEqual(self.left_in_state(), ([".downloads", "b11465-vulkan"], []))
+
+    def test_a_software_vulkan_device_counts_only_when_asked_for(self):
+        llvmpipe = "Vulkan0: llvmpipe (LLVM 19.1.7, 256 bits) (24105 MiB, 23767 MiB free)"
+        vk = make_tar("b11466", fake_server([llvmpipe]))
+        self.hosts.add_release("b11466", [
+            (f"llama-b11466-bin-ubuntu-vulkan-{self.arch}.tar.gz", vk, True),
+            (f"llama-b11466-bin-ubuntu-{self.arch}.tar.gz", self.cpu, True)])
+        # vulkaninfo saw a GPU, the build sees only llvmpipe: not a GPU install.
+        r = self.toki("model", "install-llama", "--tag", "b11466",
+                      env={"PATH": self.fake_vulkaninfo()})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("it lists no Vulkan device but a software renderer", r.stderr)
+        self.assertIn("b11466-vulkan was not installed; trying the next backend", r.stderr)
+        self.assertTrue(r.stdout.strip().startswith(self.installed("b11466-cpu")))
+        # Asked for by name (to try Vulkan without a GPU), llvmpipe does.
+        r = self.install("--backend", "vulkan", "--tag", "b11466")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("it sees Vulkan0: llvmpipe", r.stderr)
+        self.assertTrue(r.stdout.strip().startswith(self.installed("b11466-vulkan")))
+
+    def test_a_build_that_hangs_crashes_or_lists_nothing_is_refused(self):
+        cases = {  # tag: (backend, what --list-devices does, what the report says)
+            "b11470": ("vulkan", "while :; do :; done",
+                       "`llama-server --list-devices` did not finish within 1.0 s"),
+            "b11471": ("vulkan", "kill -9 $$",
+                       "`llama-server --list-devices` could not run or was killed by a signal"),
+            "b11472": ("vulkan", 'printf "error: invalid argument: --list-devices\\n"',
+                       "`llama-server --list-devices` printed no device listing:\n"
+                       "    error: invalid argument: --list-devices"),
+            "b11473": ("rocm", 'printf "ggml_cuda_init: no ROCm-capable device is detected\\n'
+                               'error: unknown\\n" >&2; exit 1',
+                       "`llama-server --list-devices` failed (exit status 1); it printed:\n"
+                       "    ggml_cuda_init: no ROCm-capable device is detected\n    error: unknown"),
+        }
+        for tag, (backend, cmd, says) in cases.items():
+            data = make_tar(tag, fake_server([], list_devices=cmd))
+            asset = f"llama-{tag}-bin-ubuntu-{backend}{'-7.2' if backend == 'rocm' else ''}-" \
+                    f"{self.arch}.tar.gz"
+            self.hosts.add_release(tag, [(asset, data, True)])
+            t0 = time.time()
+            r = self.toki("model", "install-llama", "--backend", backend, "--tag", tag,
+                          env={"PATH": self.bin, "TOKI_LIST_DEVICES_TIMEOUT_MS": "1000"})
+            self.assertLess(time.time() - t0, 20)
+            self.assertFails(r, says, "does not work on this machine", "--backend")
+            self.assertFalse(os.path.exists(self.installed(f"{tag}-{backend}")))
+        # A CPU build from before --list-devices (early 2025) is installed:
+        # --version showed that it starts, and the CPU needs no device.
+        old = make_tar("b4000", fake_server([], list_devices='printf "error: invalid argument: '
+                                                             '--list-devices\\n" >&2; exit 1'))
+        self.hosts.add_release("b4000", [(f"llama-b4000-bin-ubuntu-{self.arch}.tar.gz", old, True)])
+        r = self.install("--backend", "cpu", "--tag", "b4000")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(os.path.dirname(r.stdout.strip()), "build.json")) as f:
+            self.assertEqual(json.load(f)["devices"], [])
+        self.assertEqual(self.left_in_state(), ([".downloads", "b4000-cpu"], []))
+
+    def fake_vulkaninfo(self):
+        d = os.path.join(self.tmp, "vkbin")
+        os.makedirs(d, exist_ok=True)
+        p = os.path.join(d, "vulkaninfo")
+        with open(p, "w") as f:
+            f.write("#!/bin/sh\nprintf 'deviceType = PHYSICAL_DEVICE_TYPE_DISCRETE_GPU\\n'\n")
+        os.chmod(p, 0o755)
+        return d
+
+    def test_a_runtime_archive_with_a_wrong_digest_is_refused(self):
+        main = f"llama-b11467-bin-ubuntu-cuda-13.4-{self.arch}.tar.gz"
+        self.hosts.add_release("b11467", [(main, self.cuda13, True),
+                                          ("cudart-" + main, self.rt13, "sha256:" + "0" * 64)])
+        r = self.install("--backend", "cuda", "--tag", "b11467")
+        self.assertFails(r, "checksum mismatch")
+        self.assertTrue(self.hosts.requests_to(f"/download/b11467/cudart-{main}"))
+        self.assertFalse(os.path.exists(self.installed("b11467-cuda")))
+        dirs, downloads = self.left_in_state()
+        self.assertEqual(dirs, [".downloads"])
+        self.assertNotIn(f"cudart-{main}", downloads)
+        self.assertFalse([n for n in downloads if n.startswith("cudart-")])
+
+    def test_an_unsafe_runtime_archive_is_refused(self):
+        outside = os.path.join(self.tmp, "escaped")
+        bad = cudart_tar("b11468", 13, [("cudart-llama-b11468/lib/libevil.so", b"",
+                                         tarfile.SYMTYPE, outside)])
+        main = f"llama-b11468-bin-ubuntu-cuda-13.4-{self.arch}.tar.gz"
+        self.hosts.add_release("b11468", [(main, self.cuda13, True), ("cudart-" + main, bad, True)])
+        r = self.install("--backend", "cuda", "--tag", "b11468")
+        self.assertFails(r, f"the CUDA runtime archive cudart-{main}", "refusing to unpack")
+        self.assertFalse(os.path.lexists(outside))
+        self.assertEqual(self.left_in_state(), ([".downloads"], []))
 
 
 if __name__ == "__main__":
