@@ -89,9 +89,9 @@ pkgs=(
 # Test-only extras: tmux for the TUI tests, clang and its runtime (libFuzzer,
 # sanitizers) for the fuzzers, node/npm for real clients, iproute2 for the
 # fleet test's network namespaces, prometheus (with promtool) for the
-# metrics test.
+# metrics test, systemd (for systemd-analyze verify) for the service test.
 if [ "${TOKI_DEPS_MINIMAL:-0}" != 1 ]; then
-  pkgs+=(tmux clang nodejs npm iproute2 prometheus)
+  pkgs+=(tmux clang nodejs npm iproute2 prometheus systemd)
   # libclang-rt-<clang's major>-dev: 14 on Debian 12; other releases name
   # their own (clang may not be here yet: the candidate version tells).
   clang_major=$(apt-cache policy clang 2>/dev/null | sed -n 's/ *Candidate: *1:\([0-9]*\).*/\1/p' | head -1)
