@@ -1,4 +1,4 @@
-/* llama.cpp release builds: choose, fetch, unpack, find (release.h). */
+/* llama.cpp release builds: choose, fetch, unpack, check, find (release.h). */
 #include "model/release.h"
 
 #include <ctype.h>
@@ -6,8 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +13,6 @@
 #include <strings.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
