@@ -137,8 +137,9 @@ int release_parse(const char *body, size_t len, const char *what, struct release
 		return -1;
 	}
 	if (!paths_is_safe_name(tag_name)) {
-		json_decref(j);
+		/* tag_name belongs to j: said before j goes. */
 		err_set(err, errlen, "the release's tag '%s' is not usable as a name", tag_name);
+		json_decref(j);
 		return -1;
 	}
 	out->tag = strdup(tag_name);
