@@ -239,6 +239,8 @@ printf '#!/bin/sh\n# the aarch64 toki under qemu-user (scripts/test-arm64.sh)\ne
   "$qemu" "$sysroot" "$build/toki" >"$wrapper"
 chmod 0755 "$wrapper"
 t=$(date +%s)
+# This run's logs only (the servers' and tokis', for a failure's post-mortem).
+rm -rf "$arm_cache/test"
 model="$repo/../shared/models/stories260K.gguf"
 env_model=()
 [ -f "$model" ] && env_model=(TOKI_TEST_MODEL="$(realpath "$model")")
