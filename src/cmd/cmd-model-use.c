@@ -1,5 +1,6 @@
 /* toki model use NAME: the explicit start of a registered model. */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,40 @@ static void usage(FILE *out)
 	        "largest that fits; asking for more than fits is refused with the numbers.\n"
 	        "A model already running elsewhere is left alone; stop it with toki down.\n"
 	        "--foreground makes this process toki serve instead (what toki service runs).\n");
+}
+
+static int use_in_endpoint(const struct run_info *ri, const char *name, int wait_s)
+{
+	json_t *req = json_pack("{s:s}", "model", name);
+	char *body = json_dumps(req, 0);
+	json_decref(req);
+	long status = 0;
+	const char *host = !*ri->host || !strcmp(ri->host, "0.0.0.0") ? "127.0.0.1" : ri->host;
+	char *resp = body ? run_http_post(host, ri->port, "/toki/load", body, &status, wait_s)
+	                  : NULL;
+	free(body);
+	json_t *o = resp ? json_loads(resp, 0, NULL) : NULL;
+	char err[1024];
+	int rc = 0;
+	if (status != 200) {
+		const char *msg =
+		    json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+		fprintf(stderr, "toki model use: %s\n",
+		        msg ? msg : resp ? resp : "the endpoint did not answer");
+		rc = 1;
+	} else {
+		if (registry_set_active(name, err, sizeof err) != 0)
+			fprintf(stderr, "toki model use: warning: %s\n", err);
+		char url[300];
+		run_info_url(ri, url, sizeof url);
+		printf("%s is loaded in the endpoint (context %lld): %s/v1 (OpenAI), %s/anthropic "
+		       "(Anthropic); it is the active model\n",
+		       name, (long long)json_integer_value(json_object_get(o, "context_length")), url,
+		       url);
+	}
+	json_decref(o);
+	free(resp);
+	return rc;
 }
 
 int cmd_model_use(int argc, char **argv)
@@ -52,6 +87,12 @@ int cmd_model_use(int argc, char **argv)
 		return 1;
 	}
 	struct run_info ri;
+	if (run_get("endpoint", &ri) == 0) {
+		/* The endpoint runs: the model loads into it, and becomes the
+		 * active one (what a request without "model" gets). */
+		registry_free(&reg);
+		return use_in_endpoint(&ri, name, o.wait_s > 0 ? o.wait_s : 600);
+	}
 	if (run_get(name, &ri) == 0) {
 		printf("%s already runs: http://%s:%d/v1\n", name, ri.host, ri.port);
 		registry_free(&reg);

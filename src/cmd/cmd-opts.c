@@ -84,6 +84,8 @@ int cmd_launch_options(int argc, char **argv, int up, struct launch_opts *o, voi
 	    {1, {"llama-server", CMD_OPT_STR, {.s = &o->binary}, NULL}},
 	    {0, {"wait", CMD_OPT_INT, {.i = &o->wait_s}, NULL}},
 	    {0, {"foreground", CMD_OPT_FLAG, {.i = &o->foreground}, NULL}},
+	    {0, {"max-body-mb", CMD_OPT_INT, {.i = &o->max_body_mb}, NULL}},
+	    {0, {"client-timeout", CMD_OPT_INT, {.i = &o->client_timeout_s}, NULL}},
 	};
 	struct cmd_opt opts[sizeof all / sizeof all[0] + 1];
 	size_t n = 0;

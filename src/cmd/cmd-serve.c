@@ -20,6 +20,7 @@
 #include "cmd/cmd.h"
 #include "daemon.h"
 #include "http/http_server.h"
+#include "pool/pool.h"
 #include "serve/serve.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -87,6 +88,14 @@ static void usage(FILE *out)
 	        "  --llama-env K=V    an extra environment variable for it (repeatable)\n"
 	        "  --run-dir DIR      logs, slot files and serve.json (default\n"
 	        "                     $TOKI_STATE_DIR/run/<model name>)\n"
+	        "\n"
+	        "Endpoint: one port for every model in the registry (what toki up runs\n"
+	        "without --model):\n"
+	        "  --registry         start each registry model's own toki serve --model on\n"
+	        "                     its first request, route requests by their \"model\",\n"
+	        "                     stop the least recently used idle one when another\n"
+	        "                     does not fit (TOKI_MAX_LOADED, the registry's\n"
+	        "                     max_loaded and ttl); its run is --name (endpoint)\n"
 	        "\n"
 	        "Every route but /health needs the local token (Authorization: Bearer, or\n"
 	        "x-api-key): $TOKI_TOKEN, else $TOKI_STATE_DIR/token, created on first start.\n"
@@ -385,6 +394,54 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
 	serve_drain(d, "toki is shutting down", 5000, save_then_exit, d);
 }
 
+/* --reuse: the mode, and whether it was given (the endpoint passes it on). */
+struct reuse_arg {
+	enum reuse_mode *mode;
+	int set;
+};
+
+/* toki serve --registry: the endpoint (src/pool/). Only the options that
+ * concern a front end apply; each model's own come from the registry. */
+static int serve_registry(const struct daemon_config *c, const char *name, const char *mode,
+                          int argc, char **argv)
+{
+	if (optind < argc || c->port < 0 || c->port > 65535 || c->max_body_bytes == 0 ||
+	    c->client_timeout_s <= 0 || c->keepalive_ms <= 0) {
+		usage(stderr);
+		return 2;
+	}
+	if (!net_host_is_loopback(c->host) && !c->allow_remote) {
+		fprintf(stderr,
+		        "toki serve: refusing to bind %s, which is not loopback: anyone who can "
+		        "reach it could use your models. Pass --allow-remote to do it anyway.\n",
+		        c->host);
+		return 2;
+	}
+	char token[128], terr[512];
+	if (auth_load_token(token, sizeof token, terr, sizeof terr) != 0) {
+		fprintf(stderr, "toki serve: %s\n", terr);
+		return 1;
+	}
+	const char *env_max = getenv("TOKI_MAX_LOADED");
+	struct pool_config pc = {
+	    .host = c->host,
+	    .port = c->port,
+	    .run_name = name ? name : "endpoint",
+	    .max_body_bytes = c->max_body_bytes,
+	    .client_timeout_s = c->client_timeout_s,
+	    .keepalive_ms = c->keepalive_ms,
+	    .backend_timeout_s = c->backend_timeout_s,
+	    .mode = mode,
+	    .token = token,
+	    .max_loaded = env_max ? atol(env_max) : 0,
+	};
+	if (!paths_is_safe_name(pc.run_name)) {
+		fprintf(stderr, "toki serve: '%s' cannot be a run name\n", pc.run_name);
+		return 2;
+	}
+	return pool_serve(&pc);
+}
+
 /* --backend URL: collected in order, at most 64. */
 struct backend_urls {
 	const char **v;
@@ -404,7 +461,9 @@ static int backend_opt(const char *value, void *ctx)
 
 static int reuse_opt(const char *value, void *ctx)
 {
-	if (reuse_mode_parse(value, ctx) != 0) {
+	struct reuse_arg *a = ctx;
+	a->set = 1;
+	if (reuse_mode_parse(value, a->mode) != 0) {
 		fprintf(stderr, "toki serve: --reuse takes exact, fast or grid\n");
 		return 2;
 	}
@@ -474,6 +533,7 @@ int cmd_serve(int argc, char **argv)
 	const char *urls[64];
 	struct managed m = {0};
 	m.slots = 2;
+	int registry = 0;
 
 	log_init();
 	const char *env_timeout = getenv("TOKI_BACKEND_TIMEOUT");
@@ -485,13 +545,14 @@ int cmd_serve(int argc, char **argv)
 		d.cfg.backend_key = env_key;
 
 	struct backend_urls bu = {urls, 0};
+	struct reuse_arg ra = {&d.cfg.mode, 0};
 	const struct cmd_opt opts[] = {
 	    {"backend", CMD_OPT_FN, {.ctx = &bu}, backend_opt},
 	    {"backend-key", CMD_OPT_STR, {.s = &d.cfg.backend_key}, NULL},
 	    {"host", CMD_OPT_STR, {.s = &d.cfg.host}, NULL},
 	    {"port", CMD_OPT_INT, {.i = &d.cfg.port}, NULL},
 	    {"allow-remote", CMD_OPT_FLAG, {.i = &d.cfg.allow_remote}, NULL},
-	    {"reuse", CMD_OPT_FN, {.ctx = &d.cfg.mode}, reuse_opt},
+	    {"reuse", CMD_OPT_FN, {.ctx = &ra}, reuse_opt},
 	    {"ubatch", CMD_OPT_INT, {.i = &d.cfg.n_ubatch}, NULL},
 	    {"keepalive-ms", CMD_OPT_INT, {.i = &d.cfg.keepalive_ms}, NULL},
 	    {"max-body-mb", CMD_OPT_FN, {.ctx = &d.cfg.max_body_bytes}, max_body_opt},
@@ -511,11 +572,15 @@ int cmd_serve(int argc, char **argv)
 	    {"llama-env", CMD_OPT_FN, {.ctx = &m}, llama_env_opt},
 	    {"run-dir", CMD_OPT_STR, {.s = &m.run_dir}, NULL},
 	    {"name", CMD_OPT_STR, {.s = &m.name}, NULL},
+	    {"registry", CMD_OPT_FLAG, {.i = &registry}, NULL},
 	    {0},
 	};
 	int r = cmd_parse_options(argc, argv, opts, usage);
 	if (r >= 0)
 		return r;
+	if (registry)
+		return serve_registry(&d.cfg, m.name, ra.set ? reuse_mode_name(d.cfg.mode) : NULL,
+		                      argc, argv);
 	int n_urls = bu.n;
 	if (optind < argc || (n_urls == 0 && !m.model) || d.cfg.n_ubatch <= 0 || m.slots <= 0 ||
 	    m.ctx < 0 || d.cfg.max_output < 0 || d.cfg.keepalive_ms <= 0 || d.cfg.port < 0 ||

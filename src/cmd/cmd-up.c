@@ -6,13 +6,22 @@
 
 #include "cmd/cmd.h"
 #include "model/launch.h"
+#include "model/registry.h"
+#include "model/run.h"
 #include "util/paths.h"
 
 static void usage(FILE *out)
 {
 	fprintf(
 	    out,
-	    "usage: toki up --model FILE.gguf [options] [-- llama-server args]\n"
+	    "usage: toki up [--port N] [--reuse MODE] [--foreground]\n"
+	    "       toki up --model FILE.gguf [options] [-- llama-server args]\n"
+	    "\n"
+	    "Without --model: one endpoint for every model in the registry. Each model's\n"
+	    "llama-server starts on its first request (the \"model\" it names; none: the\n"
+	    "active one); a model that does not fit beside the running ones makes the\n"
+	    "least recently used idle one stop, its slots saved for its return\n"
+	    "(TOKI_MAX_LOADED and the registry's max_loaded and ttl: keys cap them).\n"
 	    "\n"
 	    "Starts llama-server for the file with toki serve in front, in the background,\n"
 	    "and waits until it answers. The context is the largest that fits this\n"
@@ -27,7 +36,54 @@ static void usage(FILE *out)
 	    "  --llama-server B  the llama-server binary (default: see toki model use)\n"
 	    "  --wait S          seconds to wait for the model to load (default 600)\n"
 	    "  --foreground      become toki serve here instead of starting it in the\n"
-	    "                    background (what a service manager runs: toki service)\n");
+	    "                    background (what a service manager runs: toki service)\n"
+	    "  --max-body-mb N, --client-timeout S   as toki serve takes them\n");
+}
+
+/* toki up without --model: the endpoint for the registry (src/pool/). */
+static int up_endpoint(const struct launch_opts *o)
+{
+	struct run_info ri;
+	if (run_get("endpoint", &ri) == 0) {
+		char url[300];
+		run_info_url(&ri, url, sizeof url);
+		printf("the endpoint already runs: %s/v1 (OpenAI), %s/anthropic (Anthropic)\n", url,
+		       url);
+		return 0;
+	}
+	struct registry reg;
+	char err[1024];
+	if (registry_load(&reg, err, sizeof err) != 0) {
+		fprintf(stderr, "toki up: %s\n", err);
+		return 1;
+	}
+	int n = reg.n;
+	registry_free(&reg);
+	if (n == 0) {
+		fprintf(stderr, "toki up: the registry has no models: add one with toki model pull, "
+		                "or start a file with toki up --model FILE.gguf\n");
+		return 1;
+	}
+	struct run_spec spec = {
+	    .name = "endpoint",
+	    .endpoint = 1,
+	    .port = o->port > 0 ? o->port : 8787,
+	    .host = o->host,
+	    .mode = o->mode,
+	    .foreground = o->foreground,
+	    .max_body_mb = o->max_body_mb,
+	    .client_timeout_s = o->client_timeout_s,
+	};
+	char endpoint[256];
+	if (run_start(&spec, o->wait_s > 0 ? o->wait_s : 60, endpoint, sizeof endpoint, err,
+	              sizeof err) != 0) {
+		fprintf(stderr, "toki up: %s\n", err);
+		return 1;
+	}
+	printf("the endpoint is up for %d registry model%s: %s/v1 (OpenAI), %s/anthropic "
+	       "(Anthropic); each model starts on its first request; stop it all with toki down\n",
+	       n, n == 1 ? "" : "s", endpoint, endpoint);
+	return 0;
 }
 
 int cmd_up(int argc, char **argv)
@@ -36,6 +92,9 @@ int cmd_up(int argc, char **argv)
 	int r = cmd_launch_options(argc, argv, 1, &o, usage);
 	if (r >= 0)
 		return r;
+	if (!o.model_path && optind == argc && !o.name && !o.ctx && !o.slots && !o.binary &&
+	    !o.max_output && o.port >= 0)
+		return up_endpoint(&o);
 	if (!o.model_path || o.ctx < 0 || o.slots < 0 || o.port < 0) {
 		usage(stderr);
 		return 2;

@@ -62,21 +62,19 @@ static int uses_gpu(char *const *args, int n)
 	return 0;
 }
 
-int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen)
+int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p,
+                char *err, size_t errlen)
 {
-	/* A taken port is found before a model is read or loaded (run_start
-	 * checks again, just before it starts anything). */
-	if (run_check_port(o->host, o->port > 0 ? o->port : 8787, err, errlen) != 0)
-		return -1;
-	char binary[4096], gfx[32] = "";
+	memset(p, 0, sizeof *p);
+	char gfx[32] = "";
 	if (o->binary) {
-		snprintf(binary, sizeof binary, "%s", o->binary);
+		snprintf(p->binary, sizeof p->binary, "%s", o->binary);
 		/* A registry binary: that is an installed build carries its gfx. */
 		struct release_build b;
 		char berr[256];
 		if (release_build_of_server(o->binary, &b, berr, sizeof berr) == 0)
 			snprintf(gfx, sizeof gfx, "%s", b.gfx);
-	} else if (launch_find_llama_server(binary, sizeof binary, gfx, sizeof gfx) != 0) {
+	} else if (launch_find_llama_server(p->binary, sizeof p->binary, gfx, sizeof gfx) != 0) {
 		snprintf(err, errlen,
 			 "no llama-server found: install one with `toki model install-llama`, put "
 			 "llama-server on PATH, or set TOKI_LLAMA_SERVER");
@@ -96,11 +94,12 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	 * than its file states (--override-kv, RoPE/YaRN scaling): llama-server
 	 * runs it with that one, so it is the one the context is checked and
 	 * sized against. */
-	char ctx_args[200];
 	long ctx_train = memsize_ctx_train_from_args((long)mi.context_length, o->llama_args,
-	                                             o->n_llama_args, ctx_args, sizeof ctx_args);
+	                                             o->n_llama_args, p->ctx_args,
+	                                             sizeof p->ctx_args);
 	if (ctx_train > 0)
 		mi.context_length = (uint64_t)ctx_train;
+	p->ctx_train = ctx_train;
 
 	/* TOKI_MEMORY_MB pretends the machine has that much (free) memory:
 	 * for trying what a smaller machine would get, and for tests. It is
@@ -109,12 +108,10 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	struct mem_budget budget = {0};
 	const char *sim = getenv("TOKI_MEMORY_MB");
 	/* llama-server's environment: asked for its devices with it too. */
-	char env_gfx[64];
 	char *envs[2] = {NULL, NULL};
-	int n_env = 0;
 	if (*gfx) {
-		snprintf(env_gfx, sizeof env_gfx, "HSA_OVERRIDE_GFX_VERSION=%s", gfx);
-		envs[n_env++] = env_gfx;
+		snprintf(p->gfx_env, sizeof p->gfx_env, "HSA_OVERRIDE_GFX_VERSION=%s", gfx);
+		envs[0] = p->gfx_env;
 	}
 	if (sim && atol(sim) > 0) {
 		budget.total = budget.available = (uint64_t)atol(sim) << 20;
@@ -124,17 +121,20 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		         "megabytes the model may use",
 		         strerror(errno));
 		return -1;
-	} else if (uses_gpu(o->llama_args, o->n_llama_args) || plat_is_apple_silicon()) {
-		/* Apple silicon: llama.cpp's Metal build offloads every layer by
-		 * default, and Metal may wire only its working set (about 2/3
-		 * to 3/4 of RAM), so that is the memory to size against. */
-		memsize_read_gpu(&budget, binary, envs);
+	} else {
+		budget.available += held_bytes;
+		if (uses_gpu(o->llama_args, o->n_llama_args) || plat_is_apple_silicon()) {
+			/* Apple silicon: llama.cpp's Metal build offloads every layer
+			 * by default, and Metal may wire only its working set (about
+			 * 2/3 to 3/4 of RAM), so that is the memory to size against. */
+			if (memsize_read_gpu(&budget, p->binary, envs) == 0)
+				budget.vram_free += held_bytes;
+		}
 	}
 	int slots = o->slots > 0 ? o->slots : 2;
 	struct memsize_report rep;
 	long fit = memsize_fit_context(&mi, &budget, kv_type_of(o->llama_args, o->n_llama_args),
 				       slots, &rep);
-	char why[512];
 	if (fit < 0) {
 		snprintf(err, errlen, "cannot size the context for %s (unknown KV cache type, or no "
 				      "layer/head counts in its header)", o->model_path);
@@ -146,26 +146,52 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		    "refused: asked for a context of %ld tokens, but %s was trained on %ld%s%s%s; "
 		    "ask for at most %ld, or give llama-server arguments that extend its context "
 		    "(--override-kv ARCH.context_length=int:N, --rope-scale N)",
-		    o->ctx, o->name, rep.ctx_train, *ctx_args ? " (with " : "", ctx_args,
-		    *ctx_args ? ")" : "", fit);
+		    o->ctx, o->name, rep.ctx_train, *p->ctx_args ? " (with " : "", p->ctx_args,
+		    *p->ctx_args ? ")" : "", fit);
 		return -1;
 	}
 	if (fit == 0 || (o->ctx > 0 && o->ctx > fit)) {
-		memsize_explain(&rep, o->ctx, why, sizeof why);
-		snprintf(err, errlen, "refused: %s does not fit this machine: %s", o->name, why);
+		memsize_explain(&rep, o->ctx, p->why, sizeof p->why);
+		snprintf(err, errlen, "refused: %s does not fit this machine: %s", o->name, p->why);
 		return -1;
 	}
-	long ctx = o->ctx > 0 ? o->ctx : fit;
+	p->ctx = o->ctx > 0 ? o->ctx : fit;
+	p->slots = slots;
+	p->used = rep.weights + rep.kv_per_token * (uint64_t)p->ctx * (uint64_t)slots;
+	p->capacity = rep.memory > rep.margin ? rep.memory - rep.margin : 0;
+	memsize_explain(&rep, o->ctx, p->why, sizeof p->why);
+	return 0;
+}
+
+int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen)
+{
+	/* A taken port is found before a model is read or loaded (run_start
+	 * checks again, just before it starts anything). */
+	if (run_check_port(o->host, o->port > 0 ? o->port : 8787, err, errlen) != 0)
+		return -1;
+	struct launch_plan *p = malloc(sizeof *p);
+	if (!p) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (launch_plan(o, 0, p, err, errlen) != 0) {
+		free(p);
+		return -1;
+	}
+	long ctx = p->ctx;
+	int slots = p->slots;
+	char *envs[2] = {*p->gfx_env ? p->gfx_env : NULL, NULL};
+	int n_env = *p->gfx_env ? 1 : 0;
 	if (memsize_write_ctx(o->name, ctx) != 0) {
 		snprintf(err, errlen, "cannot record the context: %s", strerror(errno));
+		free(p);
 		return -1;
 	}
-	memsize_explain(&rep, o->ctx, why, sizeof why);
 	fprintf(stderr, "toki: %s: context %ld tokens per slot, %d slots (%s)\n", o->name, ctx,
-		slots, why);
-	if (*ctx_args)
+		slots, p->why);
+	if (*p->ctx_args)
 		fprintf(stderr, "toki: %s: a training context of %ld tokens, from %s\n", o->name,
-		        ctx_train, ctx_args);
+		        p->ctx_train, p->ctx_args);
 
 	/* The run's name is the model id llama-server serves (--alias), so the
 	 * id agents put in their configs, sessions and telemetry is "qwen3-4b",
@@ -178,6 +204,7 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	char **args = calloc((size_t)o->n_llama_args + 3, sizeof *args);
 	if (!args) {
 		snprintf(err, errlen, "out of memory");
+		free(p);
 		return -1;
 	}
 	int n_args = 0;
@@ -190,7 +217,7 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	struct run_spec spec = {
 	    .name = o->name,
 	    .model_path = o->model_path,
-	    .binary = binary,
+	    .binary = p->binary,
 	    .ctx = ctx,
 	    .slots = slots,
 	    .max_output = o->max_output,
@@ -202,8 +229,11 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	    .llama_env = envs,
 	    .n_llama_env = n_env,
 	    .foreground = o->foreground,
+	    .max_body_mb = o->max_body_mb,
+	    .client_timeout_s = o->client_timeout_s,
 	};
 	int r = run_start(&spec, o->wait_s > 0 ? o->wait_s : 600, endpoint, n, err, errlen);
 	free(args);
+	free(p);
 	return r;
 }

@@ -7,6 +7,7 @@
 #define TOKI_LAUNCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct launch_opts {
 	const char *name;	/* the run's name */
@@ -22,8 +23,30 @@ struct launch_opts {
 	int n_llama_args;
 	int wait_s; /* how long to wait for the model to load; 0: 600 */
 	int foreground; /* become toki serve instead of starting it in the background */
+	int max_body_mb;      /* toki serve --max-body-mb (0: its default) */
+	int client_timeout_s; /* toki serve --client-timeout (0: its default) */
 };
 
+/* What a model needs to run here: its llama-server, its context and the
+ * memory it takes at that context, sized as `toki model use` sizes it. */
+struct launch_plan {
+	char binary[4096];
+	char gfx_env[64]; /* "HSA_OVERRIDE_GFX_VERSION=..." for its server, or "" */
+	long ctx;         /* per slot */
+	int slots;
+	uint64_t used;     /* weights + KV at ctx, all slots */
+	uint64_t capacity; /* the memory sized against less the margin kept free */
+	long ctx_train;    /* the training context, 0 when unknown */
+	char ctx_args[200]; /* the llama-server arguments that changed it, or "" */
+	char why[512];      /* the sizing in one sentence (memsize_explain) */
+};
+/* Sizes o's model (o->port and o->foreground are not used). held_bytes: the
+ * memory models toki runs hold now (the endpoint's), which the machine
+ * reports as used but which stopping them frees: the model is sized as if
+ * they were stopped (TOKI_MEMORY_MB, the memory as a whole, ignores it).
+ * 0, or -1 with err (the refusal `toki model use` prints). */
+int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p,
+                char *err, size_t errlen);
 /* Prints what it chose and the endpoint. 0, or -1 with err. */
 int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen);
 /* The llama-server to use when none is named: $TOKI_LLAMA_SERVER, an

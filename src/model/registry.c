@@ -42,6 +42,9 @@ static void model_free(struct registry_model *m)
 	for (int i = 0; i < m->n_args; i++)
 		free(m->args[i]);
 	free(m->args);
+	for (int i = 0; i < m->n_aliases; i++)
+		free(m->aliases[i]);
+	free(m->aliases);
 	memset(m, 0, sizeof *m);
 }
 
@@ -91,6 +94,17 @@ static int model_copy(struct registry_model *dst, const char *name,
 	m.binary = dup_opt(src->binary, &oom);
 	m.ctx = src->ctx;
 	m.max_output = src->max_output;
+	m.ttl = src->ttl;
+	if (!oom && src->n_aliases > 0) {
+		m.aliases = calloc((size_t)src->n_aliases, sizeof *m.aliases);
+		if (!m.aliases)
+			oom = 1;
+		for (int i = 0; !oom && i < src->n_aliases; i++) {
+			m.aliases[i] = dup_opt(src->aliases[i], &oom);
+			if (!oom)
+				m.n_aliases = i + 1;
+		}
+	}
 	if (!oom && src->n_args > 0) {
 		m.args = calloc((size_t)src->n_args, sizeof *m.args);
 		if (!m.args)
@@ -301,8 +315,8 @@ static int want_tokens(struct walk *w, const yaml_node_t *n, const char *what, l
 	return 0;
 }
 
-static int want_args(struct walk *w, const yaml_node_t *n, const char *what,
-                     struct registry_model *m)
+static int want_list(struct walk *w, const yaml_node_t *n, const char *what, char ***out,
+                     int *n_out)
 {
 	if (n->type != YAML_SEQUENCE_NODE)
 		return walk_fail(w, n, "%s: expected a list of strings, got %s", what,
@@ -316,7 +330,7 @@ static int want_args(struct walk *w, const yaml_node_t *n, const char *what,
 	char **args = calloc(count, sizeof *args);
 	if (!args)
 		return walk_fail(w, n, "out of memory");
-	m->args = args;
+	*out = args;
 	for (size_t i = 0; i < count; i++) {
 		yaml_node_t *e = yaml_document_get_node(w->doc, it[i]);
 		char item[256];
@@ -326,7 +340,29 @@ static int want_args(struct walk *w, const yaml_node_t *n, const char *what,
 			                 e ? node_kind(e) : "nothing");
 		if (want_string(w, e, item, &args[i]) != 0)
 			return -1;
-		m->n_args = (int)i + 1;
+		*n_out = (int)i + 1;
+	}
+	return 0;
+}
+
+/* Aliases are names a request's "model" holds: plain, non-empty, no
+ * control characters, and none twice in one model. */
+static int want_aliases(struct walk *w, const yaml_node_t *n, const char *what,
+                        struct registry_model *m)
+{
+	if (want_list(w, n, what, &m->aliases, &m->n_aliases) != 0)
+		return -1;
+	for (int i = 0; i < m->n_aliases; i++) {
+		const char *a = m->aliases[i];
+		int bad = !*a || strlen(a) > 256;
+		for (const char *p = a; *p && !bad; p++)
+			bad = (unsigned char)*p < 0x20 || *p == 0x7f;
+		if (bad)
+			return walk_fail(w, n, "%s[%d]: an alias is 1 to 256 printable characters",
+			                 what, i);
+		for (int j = 0; j < i; j++)
+			if (!strcmp(m->aliases[j], a))
+				return walk_fail(w, n, "%s: '%.40s' is listed twice", what, a);
 	}
 	return 0;
 }
@@ -341,8 +377,8 @@ static int walk_model(struct walk *w, const yaml_node_t *key, const yaml_node_t 
 		return walk_fail(w, val, "models.%s: expected a mapping (path:, ...), got %s", name,
 		                 node_kind(val));
 	unsigned seen = 0;
-	static const char *const fields[] = {"path", "repo",       "file", "binary",
-	                                     "ctx",  "max_output", "args"};
+	static const char *const fields[] = {"path",       "repo", "file",    "binary", "ctx",
+	                                     "max_output", "args", "aliases", "ttl"};
 	for (yaml_node_pair_t *p = val->data.mapping.pairs.start; p < val->data.mapping.pairs.top;
 	     p++) {
 		yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
@@ -357,7 +393,7 @@ static int walk_model(struct walk *w, const yaml_node_t *key, const yaml_node_t 
 		if (idx == sizeof fields / sizeof fields[0])
 			return walk_fail(w, k,
 			                 "models.%s: unknown key '%.40s' (known: path, repo, file, "
-			                 "binary, ctx, max_output, args)",
+			                 "binary, ctx, max_output, args, aliases, ttl)",
 			                 name, f);
 		if (seen & (1u << idx))
 			return walk_fail(w, k, "models.%s: duplicate key '%s'", name, f);
@@ -389,8 +425,14 @@ static int walk_model(struct walk *w, const yaml_node_t *key, const yaml_node_t 
 		case 5:
 			rc = want_tokens(w, v, what, &m->max_output);
 			break;
+		case 6:
+			rc = want_list(w, v, what, &m->args, &m->n_args);
+			break;
+		case 7:
+			rc = want_aliases(w, v, what, m);
+			break;
 		default:
-			rc = want_args(w, v, what, m);
+			rc = want_tokens(w, v, what, &m->ttl);
 			break;
 		}
 		if (rc != 0)
@@ -398,6 +440,27 @@ static int walk_model(struct walk *w, const yaml_node_t *key, const yaml_node_t 
 	}
 	if (!m->path)
 		return walk_fail(w, key, "models.%s: missing 'path' (the GGUF file)", name);
+	return 0;
+}
+
+/* A request's "model" must name one model: no alias is a model's name or
+ * another model's alias. */
+static int check_aliases(struct walk *w, const yaml_node_t *n, const struct registry *r)
+{
+	for (int i = 0; i < r->n; i++)
+		for (int a = 0; a < r->models[i].n_aliases; a++) {
+			const char *al = r->models[i].aliases[a];
+			const struct registry_model *o = registry_find(r, al);
+			if (o)
+				return walk_fail(w, n, "models.%s.aliases: '%.40s' is a model's name",
+				                 r->models[i].name, al);
+			for (int j = 0; j < i; j++)
+				for (int b = 0; b < r->models[j].n_aliases; b++)
+					if (!strcmp(r->models[j].aliases[b], al))
+						return walk_fail(
+						    w, n, "models.%s.aliases: '%.40s' is also an alias of %s",
+						    r->models[i].name, al, r->models[j].name);
+		}
 	return 0;
 }
 
@@ -438,7 +501,7 @@ static int walk_models(struct walk *w, const yaml_node_t *n, struct registry *r)
 		if (walk_model(w, k, v, m) != 0)
 			return -1;
 	}
-	return 0;
+	return check_aliases(w, n, r);
 }
 
 static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r)
@@ -448,7 +511,7 @@ static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r
 	if (root->type != YAML_MAPPING_NODE)
 		return walk_fail(w, root, "expected a mapping with 'models:' at the top, got %s",
 		                 node_kind(root));
-	int seen_models = 0, seen_active = 0;
+	int seen_models = 0, seen_active = 0, seen_max = 0, seen_ttl = 0;
 	for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
 	     p++) {
 		yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
@@ -471,8 +534,19 @@ static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r
 			if (!paths_is_safe_name(r->active))
 				return walk_fail(w, v, "active: '%.40s' is not a valid model name",
 				                 r->active);
+		} else if (!strcmp(key, "max_loaded") || !strcmp(key, "ttl")) {
+			int max = !strcmp(key, "max_loaded");
+			int *seen = max ? &seen_max : &seen_ttl;
+			if ((*seen)++)
+				return walk_fail(w, k, "duplicate key '%s'", key);
+			if (is_null(v))
+				continue;
+			if (want_tokens(w, v, key, max ? &r->max_loaded : &r->ttl) != 0)
+				return -1;
 		} else {
-			return walk_fail(w, k, "unknown key '%.40s' (known: models, active)", key);
+			return walk_fail(w, k,
+			                 "unknown key '%.40s' (known: models, active, max_loaded, ttl)",
+			                 key);
 		}
 	}
 	return 0;
@@ -635,6 +709,25 @@ static int emit_kv_long(yaml_emitter_t *e, const char *k, long v)
 	return emit_str(e, k, 0) || emit_long(e, v) ? -1 : 0;
 }
 
+/* A flow list of quoted strings, as people write it by hand:
+ * args: ["-ngl", "99"]; quoting keeps "99" a string. */
+static int emit_list(yaml_emitter_t *e, const char *key, char *const *v, int n)
+{
+	if (n <= 0)
+		return 0;
+	yaml_event_t ev;
+	if (emit_str(e, key, 0) ||
+	    !yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1, YAML_FLOW_SEQUENCE_STYLE) ||
+	    emit(e, &ev))
+		return -1;
+	for (int i = 0; i < n; i++)
+		if (emit_str(e, v[i], 1))
+			return -1;
+	if (!yaml_sequence_end_event_initialize(&ev) || emit(e, &ev))
+		return -1;
+	return 0;
+}
+
 static int emit_model(yaml_emitter_t *e, const struct registry_model *m)
 {
 	if (emit_str(e, m->name, 0) || emit_map_start(e) || emit_kv_str(e, "path", m->path) ||
@@ -642,21 +735,9 @@ static int emit_model(yaml_emitter_t *e, const struct registry_model *m)
 	    emit_kv_str(e, "binary", m->binary) || emit_kv_long(e, "ctx", m->ctx) ||
 	    emit_kv_long(e, "max_output", m->max_output))
 		return -1;
-	if (m->n_args > 0) {
-		yaml_event_t ev;
-		/* A flow list of quoted strings, as people write it by hand:
-		 * args: ["-ngl", "99"]; quoting keeps "99" a string. */
-		if (emit_str(e, "args", 0) ||
-		    !yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
-		                                          YAML_FLOW_SEQUENCE_STYLE) ||
-		    emit(e, &ev))
-			return -1;
-		for (int i = 0; i < m->n_args; i++)
-			if (emit_str(e, m->args[i], 1))
-				return -1;
-		if (!yaml_sequence_end_event_initialize(&ev) || emit(e, &ev))
-			return -1;
-	}
+	if (emit_list(e, "args", m->args, m->n_args) ||
+	    emit_list(e, "aliases", m->aliases, m->n_aliases) || emit_kv_long(e, "ttl", m->ttl))
+		return -1;
 	return emit_map_end(e);
 }
 
@@ -680,7 +761,9 @@ static int emit_registry(FILE *f, const struct registry *r)
 	for (int i = 0; i < r->n; i++)
 		if (emit_model(&e, &r->models[i]))
 			goto out;
-	if (emit_map_end(&e) || emit_kv_str(&e, "active", r->active) || emit_map_end(&e))
+	if (emit_map_end(&e) || emit_kv_str(&e, "active", r->active) ||
+	    emit_kv_long(&e, "max_loaded", r->max_loaded) || emit_kv_long(&e, "ttl", r->ttl) ||
+	    emit_map_end(&e))
 		goto out;
 	if (!yaml_document_end_event_initialize(&ev, 1) || emit(&e, &ev))
 		goto out;
@@ -843,6 +926,16 @@ static int mutate_set(struct registry *r, const char *path, const void *arg, cha
 	}
 	for (int i = 0; i < r->n; i++) {
 		if (!strcmp(r->models[i].name, a->name)) {
+			/* A model pulled again keeps the names and ttl its entry
+			 * was given by hand, unless the new entry sets its own. */
+			if (!copy.n_aliases) {
+				copy.aliases = r->models[i].aliases;
+				copy.n_aliases = r->models[i].n_aliases;
+				r->models[i].aliases = NULL;
+				r->models[i].n_aliases = 0;
+			}
+			if (!copy.ttl)
+				copy.ttl = r->models[i].ttl;
 			model_free(&r->models[i]);
 			r->models[i] = copy;
 			return 0;

@@ -10,7 +10,12 @@
  *       ctx: 16384                              # optional: asked-for context
  *       max_output: 4096                        # optional: cap on max_tokens
  *       args: ["-ngl", "99", "--jinja"]         # optional: extra llama-server args
+ *       aliases: ["gpt-4o-mini"]                # optional: other names requests may use
+ *       ttl: 600                                # optional: seconds idle before the
+ *                                               # endpoint stops it
  *   active: qwen3-4b                            # optional
+ *   max_loaded: 2                               # optional: models the endpoint runs at once
+ *   ttl: 1800                                   # optional: every model's default ttl
  *
  * The file is at paths_registry_file(). A missing file is an empty registry.
  * Reading is strict: a key this version does not know, a value of the wrong
@@ -44,12 +49,19 @@ struct registry_model {
 	long max_output; /* 0 when absent */
 	char **args;     /* n_args strings; NULL when n_args is 0 */
 	int n_args;
+	/* Other names the endpoint (toki up without --model) answers to for it;
+	 * no alias is another model's name or another model's alias. */
+	char **aliases; /* n_aliases strings; NULL when n_aliases is 0 */
+	int n_aliases;
+	long ttl; /* seconds idle before the endpoint stops it; 0 when absent */
 };
 
 struct registry {
 	struct registry_model *models; /* in file order */
 	int n;
 	char *active; /* NULL when absent */
+	long max_loaded; /* models the endpoint runs at once; 0 when absent */
+	long ttl;        /* the models' default ttl; 0 when absent */
 };
 
 /* Reads the registry at paths_registry_file(). Returns 0 (a missing file

@@ -97,6 +97,12 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
 
 char *run_http_get(const char *host, int port, const char *path, long *status, int timeout_s)
 {
+	return run_http_post(host, port, path, NULL, status, timeout_s);
+}
+
+char *run_http_post(const char *host, int port, const char *path, const char *body, long *status,
+                    int timeout_s)
+{
 	CURL *c = curl_easy_init();
 	if (!c)
 		return NULL;
@@ -125,8 +131,13 @@ char *run_http_get(const char *host, int port, const char *path, long *status, i
 	if (*token) {
 		snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", token);
 		hl = curl_slist_append(hl, hdr);
-		curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
 	}
+	if (body) {
+		hl = curl_slist_append(hl, "Content-Type: application/json");
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+	}
+	if (hl)
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
 	CURLcode rc = curl_easy_perform(c);
 	if (rc == CURLE_OK)
 		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, status);
@@ -272,24 +283,38 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 	}
 	char *argv[200];
 	int a = 0;
-	char port[16], ctx[32], slots[16], maxo[32];
+	char port[16], ctx[32], slots[16], maxo[32], body_mb[16], ct[16];
 	snprintf(port, sizeof port, "%d", spec->port);
+	snprintf(body_mb, sizeof body_mb, "%d", spec->max_body_mb);
+	snprintf(ct, sizeof ct, "%d", spec->client_timeout_s);
 	snprintf(ctx, sizeof ctx, "%ld", spec->ctx);
 	snprintf(slots, sizeof slots, "%d", spec->slots > 0 ? spec->slots : 2);
 	snprintf(maxo, sizeof maxo, "%ld", spec->max_output);
 	argv[a++] = self;
 	argv[a++] = "serve";
-	argv[a++] = "--model";
-	argv[a++] = (char *)spec->model_path;
+	if (spec->endpoint) {
+		argv[a++] = "--registry";
+	} else {
+		argv[a++] = "--model";
+		argv[a++] = (char *)spec->model_path;
+		argv[a++] = "--slots";
+		argv[a++] = slots;
+	}
 	argv[a++] = "--name";
 	argv[a++] = (char *)spec->name;
 	argv[a++] = "--port";
 	argv[a++] = port;
-	argv[a++] = "--slots";
-	argv[a++] = slots;
 	if (spec->host) {
 		argv[a++] = "--host";
 		argv[a++] = (char *)spec->host;
+	}
+	if (spec->max_body_mb > 0) {
+		argv[a++] = "--max-body-mb";
+		argv[a++] = body_mb;
+	}
+	if (spec->client_timeout_s > 0) {
+		argv[a++] = "--client-timeout";
+		argv[a++] = ct;
 	}
 	if (spec->ctx > 0) {
 		argv[a++] = "--ctx";
@@ -299,7 +324,7 @@ int run_start(const struct run_spec *spec, int wait_s, char *endpoint, size_t n,
 		argv[a++] = "--max-output";
 		argv[a++] = maxo;
 	}
-	if (spec->binary) {
+	if (spec->binary && !spec->endpoint) {
 		argv[a++] = "--llama-server";
 		argv[a++] = (char *)spec->binary;
 	}

@@ -27,6 +27,11 @@ struct run_spec {
 	 * service manager runs (toki service). run_start then returns only on
 	 * failure. */
 	int foreground;
+	/* The endpoint for the registry (toki serve --registry) instead of one
+	 * model: model_path, binary, ctx, slots and the llama fields unused. */
+	int endpoint;
+	int max_body_mb;      /* toki serve --max-body-mb, 0: its default */
+	int client_timeout_s; /* toki serve --client-timeout, 0: its default */
 };
 
 struct run_info {
@@ -65,5 +70,8 @@ int run_get(const char *name, struct run_info *info);
 void run_info_url(const struct run_info *ri, char *url, size_t n);
 /* GET http://127.0.0.1:port/path into a new buffer (or NULL). */
 char *run_http_get(const char *host, int port, const char *path, long *status, int timeout_s);
+/* The same as a POST of a JSON body. */
+char *run_http_post(const char *host, int port, const char *path, const char *body, long *status,
+                    int timeout_s);
 
 #endif

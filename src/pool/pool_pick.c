@@ -1,0 +1,79 @@
+#include "pool/pool_pick.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model/registry.h"
+
+int pool_resolve(const struct registry *r, const char *model)
+{
+	if (!r || r->n == 0)
+		return -1;
+	if (!model || !*model) {
+		for (int i = 0; r->active && i < r->n; i++)
+			if (!strcmp(r->models[i].name, r->active))
+				return i;
+		return 0;
+	}
+	for (int i = 0; i < r->n; i++)
+		if (!strcmp(r->models[i].name, model))
+			return i;
+	for (int i = 0; i < r->n; i++) {
+		for (int a = 0; a < r->models[i].n_aliases; a++)
+			if (!strcmp(r->models[i].aliases[a], model))
+				return i;
+		if (r->models[i].path && !strcmp(r->models[i].path, model))
+			return i;
+	}
+	return -1;
+}
+
+int pool_unknown_message(const struct registry *r, const char *model, char *buf, size_t n)
+{
+	size_t off = 0;
+	int len = snprintf(buf, n, "no model '%.200s' here; the models are:", model ? model : "");
+	if (len < 0)
+		return len;
+	off = (size_t)len;
+#define PUT(...)                                                                                   \
+	do {                                                                                       \
+		int k_ = snprintf(buf + (off < n ? off : n), off < n ? n - off : 0, __VA_ARGS__);  \
+		if (k_ > 0)                                                                        \
+			off += (size_t)k_;                                                         \
+	} while (0)
+	for (int i = 0; r && i < r->n; i++) {
+		const struct registry_model *m = &r->models[i];
+		PUT("%s %s", i ? "," : "", m->name);
+		for (int a = 0; a < m->n_aliases; a++)
+			PUT("%s%s", a ? ", " : " (aliases ", m->aliases[a]);
+		if (m->n_aliases)
+			PUT(")");
+	}
+	if (!r || r->n == 0)
+		PUT(" none (toki model pull adds one)");
+#undef PUT
+	return (int)off;
+}
+
+int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint64_t capacity,
+              long max_loaded)
+{
+	uint64_t held = 0;
+	long running = 0;
+	for (int i = 0; i < n; i++) {
+		if (i == target || !v[i].running)
+			continue;
+		held += v[i].used;
+		running++;
+	}
+	if (need > capacity)
+		return POOL_NEVER;
+	if (held + need <= capacity && (max_loaded <= 0 || running < max_loaded))
+		return POOL_FITS;
+	int lru = -1;
+	for (int i = 0; i < n; i++)
+		if (i != target && v[i].running && v[i].stoppable &&
+		    (lru < 0 || v[i].last_used < v[lru].last_used))
+			lru = i;
+	return lru >= 0 ? lru : POOL_WAIT;
+}

@@ -1,0 +1,43 @@
+/* The endpoint's decisions that need no I/O, so that they are unit-tested
+ * (tests/unit/test_pool_pick.c): which registry model a request's "model"
+ * names, which running model makes room for another, and what an unknown
+ * name is told. pool.c does the rest. */
+#ifndef TOKI_POOL_PICK_H
+#define TOKI_POOL_PICK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct registry;
+
+/* The registry model a request names: its name, one of its aliases, or its
+ * GGUF's path (clients that worked against one llama-server send that). No
+ * name (NULL or "") is the active model, else the first one. The model's
+ * index, or -1 when the name is unknown (or the registry is empty). */
+int pool_resolve(const struct registry *r, const char *model);
+
+/* "no model 'x' here; the models are: a (aliases b, c), d": what a 404 for
+ * an unknown name says. Returns what snprintf returns. */
+int pool_unknown_message(const struct registry *r, const char *model, char *buf, size_t n);
+
+/* A model as the choice of whom to stop sees it. */
+struct pool_view {
+	int running;       /* its server runs, starts or stops: it holds memory */
+	int stoppable;     /* running, ready, no request in flight or queued */
+	int64_t last_used; /* when its last request ended (any clock) */
+	uint64_t used;     /* the memory it holds */
+};
+
+enum {
+	POOL_FITS = -1,  /* the model fits beside the running ones: start it */
+	POOL_WAIT = -2,  /* it does not, and no running one can stop now */
+	POOL_NEVER = -3, /* it does not even with every other model stopped */
+};
+/* Whether model `target` (not running) can start beside the others within
+ * capacity bytes and max_loaded models (0: no cap): POOL_FITS; else the
+ * index of the least recently used stoppable model to stop first; else
+ * POOL_WAIT or POOL_NEVER. */
+int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint64_t capacity,
+              long max_loaded);
+
+#endif
