@@ -191,6 +191,8 @@ else
   [ ! -e "$sysroot" ] || mv -T "$sysroot" "$sysroot.old"
   mv -T "$work/root" "$sysroot"
   rm -rf "$sysroot.old" "$work"
+  # apt's binary caches (~80 MB) are made again from the lists on a refresh.
+  rm -f "$arm_cache"/apt/cache/*.bin
   trap - EXIT
   flock -u 8
   step "sysroot (arm64 $codename)" "$(elapsed "$t")" ok "${#pkgs[@]} packages fetched into $sysroot"
