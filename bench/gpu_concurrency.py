@@ -218,7 +218,8 @@ def run_config(config, model, tag, sessions, args):
             finally:
                 c.close()
 
-        threads = [threading.Thread(target=session, args=(s,)) for s in range(len(sessions))]
+        threads = [threading.Thread(target=session, args=(s,), daemon=True)
+                   for s in range(len(sessions))]
         for t in threads:
             t.start()
         gate.wait()
@@ -400,6 +401,25 @@ def main():
     tables = []
     failed = []
     broke = None
+
+    def save():
+        """The JSON so far: written after each model, so that a run stopped
+        at its time limit still leaves what it measured."""
+        out["seconds"] = time.perf_counter() - t_all
+        out["failed"] = failed
+        out["broke"] = broke
+        out["markdown"] = "\n\n".join(tables)
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
+    def terminated(sig, frame):
+        # timeout(1) sends SIGTERM: unwind, so that every server started
+        # here is stopped (they run in sessions of their own) and the JSON
+        # says how far the run came.
+        raise KeyboardInterrupt(f"signal {sig}")
+    signal.signal(signal.SIGTERM, terminated)
     try:
         for mname, model in models_of(args):
             results = {}
@@ -409,24 +429,20 @@ def main():
                                              args)
             tables.append(markdown(f"### {mname}: {args.sessions} sessions x {args.turns} turns, "
                                    f"max_tokens {args.max_tokens}", results))
+            print(tables[-1] + "\n", flush=True)
             ex = results.get("exact")
             if ex and (ex["identical"] != ex["requests"] or ex["not_verified_answers"] or
                        (ex["exact"] or {}).get("selftest") != "verified"):
                 failed.append(f"{mname}: exact {ex['identical']}/{ex['requests']} identical, "
                               f"self-test {(ex['exact'] or {}).get('selftest')}: "
                               f"{(ex['exact'] or {}).get('verdict')}")
-    except Exception as e:  # the tables so far, then the failure
+            save()
+    except (Exception, KeyboardInterrupt) as e:  # the tables so far, then the failure
         broke = f"{type(e).__name__}: {e}"
         log(f"gpu_concurrency: broke: {broke}")
-    out["seconds"] = time.perf_counter() - t_all
-    out["failed"] = failed
-    out["broke"] = broke
-    out["markdown"] = "\n\n".join(tables)
-    print(out["markdown"])
-    print(f"\n({out['seconds']:.0f} s; llama-server {out['info']['llama_server_version'][:120]})")
+    save()
+    print(f"({out['seconds']:.0f} s; llama-server {out['info']['llama_server_version'][:120]})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
         print(f"JSON: {args.json}")
     for f in failed:
         print(f"gpu_concurrency: FAILED: {f}", file=sys.stderr)
