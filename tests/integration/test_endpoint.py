@@ -1,0 +1,186 @@
+"""One endpoint for every registry model (`toki up` without --model): requests
+route by "model" (name, alias; none: the active model; unknown: 404 in the
+route's own error shape), each model starts on its first request (once,
+however many requests race for it), models take turns under
+TOKI_MAX_LOADED=1, and a conversation whose model was swapped out and back
+comes back from its slot files (route "disk") evaluating what it would have
+without the swap, with exact mode's answer. `toki down` leaves nothing."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import toki_harness as th
+from test_exact_identity import conversations
+
+
+class Endpoint(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="toki-endpoint-")
+        self.env = dict(os.environ, TOKI_STATE_DIR=os.path.join(self.tmp, "state"),
+                        TOKI_MODEL_REGISTRY=os.path.join(self.tmp, "models.yaml"),
+                        TOKI_LLAMA_SERVER=th.llama_server_path(), TOKI_MAX_LOADED="1")
+        for name in ("a", "b"):  # the same weights under two names: same answers
+            shutil.copy(th.test_model(), os.path.join(self.tmp, name + ".gguf"))
+        with open(self.env["TOKI_MODEL_REGISTRY"], "w") as f:
+            f.write("models:\n"
+                    "  a:\n    path: %s/a.gguf\n    ctx: 1024\n    aliases: [\"gpt-a\"]\n"
+                    "  b:\n    path: %s/b.gguf\n    ctx: 1024\n    max_output: 64\n"
+                    "active: a\n" % (self.tmp, self.tmp))
+        self.port = th.free_port()
+        self.log = os.path.join(self.tmp, "state", "run", "endpoint", "serve.log")
+
+    def tearDown(self):
+        self.toki("down")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def toki(self, *args):
+        return subprocess.run([th.TOKI_BIN, *args], capture_output=True, text=True,
+                              env=self.env, timeout=120)
+
+    def log_text(self):
+        with open(self.log) as f:
+            return f.read()
+
+    def starts(self, name):
+        return len(re.findall(r"pool: starting %s \(start" % name, self.log_text()))
+
+    def models(self):
+        st, m = th.request(self.port, "GET", "/v1/models")
+        self.assertEqual(st, 200, m)
+        return {e["id"]: e for e in m["data"]}
+
+    def chat(self, model, msgs, **kw):
+        body = dict({"messages": msgs, "max_tokens": 12, "temperature": 0}, **kw)
+        if model:
+            body["model"] = model
+        st, r = th.request(self.port, "POST", "/v1/chat/completions", body)
+        self.assertEqual(st, 200, r)
+        return r
+
+    def processes_with(self, marker):
+        found = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError, ValueError):
+                continue
+            if marker in cmd and state != "Z":
+                found.append((int(pid), cmd))
+        return found
+
+    def test_one_endpoint_routes_swaps_and_stops(self):
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("endpoint is up for 2 registry models", r.stdout)
+        m = self.models()
+        self.assertEqual(sorted(m), ["a", "b"])
+        self.assertEqual((m["a"]["state"], m["b"]["state"]), ("unloaded", "unloaded"))
+        self.assertEqual(m["a"]["context_length"], 1024)
+        self.assertEqual(m["a"]["aliases"], ["gpt-a"])
+        self.assertEqual(m["b"]["max_output"], 64)
+
+        # Unknown names: 404 in each API's shape, naming the models there are.
+        st, e = th.request(self.port, "POST", "/v1/chat/completions",
+                           {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(st, 404, e)
+        self.assertIn("a (aliases gpt-a), b", e["error"]["message"])
+        st, e = th.request(self.port, "POST", "/v1/messages",
+                           {"model": "nope", "max_tokens": 4,
+                            "messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(st, 404, e)
+        self.assertEqual(e["type"], "error")
+        self.assertIn("gpt-a", e["error"]["message"])
+
+        # Two first requests race for a (by its alias, on a chat route and a
+        # pass-through one): it starts once, and both are answered.
+        results = []
+
+        def first(path, body):
+            results.append(th.request(self.port, "POST", path, body))
+
+        threads = [threading.Thread(target=first, args=a) for a in (
+            ("/tokenize", {"model": "a", "content": "Once upon a time"}),
+            ("/v1/chat/completions", {"model": "gpt-a", "max_tokens": 4,
+                                      "messages": [{"role": "user", "content": "hi"}]}))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual([st for st, _ in results], [200, 200], results)
+        self.assertEqual(self.starts("a"), 1, self.log_text())
+        self.assertEqual(self.models()["a"]["state"], "loaded")
+        # No model: the active one (a), no swap.
+        self.assertEqual(self.chat(None, [{"role": "user", "content": "hi"}])["model"], "a")
+        self.assertEqual(self.starts("a"), 1)
+
+        # A conversation on a; the same one on b (the same weights) swaps a
+        # out, saving its slots, and continues on b without a swap: what a
+        # turn evaluates when its model stayed loaded.
+        system, users = conversations(21, count=1, turns=2)[0]
+        hist = [{"role": "system", "content": system[:1200]},
+                {"role": "user", "content": users[0][:200]}]
+        t1a = self.chat("a", hist)
+        t1_text = t1a["choices"][0]["message"]["content"]
+        swap_started = time.time()
+        st, tok = th.request(self.port, "POST", "/tokenize", {"model": "b", "content": "hi"})
+        swap_s = time.time() - swap_started
+        self.assertEqual(st, 200, tok)
+        m = self.models()
+        self.assertEqual((m["a"]["state"], m["b"]["state"]), ("unloaded", "loaded"))
+        t1b = self.chat("b", hist)
+        self.assertEqual(t1b["choices"][0]["message"]["content"], t1_text)
+        hist2 = hist + [{"role": "assistant", "content": t1_text},
+                        {"role": "user", "content": users[1][:200]}]
+        t2b = self.chat("b", hist2)
+        # Back to a: b is swapped out, a restores the conversation from disk.
+        t2a = self.chat("a", hist2)
+        self.assertEqual(self.starts("a"), 2)
+        c = t2a["cache"]
+        self.assertEqual(c["route"], "disk", c)
+        self.assertLessEqual(c["evaluated"], t2b["cache"]["evaluated"] * 1.05,
+                             (c, t2b["cache"]))
+        self.assertEqual(t2a["timings"]["prompt_n"], c["evaluated"])
+        # Exact mode: the answer is the uncached request's.
+        raw = self.chat("a", hist2, cache_prompt=False)
+        self.assertEqual(t2a["choices"][0]["message"]["content"],
+                         raw["choices"][0]["message"]["content"])
+        self.assertEqual(t2a["choices"][0]["message"]["content"],
+                         t2b["choices"][0]["message"]["content"])
+        print(f"\nswap to b: {swap_s:.2f} s; turn 2 evaluated {c['evaluated']} after a swap, "
+              f"{t2b['cache']['evaluated']} without", file=sys.stderr)
+
+        # A streaming request for a model that is not loaded gets keep-alives
+        # while it loads, then its answer.
+        st, events = th.stream(self.port, "/v1/chat/completions",
+                               {"model": "b", "stream": True, "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "hi"}]})
+        self.assertEqual(st, 200)
+        self.assertTrue(any(ev.startswith(": toki loading b") for ev in events), events[:3])
+        self.assertTrue(th.stream_text(events), events)
+
+        # toki model use loads into the running endpoint and makes it active.
+        r = self.toki("model", "use", "a")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("a is loaded in the endpoint", r.stdout)
+        self.assertEqual(self.models()["a"]["state"], "loaded")
+
+        r = self.toki("down")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("stopped endpoint", r.stdout)
+        self.assertRaises(OSError, th.request, self.port, "GET", "/health", None, None, 2)
+        self.assertEqual(self.processes_with(self.tmp), [])
+
+
+if __name__ == "__main__":
+    th.run_tests()
