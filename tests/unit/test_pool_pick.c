@@ -1,0 +1,167 @@
+/* The endpoint's pure decisions (src/pool/pool_pick.c): names and aliases,
+ * whom to stop, what an unknown name is told, in each API's error shape;
+ * and the registry keys they read (aliases, ttl, max_loaded). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api/api_error.h"
+#include "model/registry.h"
+#include "pool/pool_pick.h"
+
+/* Loads YAML text as a registry: 0, or -1 with err. */
+static int load(const char *yaml, struct registry *r, char *err, size_t n)
+{
+	char path[] = "/tmp/toki-pool-pick-XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, yaml, strlen(yaml)), (ssize_t)strlen(yaml));
+	close(fd);
+	int rc = registry_load_file(path, r, err, n);
+	unlink(path);
+	return rc;
+}
+
+static const char *const two =
+    "models:\n"
+    "  a:\n    path: /m/a.gguf\n    aliases: [\"gpt-4o-mini\", \"claude-haiku\"]\n    ttl: 60\n"
+    "  b:\n    path: /m/b.gguf\n"
+    "active: b\nmax_loaded: 2\nttl: 600\n";
+
+static void test_keys_and_resolution(void **state)
+{
+	struct registry r;
+	char err[512];
+	assert_int_equal(load(two, &r, err, sizeof err), 0);
+	assert_int_equal(r.models[0].n_aliases, 2);
+	assert_int_equal(r.models[0].ttl, 60);
+	assert_int_equal(r.max_loaded, 2);
+	assert_int_equal(r.ttl, 600);
+	assert_int_equal(pool_resolve(&r, "a"), 0);
+	assert_int_equal(pool_resolve(&r, "claude-haiku"), 0);
+	assert_int_equal(pool_resolve(&r, "/m/b.gguf"), 1);
+	/* No name: the active model. */
+	assert_int_equal(pool_resolve(&r, NULL), 1);
+	assert_int_equal(pool_resolve(&r, ""), 1);
+	assert_int_equal(pool_resolve(&r, "gpt-4"), -1);
+	free(r.active);
+	r.active = NULL;
+	assert_int_equal(pool_resolve(&r, NULL), 0); /* none active: the first */
+	char msg[256];
+	pool_unknown_message(&r, "gpt-4", msg, sizeof msg);
+	assert_string_equal(msg, "no model 'gpt-4' here; the models are: a (aliases gpt-4o-mini, "
+	                         "claude-haiku), b");
+	/* Cut short, still a string. */
+	pool_unknown_message(&r, "gpt-4", msg, 20);
+	assert_int_equal(strlen(msg), 19);
+	registry_free(&r);
+	assert_int_equal(pool_resolve(&r, NULL), -1);
+}
+
+/* A write (toki model use sets active) keeps the endpoint's keys. */
+static void test_keys_survive_a_write(void **state)
+{
+	char path[] = "/tmp/toki-pool-reg-XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, two, strlen(two)), (ssize_t)strlen(two));
+	close(fd);
+	setenv("TOKI_MODEL_REGISTRY", path, 1);
+	char err[512];
+	assert_int_equal(registry_set_active("a", err, sizeof err), 0);
+	struct registry r;
+	assert_int_equal(registry_load_file(path, &r, err, sizeof err), 0);
+	assert_string_equal(r.active, "a");
+	assert_int_equal(r.models[0].n_aliases, 2);
+	assert_string_equal(r.models[0].aliases[1], "claude-haiku");
+	assert_int_equal(r.models[0].ttl, 60);
+	assert_int_equal(r.max_loaded, 2);
+	assert_int_equal(r.ttl, 600);
+	registry_free(&r);
+	unlink(path);
+	char lock[64];
+	snprintf(lock, sizeof lock, "%s.lock", path);
+	unlink(lock);
+}
+
+static void test_bad_aliases_are_refused(void **state)
+{
+	struct registry r;
+	char err[512];
+	assert_int_equal(load("models:\n  a:\n    path: /a\n    aliases: [\"b\"]\n"
+	                      "  b:\n    path: /b\n",
+	                      &r, err, sizeof err),
+	                 -1);
+	assert_non_null(strstr(err, "'b' is a model's name"));
+	assert_int_equal(load("models:\n  a:\n    path: /a\n    aliases: [\"x\"]\n"
+	                      "  b:\n    path: /b\n    aliases: [\"x\"]\n",
+	                      &r, err, sizeof err),
+	                 -1);
+	assert_non_null(strstr(err, "also an alias of a"));
+	assert_int_equal(
+	    load("models:\n  a:\n    path: /a\n    ttl: \"60\"\n", &r, err, sizeof err), -1);
+	assert_int_equal(load("max_loaded: 0\n", &r, err, sizeof err), -1);
+}
+
+static void test_pick(void **state)
+{
+	struct pool_view v[3] = {
+	    {.running = 1, .stoppable = 1, .last_used = 30, .used = 100},
+	    {.running = 1, .stoppable = 1, .last_used = 10, .used = 100},
+	    {.running = 0, .used = 0},
+	};
+	/* Room for it: start. */
+	assert_int_equal(pool_pick(v, 3, 2, 100, 300, 0), POOL_FITS);
+	/* No room: the least recently used idle one goes. */
+	assert_int_equal(pool_pick(v, 3, 2, 150, 300, 0), 1);
+	/* A cap on models: the same. */
+	assert_int_equal(pool_pick(v, 3, 2, 10, 1000, 2), 1);
+	assert_int_equal(pool_pick(v, 3, 2, 10, 1000, 3), POOL_FITS);
+	/* A busy model is never chosen. */
+	v[1].stoppable = 0;
+	assert_int_equal(pool_pick(v, 3, 2, 150, 300, 0), 0);
+	v[0].stoppable = 0;
+	assert_int_equal(pool_pick(v, 3, 2, 150, 300, 0), POOL_WAIT);
+	/* Too big even alone. */
+	assert_int_equal(pool_pick(v, 3, 2, 301, 300, 0), POOL_NEVER);
+}
+
+static void test_error_shapes(void **state)
+{
+	/* The endpoint answers an unknown name with http_respond_error, which
+	 * writes api_error_body for the route. */
+	char *o = api_error_body(404, "no model 'x' here", "/v1/chat/completions");
+	json_t *j = json_loads(o, 0, NULL);
+	assert_string_equal(
+	    json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+	    "no model 'x' here");
+	json_decref(j);
+	free(o);
+	o = api_error_body(404, "no model 'x' here", "/anthropic/v1/messages");
+	j = json_loads(o, 0, NULL);
+	assert_string_equal(json_string_value(json_object_get(j, "type")), "error");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "type")),
+	                    "not_found_error");
+	json_decref(j);
+	free(o);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+	    cmocka_unit_test(test_keys_and_resolution),
+	    cmocka_unit_test(test_keys_survive_a_write),
+	    cmocka_unit_test(test_bad_aliases_are_refused),
+	    cmocka_unit_test(test_pick),
+	    cmocka_unit_test(test_error_shapes),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
