@@ -99,6 +99,7 @@ class Client:
             out["error"] = resp.read().decode("utf-8", "replace")
             self.close()
             out["total"] = time.perf_counter() - t0
+            out["ttft"] = out["total"]  # numbers, as on success: callers add to them
             return out
         parts = []
         logprobs = []

@@ -373,7 +373,9 @@ def main():
     ap.add_argument("--system-tokens", type=int, default=1200,
                     help="about this many tokens of system prompt (on the generated models' "
                          "vocabulary; more on stories260K's)")
-    ap.add_argument("--ctx", type=int, default=4096, help="context per slot")
+    ap.add_argument("--ctx", type=int, default=8192,
+                    help="context per slot (default 8192: stories260K's 512-token vocabulary "
+                         "makes the default conversation about 4,500 tokens)")
     ap.add_argument("--ubatch", type=int, default=512)
     ap.add_argument("--ngl", default="99", help="-ngl for every server ('' for none)")
     ap.add_argument("--llama-arg", action="append", default=[],
