@@ -52,6 +52,7 @@ struct pool_model {
 	int64_t started_us; /* when its start began */
 	int starts;
 	long log_offset; /* where its serve.log stood when it last started */
+	int polls;       /* of its start */
 	struct backend_http *http;
 	struct event *poll; /* while starting: is it listening and healthy yet */
 	struct backend_call *probe;
@@ -481,6 +482,38 @@ static const struct backend_call_handlers probe_handlers = {
     .on_error = on_probe_error,
 };
 
+static void fail_waiters(struct pool *p, struct pool_model *m, int status, const char *msg);
+
+/* How many times the child's llama-server exited since the child started
+ * (its supervisor's log lines), and the last line llama-server wrote. A
+ * server that cannot load its model is restarted by the child for ever;
+ * the endpoint gives up on it after two. */
+static int llama_exits(const struct pool_model *m, char *last, size_t n)
+{
+	int exits = 0;
+	char path[4200], line[1024];
+	last[0] = '\0';
+	if (run_file_path(m->name, "serve.log", path, sizeof path) == 0) {
+		FILE *f = fopen(path, "r");
+		if (f && fseek(f, m->log_offset, SEEK_SET) == 0)
+			while (fgets(line, sizeof line, f))
+				exits += strstr(line, "toki error: llama-server (pid ") != NULL;
+		if (f)
+			fclose(f);
+	}
+	if (exits && run_file_path(m->name, "llama-server.log", path, sizeof path) == 0) {
+		FILE *f = fopen(path, "r");
+		while (f && fgets(line, sizeof line, f)) {
+			line[strcspn(line, "\r\n")] = '\0';
+			if (*line)
+				snprintf(last, n, "%.400s", line);
+		}
+		if (f)
+			fclose(f);
+	}
+	return exits;
+}
+
 /* While a child starts: once its serve.json names its pid and port, its
  * /health is asked until it answers 200 (its llama-server is up). */
 static void on_start_poll(evutil_socket_t fd, short what, void *arg)
@@ -488,6 +521,21 @@ static void on_start_poll(evutil_socket_t fd, short what, void *arg)
 	struct pool_model *m = arg;
 	if (m->state != PM_STARTING)
 		return;
+	if (++m->polls % 10 == 0) {
+		char last[420];
+		if (llama_exits(m, last, sizeof last) >= 2) {
+			snprintf(
+			    m->error, sizeof m->error,
+			    "%s could not start: its llama-server exited while loading, twice; "
+			    "it said: %s (see toki logs %s --llama)",
+			    m->name, *last ? last : "nothing", m->name);
+			log_error("pool: %s", m->error);
+			struct pool *p = m->pool;
+			model_stop(p, m, "its llama-server cannot start");
+			fail_waiters(p, m, 503, m->error);
+			return;
+		}
+	}
 	if (!m->http) {
 		struct run_info ri;
 		if (run_get(m->name, &ri) == 0 && ri.pid == m->pid && ri.port > 0) {
@@ -654,6 +702,7 @@ static int model_start(struct pool *p, struct pool_model *m, const struct regist
 	m->state = PM_STARTING;
 	m->started_us = clock_now_us();
 	m->starts++;
+	m->polls = 0;
 	m->error[0] = '\0';
 	m->poll = event_new(p->base, -1, 0, on_start_poll, m);
 	struct timeval tv = {0, 100000};
@@ -781,9 +830,19 @@ static void on_child_exit(pid_t pid, int status, void *arg)
 	         WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
 	         was == PM_STOPPING ? "" : ", unasked");
 	model_reset(m);
-	char pidpath[4200];
-	if (run_file_path(m->name, "serve.pid", pidpath, sizeof pidpath) == 0)
-		unlink(pidpath);
+	char path[4200];
+	if (was != PM_STOPPING && run_file_path(m->name, "serve.json", path, sizeof path) == 0) {
+		/* A child that died without stopping its llama-server (killed,
+		 * crashed) leaves it holding the model's memory: it goes too. */
+		json_t *o = json_load_file(path, 0, NULL);
+		pid_t lp = (pid_t)json_integer_value(json_object_get(o, "llama_pid"));
+		if (lp > 0 && json_integer_value(json_object_get(o, "pid")) == pid)
+			kill(lp, SIGKILL);
+		json_decref(o);
+		unlink(path);
+	}
+	if (run_file_path(m->name, "serve.pid", path, sizeof path) == 0)
+		unlink(path);
 	if (was == PM_STARTING) {
 		char why[700];
 		child_error(m->name, m->log_offset, why, sizeof why);
