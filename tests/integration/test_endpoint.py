@@ -102,6 +102,28 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(e["type"], "error")
         self.assertIn("gpt-a", e["error"]["message"])
 
+        # A registry edited while the endpoint runs is read again; one that
+        # does not parse is reported and the old one kept.
+        reg = self.env["TOKI_MODEL_REGISTRY"]
+        good = open(reg).read()
+        with open(reg, "w") as f:
+            f.write("models:\n  a: [\n")
+        self.assertEqual(sorted(self.models()), ["a", "b"])
+        self.assertIn("the registry has an error, keeping the one read before", self.log_text())
+        fake = os.path.join(self.tmp, "fails-to-load")
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\necho 'fake: cannot load the model' >&2\nexit 1\n")
+        os.chmod(fake, 0o755)
+        with open(reg, "w") as f:
+            f.write(good.replace("active:", "  dies:\n    path: %s/b.gguf\n    binary: %s\n"
+                                 "active:" % (self.tmp, fake)))
+        self.assertEqual(sorted(self.models()), ["a", "b", "dies"])
+        # A server that exits while loading: its requests get why.
+        st, e = th.request(self.port, "POST", "/v1/chat/completions",
+                           {"model": "dies", "messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(st, 503, e)
+        self.assertIn("fake: cannot load the model", e["error"]["message"])
+
         # Two first requests race for a (by its alias, on a chat route and a
         # pass-through one): it starts once, and both are answered.
         results = []
@@ -174,6 +196,16 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("a is loaded in the endpoint", r.stdout)
         self.assertEqual(self.models()["a"]["state"], "loaded")
+
+        # Its toki serve dies: the next request starts it again.
+        with open(os.path.join(self.tmp, "state", "run", "a", "serve.json")) as f:
+            child = json.load(f)
+        os.kill(child["pid"], 9)
+        deadline = time.time() + 20
+        while self.models()["a"]["state"] != "unloaded" and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.chat("a", [{"role": "user", "content": "hi"}])["model"], "a")
+        self.assertEqual(self.starts("a"), 4)
 
         r = self.toki("down")
         self.assertEqual(r.returncode, 0, r.stderr)
