@@ -735,8 +735,18 @@ static void pump(struct pool *p)
 		}
 		w = next;
 	}
-	if (!blocked || blocked->state != PM_UNLOADED)
+	if (!blocked || blocked->state != PM_UNLOADED) {
+		/* Nobody waits for room: models held back to make some take
+		 * requests again. */
+		if (!blocked || blocked->state == PM_LOADED)
+			for (int i = 0; i < p->n_models; i++)
+				if (p->models[i]->draining && !model_has_waiters(p, p->models[i])) {
+					log_info("pool: %s takes requests again",
+					         p->models[i]->name);
+					p->models[i]->draining = 0;
+				}
 		return;
+	}
 	struct pool_model *m = blocked;
 	const struct registry_model *rm = registry_find(&p->reg, m->name);
 	if (!rm) {
@@ -923,6 +933,66 @@ static void handle_models(struct pool *p, struct http_request *req)
 	json_decref(o);
 }
 
+/* The endpoint's own numbers: what each model is doing. Answered here, so
+ * that toki status does not start the active model by asking. */
+static void handle_stats(struct pool *p, struct http_request *req)
+{
+	json_t *models = json_array();
+	int64_t now = clock_now_us();
+	int waiting = 0;
+	for (struct pool_waiter *w = p->head; w; w = w->next)
+		waiting++;
+	for (int i = 0; i < p->n_models; i++) {
+		struct pool_model *m = p->models[i];
+		json_t *e = json_pack("{s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:i, s:i, s:b}", "name",
+		                      m->name, "state", state_names[m->state], "registered",
+		                      registry_find(&p->reg, m->name) != NULL, "pid", (int)m->pid,
+		                      "port", m->port, "ctx", (json_int_t)m->ctx, "memory_bytes",
+		                      (json_int_t)m->used, "in_flight", m->in_flight, "starts",
+		                      m->starts, "draining", m->draining);
+		json_object_set_new(e, "idle_s",
+		                    m->state == PM_LOADED && m->in_flight == 0
+		                        ? json_real((double)(now - m->last_used) / 1e6)
+		                        : json_null());
+		json_object_set_new(e, "ttl", json_integer(model_ttl(p, m)));
+		if (m->error[0])
+			json_object_set_new(e, "error", json_string(m->error));
+		json_array_append_new(models, e);
+	}
+	json_t *o = json_pack("{s:b, s:o, s:i, s:I}", "endpoint", 1, "models", models, "waiting",
+	                      waiting, "max_loaded", (json_int_t)max_loaded(p));
+	reply_json_obj(req, 200, o);
+	json_decref(o);
+}
+
+/* The endpoint's own series (each model's own stay on its run's /metrics
+ * for now); answered here, so that a scrape does not start a model. */
+static void handle_metrics(struct pool *p, struct http_request *req)
+{
+	size_t cap = 512 + (size_t)p->n_models * 600, len = 0;
+	char *out = malloc(cap);
+	if (!out) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+#define PUT(...) len += (size_t)snprintf(out + len, cap - len, __VA_ARGS__)
+	PUT("# TYPE toki_endpoint_model_loaded gauge\n");
+	for (int i = 0; i < p->n_models; i++)
+		PUT("toki_endpoint_model_loaded{model=\"%s\"} %d\n", p->models[i]->name,
+		    p->models[i]->state == PM_LOADED);
+	PUT("# TYPE toki_endpoint_model_starts_total counter\n");
+	for (int i = 0; i < p->n_models; i++)
+		PUT("toki_endpoint_model_starts_total{model=\"%s\"} %d\n", p->models[i]->name,
+		    p->models[i]->starts);
+	PUT("# TYPE toki_endpoint_model_in_flight gauge\n");
+	for (int i = 0; i < p->n_models; i++)
+		PUT("toki_endpoint_model_in_flight{model=\"%s\"} %d\n", p->models[i]->name,
+		    p->models[i]->in_flight);
+#undef PUT
+	http_respond(req, 200, "text/plain; version=0.0.4", out, len < cap ? len : cap - 1);
+	free(out);
+}
+
 static void handle_health(struct pool *p, struct http_request *req)
 {
 	int loaded = 0;
@@ -1004,6 +1074,14 @@ static void pool_handle(struct http_request *req, void *ctx)
 		}
 		registry_refresh(p, 0);
 		handle_models(p, req);
+		return;
+	}
+	if (!strcmp(path, "/toki/stats")) {
+		handle_stats(p, req);
+		return;
+	}
+	if (!strcmp(path, "/metrics")) {
+		handle_metrics(p, req);
 		return;
 	}
 	int load_only = !strcmp(path, "/toki/load");

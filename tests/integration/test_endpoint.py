@@ -65,6 +65,13 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(st, 200, r)
         return r
 
+    def child_pid(self, name):
+        st, stats = th.request(self.port, "GET", "/toki/stats")
+        self.assertEqual(st, 200, stats)
+        pids = [m["pid"] for m in stats["models"] if m["name"] == name]
+        self.assertTrue(pids and pids[0] > 0, stats)
+        return pids[0]
+
     def processes_with(self, marker):
         found = []
         for pid in os.listdir("/proc"):
@@ -198,13 +205,26 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(self.models()["a"]["state"], "loaded")
 
         # Its toki serve dies: the next request starts it again.
-        with open(os.path.join(self.tmp, "state", "run", "a", "serve.json")) as f:
-            child = json.load(f)
-        os.kill(child["pid"], 9)
+        os.kill(self.child_pid("a"), 9)
         deadline = time.time() + 20
         while self.models()["a"]["state"] != "unloaded" and time.time() < deadline:
             time.sleep(0.05)
         self.assertEqual(self.chat("a", [{"role": "user", "content": "hi"}])["model"], "a")
+        self.assertEqual(self.starts("a"), 4)
+
+        # toki status and a scrape ask the endpoint, and start no model.
+        self.assertEqual(self.toki("status").returncode, 0)
+        st, metrics = th.request(self.port, "GET", "/metrics", raw=True)
+        self.assertIn('toki_endpoint_model_starts_total{model="a"} 4', metrics)
+        # A ttl (here the registry's default) stops an idle model.
+        pid = self.child_pid("a")
+        with open(reg, "a") as f:
+            f.write("ttl: 1\n")
+        deadline = time.time() + 20
+        while self.models()["a"]["state"] != "unloaded" and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertIn("pool: stopping a (pid %d): idle past its ttl" % pid,
+                      self.log_text())
         self.assertEqual(self.starts("a"), 4)
 
         r = self.toki("down")
@@ -212,6 +232,29 @@ class Endpoint(unittest.TestCase):
         self.assertIn("stopped endpoint", r.stdout)
         self.assertRaises(OSError, th.request, self.port, "GET", "/health", None, None, 2)
         self.assertEqual(self.processes_with(self.tmp), [])
+
+    def test_memory_decides_who_runs(self):
+        # Each model takes about 2.5 MiB here; 1.5 GiB is kept free. With
+        # 1540 MiB one fits, not two: b makes a stop. With 1537 not even one:
+        # the sizing error toki model use gives.
+        self.env.pop("TOKI_MAX_LOADED")
+        self.env["TOKI_MEMORY_MB"] = "1540"
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in ("a", "b"):
+            st, tok = th.request(self.port, "POST", "/tokenize",
+                                 {"model": name, "content": "hi"})
+            self.assertEqual(st, 200, tok)
+        m = self.models()
+        self.assertEqual((m["a"]["state"], m["b"]["state"]), ("unloaded", "loaded"))
+        self.assertIn("pool: stopping a", self.log_text())
+        self.assertEqual(self.toki("down").returncode, 0)
+        self.env["TOKI_MEMORY_MB"] = "1537"
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        st, e = th.request(self.port, "POST", "/tokenize", {"model": "a", "content": "hi"})
+        self.assertEqual(st, 503, e)
+        self.assertIn("refused: a does not fit this machine", e["error"]["message"])
 
 
 if __name__ == "__main__":
