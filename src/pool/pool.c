@@ -34,6 +34,23 @@ enum pm_state { PM_UNLOADED, PM_STARTING, PM_LOADED, PM_STOPPING };
 
 static const char *const state_names[] = {"unloaded", "loading", "loaded", "stopping"};
 
+/* The client of one child: shared by the requests relayed to it, so that a
+ * child that exits under them leaves their calls to end on their own
+ * (freeing it would free their calls without a word to them). */
+struct pool_conn {
+	struct backend_http *http;
+	int users;   /* relays using it */
+	int retired; /* its child is gone: freed when the last relay ends */
+};
+
+static void conn_release(struct pool_conn *c)
+{
+	if (c && --c->users == 0 && c->retired) {
+		backend_http_free(c->http);
+		free(c);
+	}
+}
+
 /* One registry model, by name: kept across registry re-reads, so that a
  * running child stays known. */
 struct pool_model {
@@ -51,12 +68,12 @@ struct pool_model {
 	int64_t last_used;  /* when its last request ended (us) */
 	int64_t started_us; /* when its start began */
 	int starts;
-	long log_offset; /* where its serve.log stood when it last started */
-	int polls;       /* of its start */
-	struct backend_http *http;
-	struct event *poll; /* while starting: is it listening and healthy yet */
+	long log_offset;        /* where its serve.log stood when it last started */
+	int polls;              /* of its start */
+	struct pool_conn *conn; /* while it runs */
+	struct event *poll;     /* while starting: is it listening and healthy yet */
 	struct backend_call *probe;
-	char error[768]; /* why its last start failed, for the waiters */
+	char error[1200]; /* why its last start failed, for the waiters */
 };
 
 struct pool_waiter;
@@ -98,6 +115,7 @@ struct pool_waiter {
 struct relay {
 	struct pool *p;
 	struct pool_model *m;
+	struct pool_conn *conn;
 	struct http_request *req;
 	struct backend_call *call;
 	int began;     /* the client's stream began (keep-alives, or the child's stream) */
@@ -249,6 +267,7 @@ static void relay_end(struct relay *r)
 	struct pool *p = r->p;
 	m->in_flight--;
 	m->last_used = clock_now_us();
+	conn_release(r->conn);
 	free(r->buf);
 	free(r);
 	pump(p);
@@ -371,12 +390,15 @@ static void relay_start(struct pool *p, struct pool_model *m, struct http_reques
 	const char *body = http_request_body(req, &len);
 	int has_body = strcmp(method, "GET") && strcmp(method, "HEAD");
 	m->in_flight++;
+	r->conn = m->conn;
+	r->conn->users++;
 	r->call =
-	    backend_call_start(m->http, !strcmp(method, "HEAD") ? "GET" : method, target,
+	    backend_call_start(m->conn->http, !strcmp(method, "HEAD") ? "GET" : method, target,
 	                       has_body ? body : NULL, has_body ? len : 0, &relay_handlers, r);
 	free(target);
 	if (!r->call) {
 		m->in_flight--;
+		conn_release(r->conn);
 		free(r);
 		http_respond_error(req, 500, "out of memory");
 		return;
@@ -413,9 +435,11 @@ static void model_reset(struct pool_model *m)
 		backend_call_cancel(m->probe);
 		m->probe = NULL;
 	}
-	if (m->http) {
-		backend_http_free(m->http);
-		m->http = NULL;
+	if (m->conn) {
+		m->conn->retired = 1;
+		m->conn->users++;
+		conn_release(m->conn);
+		m->conn = NULL;
 	}
 	m->state = PM_UNLOADED;
 	m->pid = 0;
@@ -536,27 +560,31 @@ static void on_start_poll(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 	}
-	if (!m->http) {
+	if (!m->conn) {
 		struct run_info ri;
 		if (run_get(m->name, &ri) == 0 && ri.pid == m->pid && ri.port > 0) {
-			char url[64], err[256];
+			char url[64], err[256], auth[200];
 			m->port = ri.port;
 			snprintf(url, sizeof url, "http://127.0.0.1:%d", ri.port);
-			m->http = backend_http_new(event_get_base(m->poll), url,
-			                           m->pool->cfg.backend_timeout_s, err, sizeof err);
 			/* The child takes the same local token as the endpoint. */
-			char auth[200];
 			snprintf(auth, sizeof auth, "Bearer %s", m->pool->cfg.token);
-			if (m->http &&
-			    backend_http_set_header(m->http, "Authorization", auth) != 0) {
-				backend_http_free(m->http);
-				m->http = NULL;
+			struct pool_conn *c = calloc(1, sizeof *c);
+			if (c)
+				c->http = backend_http_new(event_get_base(m->poll), url,
+				                           m->pool->cfg.backend_timeout_s, err,
+				                           sizeof err);
+			if (c && c->http &&
+			    backend_http_set_header(c->http, "Authorization", auth) == 0) {
+				m->conn = c;
+			} else if (c) {
+				backend_http_free(c->http);
+				free(c);
 			}
 		}
 	}
-	if (m->http && !m->probe)
-		m->probe =
-		    backend_call_start(m->http, "GET", "/health", NULL, 0, &probe_handlers, m);
+	if (m->conn && !m->probe)
+		m->probe = backend_call_start(m->conn->http, "GET", "/health", NULL, 0,
+		                              &probe_handlers, m);
 	struct timeval tv = {0, 100000};
 	event_add(m->poll, &tv);
 }
@@ -856,7 +884,7 @@ static void on_child_exit(pid_t pid, int status, void *arg)
 	if (was == PM_STARTING) {
 		char why[700];
 		child_error(m->name, m->log_offset, why, sizeof why);
-		snprintf(m->error, sizeof m->error, "%s could not start: %s (see toki logs %s)",
+		snprintf(m->error, sizeof m->error, "%s could not start: %.600s (see toki logs %s)",
 		         m->name, *why ? why : "its toki serve exited", m->name);
 		log_error("pool: %s", m->error);
 		fail_waiters(p, m, 503, m->error);
