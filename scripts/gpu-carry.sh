@@ -199,6 +199,20 @@ if [ -z "$drv_dir" ] || [ ! -e "$drv_dir/$(basename "$drv")" ]; then
 	ldconfig -p 2>/dev/null | grep -i -E 'nvidia|vulkan' | head -20 >&2 || true
 	exit 3
 fi
+# Headless (no X server), NVIDIA's GLX library loads but gives no
+# vkCreateInstance ("Could not get 'vkCreateInstance' via
+# 'vk_icdGetInstanceProcAddr'", seen on the H200 machine on 2026-12-04); its
+# EGL library beside it serves Vulkan without a display. Unless
+# TOKI_VK_ICD chose a manifest, one naming the EGL library is written.
+if [ -z "${TOKI_VK_ICD:-}" ] && [ "$(basename "$drv")" = libGLX_nvidia.so.0 ] &&
+	[ -e "$drv_dir/libEGL_nvidia.so.0" ]; then
+	api=$(sed -n 's/.*"api_version"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$icd" | head -n 1)
+	icd=$dest/nvidia_egl_icd.json
+	printf '{"file_format_version": "1.0.1", "ICD": {"library_path": "%s", "api_version": "%s"}}\n' \
+		"$drv_dir/libEGL_nvidia.so.0" "${api:-1.3.0}" >"$icd"
+	drv=$drv_dir/libEGL_nvidia.so.0
+	say "headless: using $drv through $icd"
+fi
 say "driver: $drv_dir/$(basename "$drv")"
 extra=$drv_dir
 for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
