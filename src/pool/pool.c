@@ -104,8 +104,10 @@ struct pool_waiter {
 	struct pool_model *m;
 	struct http_request *req;
 	int load_only;
-	int stream; /* the client asked for a stream: keep-alives while it waits */
-	int began;  /* the stream began with those keep-alives */
+	int stream;    /* the client asked for a stream: keep-alives while it waits */
+	int progress;  /* and for progress (return_progress): load events too */
+	int64_t since; /* when it began to wait */
+	int began;     /* the stream began with those keep-alives */
 	int64_t deadline;
 	struct event *keepalive;
 	struct pool_waiter *next;
@@ -252,9 +254,19 @@ static void on_keepalive(evutil_socket_t fd, short what, void *arg)
 		http_stream_begin(w->req, 200, "text/event-stream");
 		w->began = 1;
 	}
-	char line[256];
+	char line[512];
 	int n = snprintf(line, sizeof line, ": toki loading %s\n\n", w->m->name);
 	http_stream_write(w->req, line, (size_t)n);
+	if (w->progress) {
+		/* A client that asked for llama-server's progress events gets the
+		 * load's too, as an object of its own kind. */
+		n = snprintf(line, sizeof line,
+		             "data: {\"object\":\"toki.model.load\",\"model\":\"%s\",\"state\":"
+		             "\"%s\",\"elapsed_ms\":%lld}\n\n",
+		             w->m->name, state_names[w->m->state],
+		             (long long)((clock_now_us() - w->since) / 1000));
+		http_stream_write(w->req, line, (size_t)n);
+	}
 	struct timeval tv = {w->p->cfg.keepalive_ms / 1000, (w->p->cfg.keepalive_ms % 1000) * 1000};
 	event_add(w->keepalive, &tv);
 }
@@ -1034,10 +1046,10 @@ static void handle_health(struct pool *p, struct http_request *req)
 
 /* The "model" a request names: its JSON body's, or for a GET its query's
  * model=. *out is "" when it names none. */
-static void request_model(struct http_request *req, char *out, size_t n, int *stream)
+static void request_model(struct http_request *req, char *out, size_t n, int *stream, int *progress)
 {
 	out[0] = '\0';
-	*stream = 0;
+	*stream = *progress = 0;
 	size_t len = 0;
 	const char *body = http_request_body(req, &len);
 	if (body && len) {
@@ -1047,6 +1059,7 @@ static void request_model(struct http_request *req, char *out, size_t n, int *st
 		if (s)
 			snprintf(out, n, "%s", s);
 		*stream = json_is_true(json_object_get(o, "stream"));
+		*progress = json_is_true(json_object_get(o, "return_progress"));
 		json_decref(o);
 		if (*out)
 			return;
@@ -1119,8 +1132,8 @@ static void pool_handle(struct http_request *req, void *ctx)
 	}
 	registry_refresh(p, 0);
 	char name[512];
-	int stream;
-	request_model(req, name, sizeof name, &stream);
+	int stream, progress;
+	request_model(req, name, sizeof name, &stream, &progress);
 	int idx = pool_resolve(&p->reg, name);
 	if (idx < 0) {
 		char msg[2048];
@@ -1149,6 +1162,8 @@ static void pool_handle(struct http_request *req, void *ctx)
 	w->req = req;
 	w->load_only = load_only;
 	w->stream = stream && !load_only;
+	w->progress = progress;
+	w->since = clock_now_us();
 	w->deadline = clock_now_us() + (int64_t)p->cfg.backend_timeout_s * 1000000;
 	if (w->stream) {
 		w->keepalive = event_new(p->base, -1, 0, on_keepalive, w);

@@ -191,11 +191,15 @@ class Endpoint(unittest.TestCase):
 
         # A streaming request for a model that is not loaded gets keep-alives
         # while it loads, then its answer.
+        # (and, asking for progress, the load's events).
         st, events = th.stream(self.port, "/v1/chat/completions",
                                {"model": "b", "stream": True, "max_tokens": 4,
+                                "return_progress": True,
                                 "messages": [{"role": "user", "content": "hi"}]})
         self.assertEqual(st, 200)
         self.assertTrue(any(ev.startswith(": toki loading b") for ev in events), events[:3])
+        loads = [th.event_json(ev) for ev in events if "toki.model.load" in ev]
+        self.assertTrue(loads and loads[0]["model"] == "b", events[:3])
         self.assertTrue(th.stream_text(events), events)
 
         # toki model use loads into the running endpoint and makes it active.
