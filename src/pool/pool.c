@@ -1207,6 +1207,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 			model_stop(p, m, "idle past its ttl");
 		else if (m->state == PM_LOADED && m->draining && m->in_flight == 0)
 			model_stop(p, m, "making room");
+		else if (m->state == PM_LOADED && m->in_flight == 0 &&
+		         !registry_find(&p->reg, m->name) && !model_has_waiters(p, m))
+			model_stop(p, m, "it left the registry");
 	}
 	pump(p);
 }
