@@ -1407,6 +1407,28 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
                        char *err, size_t errlen)
 {
 	struct run_info ri;
+	/* The endpoint (toki up without --model) serves every registry model:
+	 * agents go through it, pinned to the model asked for or the active
+	 * one, so that a swap does not leave them at a stopped model's port. */
+	if (run_get("endpoint", &ri) == 0 && (!want || strcmp(want, "endpoint"))) {
+		struct registry reg;
+		char rerr[512];
+		int found = 0;
+		if (registry_load(&reg, rerr, sizeof rerr) == 0) {
+			const char *pick = want         ? want
+			                   : reg.active ? reg.active
+			                   : reg.n      ? reg.models[0].name
+			                                : NULL;
+			found = pick && registry_find(&reg, pick);
+			if (found) {
+				run_info_url(&ri, endpoint, n);
+				snprintf(name, namelen, "%s", pick);
+			}
+			registry_free(&reg);
+		}
+		if (found)
+			return 0;
+	}
 	if (want) {
 		if (!paths_is_safe_name(want) || run_get(want, &ri) != 0) {
 			snprintf(err, errlen,
@@ -1456,8 +1478,8 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
 	return -1;
 }
 
-int agents_fetch_model(const char *endpoint, char **model_id, long *context_length,
-                       long *max_output, char *err, size_t errlen)
+int agents_fetch_model(const char *endpoint, const char *want_id, char **model_id,
+                       long *context_length, long *max_output, char *err, size_t errlen)
 {
 	*model_id = NULL;
 	*context_length = *max_output = 0;
@@ -1485,7 +1507,16 @@ int agents_fetch_model(const char *endpoint, char **model_id, long *context_leng
 	}
 	json_error_t jerr;
 	json_t *doc = status == 200 ? json_loads(body, 0, &jerr) : NULL;
+	/* The endpoint lists every registry model: the one asked for. */
 	json_t *m0 = json_array_get(json_object_get(doc, "data"), 0);
+	size_t k;
+	json_t *e;
+	json_array_foreach(json_object_get(doc, "data"), k, e)
+	{
+		const char *eid = json_string_value(json_object_get(e, "id"));
+		if (want_id && eid && !strcmp(eid, want_id))
+			m0 = e;
+	}
 	const char *id = json_string_value(json_object_get(m0, "id"));
 	if (!id || !*id) {
 		snprintf(err, errlen, "%s/v1/models answered %ld without a model id: %.200s",

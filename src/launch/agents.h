@@ -121,17 +121,20 @@ char **agents_envp(const struct agent_plan *plan, char *const *environ_in);
 char *agents_which(const char *binary);
 
 /* The run to pin to: want (a run's name; it must be running), else the
- * registry's active model when it runs, else the only run there is. Fills
+ * registry's active model when it runs, else the only run there is; with the
+ * endpoint running (toki up without --model), the endpoint, with name the
+ * registry model asked for or the active one. Fills
  * endpoint ("http://host:port", for a wildcard bind the loopback address) and
  * the run's name. 0, or -1 with a message that says what runs. */
 int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, size_t namelen,
                        char *err, size_t errlen);
 
-/* GET <endpoint>/v1/models with the local token: data[0].id (a new string,
- * owned by the caller), its context_length and max_output (0 when absent).
- * 0, or -1 with a message. */
-int agents_fetch_model(const char *endpoint, char **model_id, long *context_length,
-                       long *max_output, char *err, size_t errlen);
+/* GET <endpoint>/v1/models with the local token: the entry whose id is
+ * want_id (the endpoint lists every registry model), else data[0]: its id (a
+ * new string, owned by the caller), context_length and max_output (0 when
+ * absent). 0, or -1 with a message. */
+int agents_fetch_model(const char *endpoint, const char *want_id, char **model_id,
+                       long *context_length, long *max_output, char *err, size_t errlen);
 
 /* 1 when no GPU answers (nvidia-smi -L and rocminfo both fail or are absent,
  * each given a few seconds, and this is no Apple silicon Mac, whose Metal

@@ -207,6 +207,14 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("a is loaded in the endpoint", r.stdout)
         self.assertEqual(self.models()["a"]["state"], "loaded")
+        # Launchers pin the active model, through the endpoint (a swap does
+        # not move them to a stopped model's port).
+        r = self.toki("launch", "opencode", "--config")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        conf = open(os.path.join(self.tmp, "state", "agents", "opencode",
+                                 "opencode.json")).read()
+        self.assertEqual(json.loads(conf)["model"], "toki/a")
+        self.assertIn("127.0.0.1:%d/v1" % self.port, conf)
 
         # Its toki serve dies: the next request starts it again.
         os.kill(self.child_pid("a"), 9)
