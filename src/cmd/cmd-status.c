@@ -43,6 +43,35 @@ static json_t *status_of(const struct run_info *ri)
 	return o;
 }
 
+/* The endpoint for the registry (toki up without --model): its models and
+ * what each is doing; each running model is listed as a run of its own. */
+static void print_endpoint(json_t *o, json_t *stats)
+{
+	printf("  registry     %s\n", json_string_value(json_object_get(o, "model")));
+	long long cap = json_integer_value(json_object_get(stats, "max_loaded"));
+	printf("  models       ");
+	size_t i;
+	json_t *m;
+	json_array_foreach(json_object_get(stats, "models"), i, m)
+	{
+		printf("%s%s %s", i ? ", " : "", json_string_value(json_object_get(m, "name")),
+		       json_string_value(json_object_get(m, "state")));
+		if (json_integer_value(json_object_get(m, "in_flight")))
+			printf(" (%lld in flight)",
+			       json_integer_value(json_object_get(m, "in_flight")));
+	}
+	printf("\n  waiting      %lld requests\n",
+	       json_integer_value(json_object_get(stats, "waiting")));
+	if (cap > 0)
+		printf("  max loaded   %lld\n", cap);
+	printf("  memory       toki %.1f MiB\n",
+	       json_integer_value(json_object_get(o, "toki_rss_kib")) / 1024.0);
+	const char *log = json_string_value(json_object_get(o, "log"));
+	if (log)
+		printf("  log          %s (toki logs %s [-f])\n", log,
+		       json_string_value(json_object_get(o, "name")));
+}
+
 int cmd_status(int argc, char **argv)
 {
 	int as_json = argc > 1 && !strcmp(argv[1], "--json");
@@ -75,6 +104,10 @@ int cmd_status(int argc, char **argv)
 		json_t *stats = json_object_get(o, "stats");
 		printf("%s  %s\n", json_string_value(json_object_get(o, "name")),
 		       json_string_value(json_object_get(o, "endpoint")));
+		if (json_is_true(json_object_get(stats, "endpoint"))) {
+			print_endpoint(o, stats);
+			continue;
+		}
 		printf("  model        %s\n", json_string_value(json_object_get(o, "model")));
 		printf("  llama-server pid %lld, port %lld, %s, restarts %lld\n",
 		       json_integer_value(json_object_get(o, "llama_pid")),

@@ -461,8 +461,13 @@ int run_stop(const char *name, int timeout_s, char *err, size_t errlen)
 	/* A daemon this process started (toki diff's) is its child: plat_stop
 	 * reaps it, since a zombie still answers kill(pid, 0) (toki diff
 	 * waited the whole timeout). */
-	if (plat_stop(ri.pid, 0, timeout_s * 1000) == 1 && ri.llama_pid > 0)
-		kill(ri.llama_pid, SIGKILL);
+	if (plat_stop(ri.pid, 0, timeout_s * 1000) == 1) {
+		if (ri.llama_pid > 0)
+			kill(ri.llama_pid, SIGKILL);
+		/* A detached run leads its own session: what it started (the
+		 * endpoint's models and their llama-servers) goes with it. */
+		plat_session_signal(ri.pid, SIGKILL);
+	}
 	return 0;
 }
 

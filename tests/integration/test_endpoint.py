@@ -251,8 +251,11 @@ class Endpoint(unittest.TestCase):
         # the sizing error toki model use gives.
         self.env.pop("TOKI_MAX_LOADED")
         self.env["TOKI_MEMORY_MB"] = "1540"
-        r = self.toki("up", "--port", str(self.port))
+        r = self.toki("up", "--port", str(self.port), "--max-body-mb", "1")
         self.assertEqual(r.returncode, 0, r.stderr)
+        # toki serve's options given to toki up reach the endpoint.
+        st, e = th.request(self.port, "POST", "/v1/chat/completions", "x" * (2 << 20))
+        self.assertEqual(st, 413, e)
         for name in ("a", "b"):
             st, tok = th.request(self.port, "POST", "/tokenize",
                                  {"model": name, "content": "hi"})
