@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "daemon.h"
+#include "platform/platform.h"
 #include "router/sched.h"
 #include "util/clock.h"
 #include "util/log.h"
@@ -129,15 +130,6 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 static void dir_path(struct daemon *d, const char *name, const char *ext, char *out, size_t n)
 {
 	snprintf(out, n, "%s/%s%s", d->cfg.slot_dir, name, ext);
-}
-
-static void fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
 }
 
 /* Streams src through zstd (level > 0: compress; 0: decompress) into dst,
@@ -425,7 +417,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 			log_warn("compressing %s failed: kept as it is", bin);
 		}
 	}
-	fsync_dir(d->cfg.slot_dir);
+	plat_fsync_dir(d->cfg.slot_dir);
 	router_backend_note_save(op->b->rb, (uint64_t)written, ms);
 	struct router_saved *e = index_saved(op, stored);
 	if (e)
@@ -444,7 +436,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 		save_finish(op, NULL);
 		return;
 	}
-	fsync_dir(d->cfg.slot_dir);
+	plat_fsync_dir(d->cfg.slot_dir);
 	d->stats.saves++;
 	log_info("saved slot %d as %s (%zu tokens, %lld bytes, %.1f ms)", op->slot->id, e->name,
 	         e->n_tokens, written, (double)(clock_now_us() - op->t0) / 1000.0);

@@ -431,24 +431,6 @@ static void common_options(CURL *curl, const char *url, struct curl_slist *heade
 		curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
 }
 
-static void fsync_dir_of(const char *path)
-{
-	char dir[4096];
-	snprintf(dir, sizeof dir, "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash == dir)
-		slash[1] = '\0';
-	else if (slash)
-		*slash = '\0';
-	else
-		strcpy(dir, ".");
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
-}
-
 /* One HTTP request that appends to the part file from its current end.
  * Returns 0 when the body arrived whole, 1 when the server said the range is
  * past the end (the part file may already be complete), or -1. *appended
@@ -703,7 +685,7 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 			        strerror(errno));
 			goto out;
 		}
-		fsync_dir_of(o->dest);
+		plat_fsync_dir_of(o->dest);
 		rc = 0;
 		goto out;
 	}

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "platform/platform.h"
 #include "util/err.h"
 #include "util/grow.h"
 
@@ -1212,23 +1213,6 @@ static uint64_t plan_param_count(const struct gguf_gen_params *p, uint32_t n_voc
 }
 
 /* Makes the rename durable: the directory entry must reach the disk too. */
-static void fsync_dir_of(const char *path)
-{
-	const char *slash = strrchr(path, '/');
-	char dir[4096];
-	if (!slash)
-		snprintf(dir, sizeof dir, ".");
-	else if (slash == path)
-		snprintf(dir, sizeof dir, "/");
-	else
-		snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
-}
-
 int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, char *err,
                             size_t errlen)
 {
@@ -1300,7 +1284,7 @@ int gguf_write_random_llama(const struct gguf_gen_params *p, const char *path, c
 		err_set(err, errlen, "renaming %s to %s: %s", tmp, path, strerror(errno));
 		goto done;
 	}
-	fsync_dir_of(path);
+	plat_fsync_dir_of(path);
 	rc = 0;
 
 done:

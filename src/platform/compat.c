@@ -4,7 +4,7 @@
  * context in different places), random bytes (getrandom is Linux's), plus
  * the file operations every module wants done one way: locks and atomic
  * replacement. */
-#include "platform/platform.h"
+#include "platform/os.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -16,6 +16,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#if defined(__APPLE__) || defined(__FreeBSD__)
+#include <sys/sysctl.h>
+#endif
 #include <unistd.h>
 
 /* Only where pipe2 or SOCK_CLOEXEC is missing (macOS). */
@@ -107,20 +110,7 @@ int plat_replace_file(const char *path, const void *data, size_t len, unsigned m
 	if (rename(tmp, path) != 0)
 		goto fail;
 	/* The rename is durable once the folder is. */
-	char dir[4200];
-	snprintf(dir, sizeof dir, "%s", path);
-	char *slash = strrchr(dir, '/');
-	if (slash == dir)
-		slash[1] = '\0';
-	else if (slash)
-		*slash = '\0';
-	else
-		snprintf(dir, sizeof dir, ".");
-	int dfd = open(dir, O_RDONLY | O_CLOEXEC);
-	if (dfd >= 0) {
-		(void)fsync(dfd);
-		close(dfd);
-	}
+	plat_fsync_dir_of(path);
 	return 0;
 fail:;
 	int e = errno;
@@ -129,6 +119,28 @@ fail:;
 	unlink(tmp);
 	errno = e;
 	return -1;
+}
+
+void plat_fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)fsync(fd); /* best effort: some filesystems refuse it */
+		close(fd);
+	}
+}
+
+void plat_fsync_dir_of(const char *path)
+{
+	char dir[4200];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(dir, sizeof dir, ".");
+	else if (slash == path)
+		snprintf(dir, sizeof dir, "/");
+	else
+		snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+	plat_fsync_dir(dir);
 }
 
 int plat_random(void *buf, size_t n)
@@ -252,3 +264,25 @@ int plat_qsort_r(void *base, size_t n, size_t size,
 	free(tmp);
 	return 0;
 }
+
+#if defined(__APPLE__) || defined(__FreeBSD__)
+int plat_sysctl_u64(const char *name, uint64_t *v)
+{
+	/* Some keys are 32 bits wide, some 64. */
+	unsigned char buf[8] = {0};
+	size_t len = sizeof buf;
+	if (sysctlbyname(name, buf, &len, NULL, 0) != 0)
+		return -1;
+	if (len == 4) {
+		uint32_t x;
+		memcpy(&x, buf, 4);
+		*v = x;
+	} else if (len == 8) {
+		memcpy(v, buf, 8);
+	} else {
+		errno = EINVAL;
+		return -1;
+	}
+	return 0;
+}
+#endif

@@ -10,4 +10,9 @@
  * g->n = 1, or -1 where the OS has nothing to say. */
 int plat_os_gpu_default(struct plat_gpus *g);
 
+#if defined(__APPLE__) || defined(__FreeBSD__)
+/* sysctlbyname(3) of a number, whether the key is 32 or 64 bits wide. */
+int plat_sysctl_u64(const char *name, uint64_t *v);
+#endif
+
 #endif

@@ -43,30 +43,10 @@ int plat_self_exe(char *out, size_t n)
 	return 0;
 }
 
-static int sysctl_u64(const char *name, uint64_t *v)
-{
-	/* Some keys are 32 bits wide, some 64. */
-	unsigned char buf[8] = {0};
-	size_t len = sizeof buf;
-	if (sysctlbyname(name, buf, &len, NULL, 0) != 0)
-		return -1;
-	if (len == 4) {
-		uint32_t x;
-		memcpy(&x, buf, 4);
-		*v = x;
-	} else if (len == 8) {
-		memcpy(v, buf, 8);
-	} else {
-		errno = EINVAL;
-		return -1;
-	}
-	return 0;
-}
-
 int plat_mem_read(struct plat_mem *m)
 {
 	uint64_t total;
-	if (sysctl_u64("hw.memsize", &total) != 0)
+	if (plat_sysctl_u64("hw.memsize", &total) != 0)
 		return -1;
 	m->total = total;
 	m->available = total;
@@ -84,7 +64,7 @@ int plat_mem_read(struct plat_mem *m)
 int plat_is_apple_silicon(void)
 {
 	uint64_t arm64 = 0;
-	return sysctl_u64("hw.optional.arm64", &arm64) == 0 && arm64 == 1;
+	return plat_sysctl_u64("hw.optional.arm64", &arm64) == 0 && arm64 == 1;
 }
 
 int plat_os_gpu_default(struct plat_gpus *g)
@@ -95,7 +75,7 @@ int plat_os_gpu_default(struct plat_gpus *g)
 	if (plat_mem_read(&m) != 0)
 		return -1;
 	uint64_t wired = 0;
-	(void)sysctl_u64("iogpu.wired_limit_mb", &wired);
+	(void)plat_sysctl_u64("iogpu.wired_limit_mb", &wired);
 	struct plat_gpu_device *d = &g->dev[0];
 	memset(g, 0, sizeof *g);
 	snprintf(d->name, sizeof d->name, "Metal");

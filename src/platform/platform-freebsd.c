@@ -27,35 +27,17 @@ int plat_self_exe(char *out, size_t n)
 	return 0;
 }
 
-static int sysctl_u64(const char *name, uint64_t *v)
-{
-	unsigned char buf[8] = {0};
-	size_t len = sizeof buf;
-	if (sysctlbyname(name, buf, &len, NULL, 0) != 0)
-		return -1;
-	if (len == 4) {
-		uint32_t x;
-		memcpy(&x, buf, 4);
-		*v = x;
-	} else if (len == 8) {
-		memcpy(v, buf, 8);
-	} else {
-		errno = EINVAL;
-		return -1;
-	}
-	return 0;
-}
-
 int plat_mem_read(struct plat_mem *m)
 {
 	uint64_t total, page, fr, inactive, cache = 0;
-	if (sysctl_u64("hw.physmem", &total) != 0 || sysctl_u64("hw.pagesize", &page) != 0)
+	if (plat_sysctl_u64("hw.physmem", &total) != 0 ||
+	    plat_sysctl_u64("hw.pagesize", &page) != 0)
 		return -1;
 	m->total = total;
 	m->available = total;
-	if (sysctl_u64("vm.stats.vm.v_free_count", &fr) == 0 &&
-	    sysctl_u64("vm.stats.vm.v_inactive_count", &inactive) == 0) {
-		(void)sysctl_u64("vm.stats.vm.v_cache_count", &cache); /* gone in 12+ */
+	if (plat_sysctl_u64("vm.stats.vm.v_free_count", &fr) == 0 &&
+	    plat_sysctl_u64("vm.stats.vm.v_inactive_count", &inactive) == 0) {
+		(void)plat_sysctl_u64("vm.stats.vm.v_cache_count", &cache); /* gone in 12+ */
 		uint64_t avail = (fr + inactive + cache) * page;
 		m->available = avail < total ? avail : total;
 	}

@@ -168,6 +168,10 @@ int plat_lock(int fd, int exclusive, int wait);
 /* Replaces path with data atomically: a temporary file beside it, fsync,
  * rename over, fsync of the folder. */
 int plat_replace_file(const char *path, const void *data, size_t len, unsigned mode);
+/* fsync(2) of a folder, or of the folder a path is in: what makes a rename
+ * or a new file in it durable. Best effort (some filesystems refuse it). */
+void plat_fsync_dir(const char *dir);
+void plat_fsync_dir_of(const char *path);
 /* Fills buf with n random bytes (OpenSSL's RAND_bytes). */
 int plat_random(void *buf, size_t n);
 /* The home folder ($HOME, else the password database). */
