@@ -121,10 +121,18 @@ class Endpoint(unittest.TestCase):
         with open(fake, "w") as f:
             f.write("#!/bin/sh\necho 'fake: cannot load the model' >&2\nexit 1\n")
         os.chmod(fake, 0o755)
+        with open(th.test_model(), "rb") as src, open(os.path.join(self.tmp, "cut.gguf"),
+                                                       "wb") as dst:
+            dst.write(src.read()[:600000])  # its tensors end past the end
         with open(reg, "w") as f:
             f.write(good.replace("active:", "  dies:\n    path: %s/b.gguf\n    binary: %s\n"
-                                 "active:" % (self.tmp, fake)))
-        self.assertEqual(sorted(self.models()), ["a", "b", "dies"])
+                                 "  cut:\n    path: %s/cut.gguf\n"
+                                 "active:" % (self.tmp, fake, self.tmp)))
+        self.assertEqual(sorted(self.models()), ["a", "b", "cut", "dies"])
+        # A corrupt GGUF: refused before anything starts, saying why.
+        st, e = th.request(self.port, "POST", "/tokenize", {"model": "cut", "content": "x"})
+        self.assertEqual(st, 503, e)
+        self.assertIn("truncated file", e["error"]["message"])
         # A server that exits while loading: its requests get why.
         st, e = th.request(self.port, "POST", "/v1/chat/completions",
                            {"model": "dies", "messages": [{"role": "user", "content": "x"}]})
