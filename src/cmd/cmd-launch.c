@@ -203,8 +203,8 @@ int cmd_launch(int argc, char **argv)
 		return 1;
 	}
 	char *model_id = NULL;
-	if (agents_fetch_model(endpoint, run_name, &model_id, &t.context_length, &t.max_output,
-	                       err, sizeof err) != 0) {
+	if (agents_fetch_model(endpoint, run_name, &model_id, &t.context_length, &t.max_output, err,
+	                       sizeof err) != 0) {
 		fprintf(stderr, "toki launch: %s\n", err);
 		free(bin_path);
 		return 1;

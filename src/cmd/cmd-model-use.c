@@ -32,8 +32,8 @@ static int use_in_endpoint(const struct run_info *ri, const char *name, int wait
 	json_decref(req);
 	long status = 0;
 	const char *host = !*ri->host || !strcmp(ri->host, "0.0.0.0") ? "127.0.0.1" : ri->host;
-	char *resp = body ? run_http_post(host, ri->port, "/toki/load", body, &status, wait_s)
-	                  : NULL;
+	char *resp =
+	    body ? run_http_post(host, ri->port, "/toki/load", body, &status, wait_s) : NULL;
 	free(body);
 	json_t *o = resp ? json_loads(resp, 0, NULL) : NULL;
 	char err[1024];
@@ -42,7 +42,9 @@ static int use_in_endpoint(const struct run_info *ri, const char *name, int wait
 		const char *msg =
 		    json_string_value(json_object_get(json_object_get(o, "error"), "message"));
 		fprintf(stderr, "toki model use: %s\n",
-		        msg ? msg : resp ? resp : "the endpoint did not answer");
+		        msg    ? msg
+		        : resp ? resp
+		               : "the endpoint did not answer");
 		rc = 1;
 	} else {
 		if (registry_set_active(name, err, sizeof err) != 0)
@@ -51,8 +53,8 @@ static int use_in_endpoint(const struct run_info *ri, const char *name, int wait
 		run_info_url(ri, url, sizeof url);
 		printf("%s is loaded in the endpoint (context %lld): %s/v1 (OpenAI), %s/anthropic "
 		       "(Anthropic); it is the active model\n",
-		       name, (long long)json_integer_value(json_object_get(o, "context_length")), url,
-		       url);
+		       name, (long long)json_integer_value(json_object_get(o, "context_length")),
+		       url, url);
 	}
 	json_decref(o);
 	free(resp);

@@ -60,8 +60,9 @@ static int up_endpoint(const struct launch_opts *o)
 	int n = reg.n;
 	registry_free(&reg);
 	if (n == 0) {
-		fprintf(stderr, "toki up: the registry has no models: add one with toki model pull, "
-		                "or start a file with toki up --model FILE.gguf\n");
+		fprintf(stderr,
+		        "toki up: the registry has no models: add one with toki model pull, "
+		        "or start a file with toki up --model FILE.gguf\n");
 		return 1;
 	}
 	struct run_spec spec = {

@@ -62,8 +62,8 @@ static int uses_gpu(char *const *args, int n)
 	return 0;
 }
 
-int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p,
-                char *err, size_t errlen)
+int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p, char *err,
+                size_t errlen)
 {
 	memset(p, 0, sizeof *p);
 	char gfx[32] = "";
@@ -94,9 +94,9 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	 * than its file states (--override-kv, RoPE/YaRN scaling): llama-server
 	 * runs it with that one, so it is the one the context is checked and
 	 * sized against. */
-	long ctx_train = memsize_ctx_train_from_args((long)mi.context_length, o->llama_args,
-	                                             o->n_llama_args, p->ctx_args,
-	                                             sizeof p->ctx_args);
+	long ctx_train =
+	    memsize_ctx_train_from_args((long)mi.context_length, o->llama_args, o->n_llama_args,
+	                                p->ctx_args, sizeof p->ctx_args);
 	if (ctx_train > 0)
 		mi.context_length = (uint64_t)ctx_train;
 	p->ctx_train = ctx_train;
@@ -134,7 +134,7 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	int slots = o->slots > 0 ? o->slots : 2;
 	struct memsize_report rep;
 	long fit = memsize_fit_context(&mi, &budget, kv_type_of(o->llama_args, o->n_llama_args),
-				       slots, &rep);
+	                               slots, &rep);
 	if (fit < 0) {
 		snprintf(err, errlen, "cannot size the context for %s (unknown KV cache type, or no "
 				      "layer/head counts in its header)", o->model_path);
@@ -188,7 +188,7 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 		return -1;
 	}
 	fprintf(stderr, "toki: %s: context %ld tokens per slot, %d slots (%s)\n", o->name, ctx,
-		slots, p->why);
+	        slots, p->why);
 	if (*p->ctx_args)
 		fprintf(stderr, "toki: %s: a training context of %ld tokens, from %s\n", o->name,
 		        p->ctx_train, p->ctx_args);

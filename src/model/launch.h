@@ -34,9 +34,9 @@ struct launch_plan {
 	char gfx_env[64]; /* "HSA_OVERRIDE_GFX_VERSION=..." for its server, or "" */
 	long ctx;         /* per slot */
 	int slots;
-	uint64_t used;     /* weights + KV at ctx, all slots */
-	uint64_t capacity; /* the memory sized against less the margin kept free */
-	long ctx_train;    /* the training context, 0 when unknown */
+	uint64_t used;      /* weights + KV at ctx, all slots */
+	uint64_t capacity;  /* the memory sized against less the margin kept free */
+	long ctx_train;     /* the training context, 0 when unknown */
 	char ctx_args[200]; /* the llama-server arguments that changed it, or "" */
 	char why[512];      /* the sizing in one sentence (memsize_explain) */
 };
@@ -45,8 +45,8 @@ struct launch_plan {
  * reports as used but which stopping them frees: the model is sized as if
  * they were stopped (TOKI_MEMORY_MB, the memory as a whole, ignores it).
  * 0, or -1 with err (the refusal `toki model use` prints). */
-int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p,
-                char *err, size_t errlen);
+int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p, char *err,
+                size_t errlen);
 /* Prints what it chose and the endpoint. 0, or -1 with err. */
 int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen);
 /* The llama-server to use when none is named: $TOKI_LLAMA_SERVER, an

@@ -452,14 +452,17 @@ static int check_aliases(struct walk *w, const yaml_node_t *n, const struct regi
 			const char *al = r->models[i].aliases[a];
 			const struct registry_model *o = registry_find(r, al);
 			if (o)
-				return walk_fail(w, n, "models.%s.aliases: '%.40s' is a model's name",
+				return walk_fail(w, n,
+				                 "models.%s.aliases: '%.40s' is a model's name",
 				                 r->models[i].name, al);
 			for (int j = 0; j < i; j++)
 				for (int b = 0; b < r->models[j].n_aliases; b++)
 					if (!strcmp(r->models[j].aliases[b], al))
-						return walk_fail(
-						    w, n, "models.%s.aliases: '%.40s' is also an alias of %s",
-						    r->models[i].name, al, r->models[j].name);
+						return walk_fail(w, n,
+						                 "models.%s.aliases: '%.40s' is "
+						                 "also an alias of %s",
+						                 r->models[i].name, al,
+						                 r->models[j].name);
 		}
 	return 0;
 }
@@ -544,9 +547,9 @@ static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r
 			if (want_tokens(w, v, key, max ? &r->max_loaded : &r->ttl) != 0)
 				return -1;
 		} else {
-			return walk_fail(w, k,
-			                 "unknown key '%.40s' (known: models, active, max_loaded, ttl)",
-			                 key);
+			return walk_fail(
+			    w, k, "unknown key '%.40s' (known: models, active, max_loaded, ttl)",
+			    key);
 		}
 	}
 	return 0;

@@ -59,7 +59,7 @@ struct registry_model {
 struct registry {
 	struct registry_model *models; /* in file order */
 	int n;
-	char *active; /* NULL when absent */
+	char *active;    /* NULL when absent */
 	long max_loaded; /* models the endpoint runs at once; 0 when absent */
 	long ttl;        /* the models' default ttl; 0 when absent */
 };
