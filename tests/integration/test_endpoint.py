@@ -112,7 +112,8 @@ class Endpoint(unittest.TestCase):
         # A registry edited while the endpoint runs is read again; one that
         # does not parse is reported and the old one kept.
         reg = self.env["TOKI_MODEL_REGISTRY"]
-        good = open(reg).read()
+        with open(reg) as f:
+            good = f.read()
         with open(reg, "w") as f:
             f.write("models:\n  a: [\n")
         self.assertEqual(sorted(self.models()), ["a", "b"])
@@ -219,8 +220,9 @@ class Endpoint(unittest.TestCase):
         # not move them to a stopped model's port).
         r = self.toki("launch", "opencode", "--config")
         self.assertEqual(r.returncode, 0, r.stderr)
-        conf = open(os.path.join(self.tmp, "state", "agents", "opencode",
-                                 "opencode.json")).read()
+        with open(os.path.join(self.tmp, "state", "agents", "opencode",
+                               "opencode.json")) as f:
+            conf = f.read()
         self.assertEqual(json.loads(conf)["model"], "toki/a")
         self.assertIn("127.0.0.1:%d/v1" % self.port, conf)
 
