@@ -1,0 +1,158 @@
+/* The endpoint's parts (pool.h; the map is src/pool/README.md): the pool,
+ * its models and its waiters, and the calls between pool.c (the pool and its
+ * queue), pool_child.c (each model's child), pool_relay.c (what the client
+ * gets) and pool_routes.c (the endpoint's routes). Nothing outside src/pool/
+ * includes this. */
+#ifndef TOKI_POOL_IMPL_H
+#define TOKI_POOL_IMPL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#include "model/registry.h"
+#include "pool/pool.h"
+
+struct backend_call;
+struct backend_http;
+struct http_request;
+struct http_server;
+struct launch_plan;
+struct plat_child_watch;
+
+enum pm_state { PM_UNLOADED, PM_STARTING, PM_LOADED, PM_STOPPING };
+
+/* Each state's name, as /v1/models, /toki/stats and the load events say it. */
+extern const char *const pool_state_names[];
+
+/* The client of one child: shared by the requests relayed to it, so that a
+ * child that exits under them leaves their calls to end on their own
+ * (freeing it would free their calls without a word to them). */
+struct pool_conn {
+	struct backend_http *http;
+	int users;   /* relays using it */
+	int retired; /* its child is gone: freed when the last relay ends */
+};
+
+/* One registry model, by name: kept across registry re-reads, so that a
+ * running child stays known. */
+struct pool_model {
+	struct pool *pool;
+	char name[160];
+	enum pm_state state;
+	pid_t pid;
+	int port;
+	long ctx; /* the context it was sized to at its first start (kept, so
+	             that its slot files' fingerprint holds across swaps) */
+	long max_output;
+	uint64_t used;      /* its memory at ctx */
+	int in_flight;      /* requests relayed to it and not ended */
+	int draining;       /* chosen to stop: new requests queue instead */
+	int64_t last_used;  /* when its last request ended (us) */
+	int64_t started_us; /* when its start began */
+	int starts;
+	long log_offset;        /* where its serve.log stood when it last started */
+	int polls;              /* of its start */
+	struct pool_conn *conn; /* while it runs */
+	struct event *poll;     /* while starting: is it listening and healthy yet */
+	struct backend_call *probe;
+	char error[1200]; /* why its last start failed, for the waiters */
+};
+
+struct pool_waiter;
+
+struct pool {
+	struct event_base *base;
+	struct pool_config cfg;
+	struct http_server *http;
+	char reg_path[4096];
+	struct registry reg;
+	struct timespec reg_mtime;
+	off_t reg_size;
+	struct pool_model **models;
+	int n_models;
+	struct pool_waiter *head, *tail; /* requests waiting for their model, in order */
+	struct plat_child_watch *watch;
+	struct event *tick, *sigint, *sigterm, *shutdown_poll;
+	int shutting_down;
+	int64_t shutdown_deadline;
+	char self[4096]; /* the toki binary the children run */
+	char info_path[4200];
+};
+
+/* A request waiting for its model; or `toki model use`'s load, which is
+ * answered once the model is ready instead of relayed. */
+struct pool_waiter {
+	struct pool *p;
+	struct pool_model *m;
+	struct http_request *req;
+	int load_only;
+	int stream;    /* the client asked for a stream: keep-alives while it waits */
+	int progress;  /* and for progress (return_progress): load events too */
+	int64_t since; /* when it began to wait */
+	int began;     /* the stream began with those keep-alives */
+	int64_t deadline;
+	struct event *keepalive;
+	struct pool_waiter *next;
+};
+
+/* ---- pool.c: the pool, its queue, time ---- */
+
+/* The model of that name, added (unloaded) when new; NULL when out of
+ * memory. */
+struct pool_model *pool_model_get(struct pool *p, const char *name);
+/* Its ttl: the registry's for it, else the registry's default. */
+long pool_model_ttl(struct pool *p, const struct pool_model *m);
+/* How many models may run at once (0: no cap). */
+long pool_max_loaded(struct pool *p);
+/* Reads the registry again when its file changed (first: at the start, and
+ * quietly), adding its new models. */
+void pool_registry_refresh(struct pool *p, int first);
+
+/* Queues a request (or a load, load_only) for model m, and makes progress. */
+void pool_wait(struct pool *p, struct pool_model *m, struct http_request *req, int load_only,
+               int stream, int progress);
+void pool_waiter_unlink(struct pool *p, struct pool_waiter *w);
+void pool_waiter_free(struct pool_waiter *w);
+/* Every waiter of m ends with this error. */
+void pool_fail_waiters(struct pool *p, struct pool_model *m, int status, const char *msg);
+/* Makes progress on the queue: serves, starts, stops. Called
+ * whenever something changed: a request came or ended, a child started or
+ * exited, a second went by. */
+void pool_pump(struct pool *p);
+
+/* ---- pool_child.c: a model's child toki serve ---- */
+
+/* Sizes and starts m's child. 0, or -1 with m->error (its waiters are
+ * failed by the caller). */
+int pool_model_start(struct pool *p, struct pool_model *m, const struct registry_model *rm,
+                     const struct launch_plan *plan);
+/* SIGTERM to a starting or running child: it saves its slots and exits. */
+void pool_model_stop(struct pool *p, struct pool_model *m, const char *why);
+/* m as unloaded: its start's poll and probe ended, its client retired. */
+void pool_model_reset(struct pool_model *m);
+/* plat_child_watch's callback: a child exited. */
+void pool_on_child_exit(pid_t pid, int status, void *arg);
+/* One user fewer of a child's client: freed once retired and unused. */
+void pool_conn_release(struct pool_conn *c);
+
+/* ---- pool_relay.c: what the client gets ---- */
+
+/* Sends the request on to its model's child, as it came; began: a stream
+ * of keep-alives began it. */
+void pool_relay_start(struct pool *p, struct pool_model *m, struct http_request *req, int began);
+/* A waiter whose model is ready: relayed, or (a load) answered; freed. */
+void pool_waiter_serve(struct pool *p, struct pool_waiter *w);
+/* Ends a waiter with an error, in the stream when one began; freed. */
+void pool_waiter_fail(struct pool_waiter *w, int status, const char *msg);
+/* A waiting stream's keep-alive timer (w->keepalive). */
+void pool_on_keepalive(evutil_socket_t fd, short what, void *arg);
+
+/* ---- pool_routes.c: the endpoint's routes ---- */
+
+/* The http_server's handler: every request to the endpoint. */
+void pool_handle(struct http_request *req, void *ctx);
+
+#endif

@@ -1,0 +1,250 @@
+/* The endpoint's routes: /health before the token check, the token check,
+ * the endpoint's own answers (/v1/models, /toki/stats, /metrics: answered
+ * here, so that asking starts no model), and every other request's model,
+ * named by its body's "model" (or a GET's model=) and resolved by
+ * pool_pick.c, to be relayed (pool_relay.c) or queued (pool.c). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/auth.h"
+#include "http/http_server.h"
+#include "model/memsize.h"
+#include "model/registry.h"
+#include "pool/pool_impl.h"
+#include "pool/pool_pick.h"
+#include "util/clock.h"
+#include "util/log.h"
+
+/* The context the model has now or had last: its child's, else the one
+ * recorded by its last start, else the registry's. */
+static long model_ctx(const struct pool_model *m, const struct registry_model *rm)
+{
+	if (m && m->ctx > 0)
+		return m->ctx;
+	long c = rm ? memsize_read_ctx(rm->name) : -1;
+	if (c > 0)
+		return c;
+	return rm ? rm->ctx : 0;
+}
+
+static void reply_json_obj(struct http_request *req, int status, json_t *o)
+{
+	char *s = json_dumps(o, JSON_COMPACT);
+	if (!s) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	http_respond(req, status, "application/json", s, strlen(s));
+	free(s);
+}
+
+static void handle_models(struct pool *p, struct http_request *req)
+{
+	json_t *data = json_array();
+	for (int i = 0; i < p->reg.n; i++) {
+		const struct registry_model *rm = &p->reg.models[i];
+		struct pool_model *m = pool_model_get(p, rm->name);
+		long ctx = model_ctx(m, rm);
+		json_t *e = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", rm->name, "object",
+		                      "model", "created", (json_int_t)0, "owned_by", "toki",
+		                      "state", pool_state_names[m ? m->state : PM_UNLOADED]);
+		json_t *al = json_array();
+		for (int a = 0; a < rm->n_aliases; a++)
+			json_array_append_new(al, json_string(rm->aliases[a]));
+		json_object_set_new(e, "aliases", al);
+		json_object_set_new(e, "context_length", ctx > 0 ? json_integer(ctx) : json_null());
+		json_object_set_new(e, "max_output",
+		                    rm->max_output > 0 ? json_integer(rm->max_output)
+		                                       : json_null());
+		json_object_set_new(
+		    e, "active", json_boolean(p->reg.active && !strcmp(p->reg.active, rm->name)));
+		json_array_append_new(data, e);
+	}
+	json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", data);
+	reply_json_obj(req, 200, o);
+	json_decref(o);
+}
+
+/* The endpoint's own numbers: what each model is doing. Answered here, so
+ * that toki status does not start the active model by asking. */
+static void handle_stats(struct pool *p, struct http_request *req)
+{
+	json_t *models = json_array();
+	int64_t now = clock_now_us();
+	int waiting = 0;
+	for (struct pool_waiter *w = p->head; w; w = w->next)
+		waiting++;
+	for (int i = 0; i < p->n_models; i++) {
+		struct pool_model *m = p->models[i];
+		json_t *e = json_pack("{s:s, s:s, s:b, s:i, s:i, s:I, s:I, s:i, s:i, s:b}", "name",
+		                      m->name, "state", pool_state_names[m->state], "registered",
+		                      registry_find(&p->reg, m->name) != NULL, "pid", (int)m->pid,
+		                      "port", m->port, "ctx", (json_int_t)m->ctx, "memory_bytes",
+		                      (json_int_t)m->used, "in_flight", m->in_flight, "starts",
+		                      m->starts, "draining", m->draining);
+		json_object_set_new(e, "idle_s",
+		                    m->state == PM_LOADED && m->in_flight == 0
+		                        ? json_real((double)(now - m->last_used) / 1e6)
+		                        : json_null());
+		json_object_set_new(e, "ttl", json_integer(pool_model_ttl(p, m)));
+		if (m->error[0])
+			json_object_set_new(e, "error", json_string(m->error));
+		json_array_append_new(models, e);
+	}
+	json_t *o = json_pack("{s:b, s:o, s:i, s:I}", "endpoint", 1, "models", models, "waiting",
+	                      waiting, "max_loaded", (json_int_t)pool_max_loaded(p));
+	reply_json_obj(req, 200, o);
+	json_decref(o);
+}
+
+/* The endpoint's own series (each model's own stay on its run's /metrics
+ * for now); answered here, so that a scrape does not start a model. */
+static void handle_metrics(struct pool *p, struct http_request *req)
+{
+	size_t cap = 512 + (size_t)p->n_models * 600, len = 0;
+	char *out = malloc(cap);
+	if (!out) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+#define PUT(...) len += (size_t)snprintf(out + len, cap - len, __VA_ARGS__)
+	PUT("# TYPE toki_endpoint_model_loaded gauge\n");
+	for (int i = 0; i < p->n_models; i++)
+		PUT("toki_endpoint_model_loaded{model=\"%s\"} %d\n", p->models[i]->name,
+		    p->models[i]->state == PM_LOADED);
+	PUT("# TYPE toki_endpoint_model_starts_total counter\n");
+	for (int i = 0; i < p->n_models; i++)
+		PUT("toki_endpoint_model_starts_total{model=\"%s\"} %d\n", p->models[i]->name,
+		    p->models[i]->starts);
+	PUT("# TYPE toki_endpoint_model_in_flight gauge\n");
+	for (int i = 0; i < p->n_models; i++)
+		PUT("toki_endpoint_model_in_flight{model=\"%s\"} %d\n", p->models[i]->name,
+		    p->models[i]->in_flight);
+#undef PUT
+	http_respond(req, 200, "text/plain; version=0.0.4", out, len < cap ? len : cap - 1);
+	free(out);
+}
+
+static void handle_health(struct pool *p, struct http_request *req)
+{
+	int loaded = 0;
+	for (int i = 0; i < p->n_models; i++)
+		loaded += p->models[i]->state == PM_LOADED;
+	json_t *o =
+	    json_pack("{s:s, s:i, s:i}", "status", "ok", "models", p->reg.n, "loaded", loaded);
+	reply_json_obj(req, 200, o);
+	json_decref(o);
+}
+
+/* The "model" a request names: its JSON body's, or for a GET its query's
+ * model=. *out is "" when it names none. */
+static void request_model(struct http_request *req, char *out, size_t n, int *stream, int *progress)
+{
+	out[0] = '\0';
+	*stream = *progress = 0;
+	size_t len = 0;
+	const char *body = http_request_body(req, &len);
+	if (body && len) {
+		json_error_t jerr;
+		json_t *o = json_loadb(body, len, 0, &jerr);
+		const char *s = json_string_value(json_object_get(o, "model"));
+		if (s)
+			snprintf(out, n, "%s", s);
+		*stream = json_is_true(json_object_get(o, "stream"));
+		*progress = json_is_true(json_object_get(o, "return_progress"));
+		json_decref(o);
+		if (*out)
+			return;
+	}
+	const char *q = http_request_query(req);
+	for (const char *k = q; k && *k;) {
+		if (!strncmp(k, "model=", 6)) {
+			size_t o = 0;
+			for (const char *c = k + 6; *c && *c != '&' && o + 1 < n; c++) {
+				unsigned hex;
+				if (*c == '%' && c[1] && c[2] && sscanf(c + 1, "%2x", &hex) == 1) {
+					out[o++] = (char)hex;
+					c += 2;
+				} else {
+					out[o++] = *c == '+' ? ' ' : *c;
+				}
+			}
+			out[o] = '\0';
+			return;
+		}
+		k = strchr(k, '&');
+		if (k)
+			k++;
+	}
+}
+
+void pool_handle(struct http_request *req, void *ctx)
+{
+	struct pool *p = ctx;
+	const char *path = http_request_path(req);
+	const char *method = http_request_method(req);
+	if (!strcmp(path, "/health") || !strcmp(path, "/v1/health")) {
+		handle_health(p, req);
+		return;
+	}
+	if (!auth_check(p->cfg.token, http_request_header(req, "Authorization"),
+	                http_request_header(req, "x-api-key"))) {
+		http_response_header(req, "WWW-Authenticate", "Bearer realm=\"toki\"");
+		http_respond_error(
+		    req, 401,
+		    "missing or wrong token: send the local token as Authorization: "
+		    "Bearer <token> or x-api-key (see $TOKI_STATE_DIR/token, or TOKI_TOKEN)");
+		return;
+	}
+	if (p->shutting_down) {
+		http_respond_error(req, 503, "toki is shutting down");
+		return;
+	}
+	if (!strcmp(path, "/v1/models") || !strcmp(path, "/models")) {
+		if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+			http_respond_error(req, 405, "use GET");
+			return;
+		}
+		pool_registry_refresh(p, 0);
+		handle_models(p, req);
+		return;
+	}
+	if (!strcmp(path, "/toki/stats")) {
+		handle_stats(p, req);
+		return;
+	}
+	if (!strcmp(path, "/metrics")) {
+		handle_metrics(p, req);
+		return;
+	}
+	int load_only = !strcmp(path, "/toki/load");
+	if (load_only && strcmp(method, "POST")) {
+		http_respond_error(req, 405, "use POST");
+		return;
+	}
+	pool_registry_refresh(p, 0);
+	char name[512];
+	int stream, progress;
+	request_model(req, name, sizeof name, &stream, &progress);
+	int idx = pool_resolve(&p->reg, name);
+	if (idx < 0) {
+		char msg[2048];
+		pool_unknown_message(&p->reg, name, msg, sizeof msg);
+		log_info("pool: 404 %s %s: %s", method, path, msg);
+		http_respond_error(req, 404, msg);
+		return;
+	}
+	struct pool_model *m = pool_model_get(p, p->reg.models[idx].name);
+	if (!m) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	/* Ready, and nobody queued ahead: straight on. */
+	if (m->state == PM_LOADED && !m->draining && !p->head && !load_only) {
+		pool_relay_start(p, m, req, 0);
+		return;
+	}
+	pool_wait(p, m, req, load_only, stream, progress);
+}
