@@ -10,6 +10,10 @@
  * g->n = 1, or -1 where the OS has nothing to say. */
 int plat_os_gpu_default(struct plat_gpus *g);
 
+/* 1 when pid is a zombie: exited, but not yet reaped by its parent (which
+ * may be a service manager or a shell, not us), else 0. */
+int plat_os_zombie(pid_t pid);
+
 #if defined(__APPLE__) || defined(__FreeBSD__)
 /* sysctlbyname(3) of a number, whether the key is 32 or 64 bits wide. */
 int plat_sysctl_u64(const char *name, uint64_t *v);

@@ -99,6 +99,13 @@ long plat_rss_kib(pid_t pid)
 	return (long)(ti.pti_resident_size / 1024);
 }
 
+int plat_os_zombie(pid_t pid)
+{
+	struct proc_bsdinfo bi;
+	return proc_pidinfo(pid, PROC_PIDTBSDINFO, 0, &bi, sizeof bi) == (int)sizeof bi &&
+	       bi.pbi_status == SZOMB;
+}
+
 int plat_session_signal(pid_t sid, int sig)
 {
 	int cap = proc_listallpids(NULL, 0);

@@ -65,6 +65,14 @@ long plat_rss_kib(pid_t pid)
 	return (long)kp.ki_rssize * (getpagesize() / 1024);
 }
 
+int plat_os_zombie(pid_t pid)
+{
+	int mib[4] = {CTL_KERN, KERN_PROC, KERN_PROC_PID, (int)pid};
+	struct kinfo_proc kp;
+	size_t len = sizeof kp;
+	return sysctl(mib, 4, &kp, &len, NULL, 0) == 0 && len == sizeof kp && kp.ki_stat == SZOMB;
+}
+
 int plat_session_signal(pid_t sid, int sig)
 {
 	int mib[3] = {CTL_KERN, KERN_PROC, KERN_PROC_PROC};

@@ -76,6 +76,17 @@ long plat_rss_kib(pid_t pid)
 	return plat_parse_proc_status_rss(buf);
 }
 
+int plat_os_zombie(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	char state;
+	long ppid, pgrp, session;
+	return read_small(path, buf, sizeof buf) == 0 &&
+	       plat_parse_proc_stat(buf, &state, &ppid, &pgrp, &session) == 0 &&
+	       (state == 'Z' || state == 'X');
+}
+
 int plat_session_signal(pid_t sid, int sig)
 {
 	DIR *d = opendir("/proc");

@@ -1,7 +1,7 @@
 /* POSIX processes, the same on Linux, macOS and FreeBSD: spawn, wait, stop,
  * run-and-capture, and the child-exit watcher. Before this file toki forked
  * and waited in five places, each with its own timeout loop. */
-#include "platform/platform.h"
+#include "platform/os.h"
 
 #include <errno.h>
 #include <event2/event.h>
@@ -126,7 +126,12 @@ int plat_alive(pid_t pid)
 	int st;
 	if (waitpid(pid, &st, WNOHANG) == pid)
 		return 0;
-	return kill(pid, 0) == 0 || errno == EPERM;
+	if (kill(pid, 0) != 0 && errno != EPERM)
+		return 0;
+	/* One that another process has not reaped yet (toki serve in the
+	 * foreground under a service manager or a shell) has exited all the
+	 * same: toki down waited its whole timeout for it. */
+	return !plat_os_zombie(pid);
 }
 
 int plat_stop(pid_t pid, int group, int timeout_ms)
