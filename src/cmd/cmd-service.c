@@ -1,9 +1,10 @@
 /* toki service install | remove | status: runs toki at login, through the
  * OS's own service manager (a systemd user unit, a launchd agent). The
- * service runs `toki up --foreground` (a GGUF file) or `toki model use
- * NAME --foreground` (a registered model, by default the active one), so
- * what it starts is what those commands start by hand, and toki status,
- * toki logs and toki down see it as any other run. */
+ * service runs `toki up --foreground`: the endpoint for every registry
+ * model (src/pool/), or with --model one GGUF file (`toki up --model FILE
+ * --foreground`) or one registered model (`toki model use NAME
+ * --foreground`). What it starts is what those commands start by hand, and
+ * toki status, toki logs and toki down see it as any other run. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -33,10 +34,11 @@ static void usage(FILE *out)
 	        "Runs toki at login through the OS's service manager: a systemd user unit\n"
 	        "(~/.config/systemd/user/tokirecur.service) on Linux, a launchd agent\n"
 	        "(~/Library/LaunchAgents/com.tokirecur.toki.plist) on macOS. It runs\n"
-	        "`toki up --foreground --model FILE` for a GGUF file, or `toki model use NAME\n"
-	        "--foreground` for a registered model (default: the active one), with the\n"
-	        "options given (--ctx, --slots, --port, --reuse, --max-output, --llama-server,\n"
-	        "--name), logs to $TOKI_STATE_DIR/service.log, is restarted after a crash, and\n"
+	        "`toki up --foreground`, the endpoint for every registry model; with --model,\n"
+	        "`toki up --foreground --model FILE` for a GGUF file or `toki model use NAME\n"
+	        "--foreground` for one registered model, with the options given (--ctx,\n"
+	        "--slots, --port, --reuse, --max-output, --llama-server, --name). It logs to\n"
+	        "$TOKI_STATE_DIR/service.log, is restarted after a crash, and\n"
 	        "stays stopped after toki down. PATH and the TOKI_* variables set now are\n"
 	        "written into it. On Linux, `loginctl enable-linger` starts it at boot rather\n"
 	        "than at login.\n"
@@ -105,8 +107,9 @@ static int install(int argc, char **argv)
 		return 2;
 	}
 
-	/* What it runs: a file through toki up, a registered model (named, or
-	 * the active one) through toki model use. */
+	/* What it runs: without --model the endpoint for the registry (toki
+	 * up), else a file through toki up --model or a registered model
+	 * through toki model use. */
 	char self[4096], model[4096] = "", binary[4096] = "";
 	if (plat_self_exe(self, sizeof self) != 0) {
 		fprintf(stderr, "toki service: cannot find the toki binary: %s\n", strerror(errno));
@@ -116,21 +119,33 @@ static int install(int argc, char **argv)
 	char rerr[512];
 	int have_reg = registry_load(&reg, rerr, sizeof rerr) == 0;
 	struct stat st;
+	int endpoint = !o.model_path;
 	int is_file = o.model_path && stat(o.model_path, &st) == 0 && S_ISREG(st.st_mode);
 	const char *reg_name = NULL;
-	if (!is_file) {
-		reg_name = o.model_path ? o.model_path : (have_reg ? reg.active : NULL);
-		if (!reg_name || !have_reg || !registry_find(&reg, reg_name)) {
-			if (o.model_path)
-				fprintf(
-				    stderr,
-				    "toki service: '%s' is neither a file nor a registered model "
-				    "(toki model list)\n",
-				    o.model_path);
-			else
-				fprintf(stderr,
-				        "toki service: no active model to run; pass --model "
-				        "FILE|NAME, or choose one with toki model use NAME\n");
+	if (endpoint) {
+		/* The endpoint takes each model's settings from the registry. */
+		if (o.ctx || o.slots || o.name || o.max_output || o.binary) {
+			fprintf(stderr, "toki service: --ctx, --slots, --name, --max-output and "
+			                "--llama-server are one model's: pass --model FILE|NAME, or "
+			                "set them in the registry for the endpoint\n");
+			registry_free(&reg);
+			return 2;
+		}
+		if (!have_reg || reg.n == 0) {
+			fprintf(stderr, "toki service: %s\n",
+			        have_reg ? "the registry has no models for the endpoint to serve: add "
+			                   "one with toki model pull, or pass --model FILE"
+			                 : rerr);
+			registry_free(&reg);
+			return 1;
+		}
+	} else if (!is_file) {
+		reg_name = o.model_path;
+		if (!have_reg || !registry_find(&reg, reg_name)) {
+			fprintf(stderr,
+			        "toki service: '%s' is neither a file nor a registered model (toki "
+			        "model list)\n",
+			        o.model_path);
 			registry_free(&reg);
 			return 1;
 		}
@@ -147,7 +162,9 @@ static int install(int argc, char **argv)
 	int a = 0;
 	char num[5][32];
 	args[a++] = self;
-	if (is_file) {
+	if (endpoint) {
+		args[a++] = "up";
+	} else if (is_file) {
 		args[a++] = "up";
 		args[a++] = "--model";
 		args[a++] = model;

@@ -32,6 +32,11 @@ exit 0
 """
 
 
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
 class Service(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="toki-service-")
@@ -121,49 +126,85 @@ class Service(unittest.TestCase):
         self.assertEqual(plistlib.loads(r.stdout.encode())["EnvironmentVariables"]
                          ["TOKI_TEST_ODD"], "a<b>&\"c\"")
 
-    def test_registered_model(self):
-        # Without --model: the active registered model, through toki model use.
-        self.assertEqual(self.exec_start(self.unit())[1:],
-                         ["model", "use", "tiny", "--foreground"])
+    def test_what_it_runs(self):
+        # Without --model: the endpoint for the registry (toki up).
+        self.assertEqual(self.exec_start(self.unit())[1:], ["up", "--foreground"])
+        self.assertEqual(self.exec_start(self.unit("--port", "9", "--reuse", "fast"))[1:],
+                         ["up", "--foreground", "--port", "9", "--reuse", "fast"])
+        # A registered model's name: that model alone, through toki model use.
         self.assertEqual(self.exec_start(self.unit("--model", "tiny", "--port", "9"))[1:],
                          ["model", "use", "tiny", "--foreground", "--port", "9"])
         r = self.toki("service", "install", "--print", "--model", "nosuch")
         self.assertEqual(r.returncode, 1)
         self.assertIn("neither a file nor a registered model", r.stderr)
+        # One model's settings without a model: refused, not dropped.
+        r = self.toki("service", "install", "--print", "--ctx", "512")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("one model's", r.stderr)
         r = self.toki("service", "install", "--print", "--manager", "upstart")
         self.assertEqual(r.returncode, 2)
+        # An empty registry has nothing for the endpoint to serve.
+        with open(self.env["TOKI_MODEL_REGISTRY"], "w") as f:
+            f.write("models: {}\n")
+        r = self.toki("service", "install", "--print")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no models", r.stderr)
 
-    def test_runs_in_foreground_and_stops_cleanly(self):
+    def llama_servers(self):
+        """The live llama-servers serving this test's model (a zombie is
+        not live; a process may end while it is read)."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    cmd = f.read().decode(errors="replace")
+                with open("/proc/%s/stat" % pid) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if "llama-server" in cmd and self.tmp in cmd and state != "Z":
+                found.append(pid)
+        return found
+
+    def run_service_command(self, argv, run_name, request_model):
         """The service's command, run as systemd runs it: it stays in the
-        foreground as toki serve, toki status sees it, it answers, and toki
-        down ends it with exit 0 and its llama-server with it."""
-        port = th.free_port()
-        argv = self.exec_start(self.unit("--model", "tiny", "--port", str(port)))
+        foreground as the run's daemon, toki status sees it with its own
+        pid, a request through it is answered, and toki down ends it with
+        exit 0 (which Restart=on-failure does not restart) and every
+        llama-server with it."""
+        port = int(argv[argv.index("--port") + 1])
         proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
             th.wait_http(port, timeout=120)
-            st = json.loads(self.toki("status", "--json").stdout)
-            runs = st if isinstance(st, list) else st.get("runs", [])
-            run = [r for r in runs if r["name"] == "tiny"][0]
+            runs = json.loads(self.toki("status", "--json").stdout)
+            runs = runs if isinstance(runs, list) else runs.get("runs", [])
+            run = [r for r in runs if r["name"] == run_name][0]
             self.assertEqual(run["pid"], proc.pid)  # the process the manager watches
-            llama_pid = run["llama_pid"]
-            self.assertGreater(llama_pid, 0)
             code, body = th.request(port, "POST", "/v1/chat/completions",
-                                    {"messages": [{"role": "user", "content": "Once"}],
-                                     "max_tokens": 4})
+                                    {"model": request_model, "max_tokens": 4,
+                                     "messages": [{"role": "user", "content": "Once"}]})
             self.assertEqual(code, 200, body)
-            r = self.toki("down", "tiny")
+            servers = self.llama_servers()
+            self.assertTrue(servers)  # the model's llama-server runs
+            r = self.toki("down")
             self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(proc.wait(timeout=60), 0)  # clean: not restarted
-            self.assertFalse(os.path.exists("/proc/%d" % llama_pid) and
-                             open("/proc/%d/stat" % llama_pid).read().split()[2] != "Z")
+            self.assertEqual(proc.wait(timeout=90), 0)  # clean: not restarted
+            left = set(servers) & set(self.llama_servers())
+            self.assertFalse(left, "llama-servers outlived toki down")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        out = proc.stdout.read()
-        self.assertIn("runs in the foreground as toki serve", out)
+        self.assertIn("runs in the foreground as toki serve", proc.stdout.read())
+
+    def test_runs_in_foreground_and_stops_cleanly(self):
+        # The default service: the endpoint, which starts the model on the
+        # request and stops it with itself. (One model's service, toki model
+        # use --foreground, takes the same --foreground path of run_start;
+        # test_what_it_runs checks its command.)
+        argv = self.exec_start(self.unit("--port", str(th.free_port())))
+        self.run_service_command(argv, "endpoint", "tiny")
 
     def test_install_status_remove(self):
         bindir = os.path.join(self.tmp, "bin")
@@ -178,9 +219,9 @@ class Service(unittest.TestCase):
         r = self.toki("service", "install", "--model", self.model, env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("wrote " + unit_path, r.stdout)
-        self.assertEqual(open(calls).read().splitlines(),
+        self.assertEqual(read(calls).splitlines(),
                          ["--user daemon-reload", "--user enable --now tokirecur.service"])
-        self.assertEqual(self.exec_start(open(unit_path).read())[1:4],
+        self.assertEqual(self.exec_start(read(unit_path))[1:4],
                          ["up", "--model", self.model])
         r = self.toki("service", "status", env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -189,7 +230,7 @@ class Service(unittest.TestCase):
         r = self.toki("service", "remove", env=env)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertFalse(os.path.exists(unit_path))
-        self.assertEqual(open(calls).read().splitlines()[3:],
+        self.assertEqual(read(calls).splitlines()[3:],
                          ["--user disable --now tokirecur.service", "--user daemon-reload"])
         r = self.toki("service", "status", env=env)
         self.assertEqual(r.returncode, 1)
