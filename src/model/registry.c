@@ -1068,9 +1068,9 @@ pid_t registry_running_pid(const char *name)
 		end++;
 	if (errno || *end || pid <= 0 || pid > INT_MAX)
 		return 0;
-	if (kill((pid_t)pid, 0) == 0 || errno == EPERM)
-		return (pid_t)pid;
-	return 0;
+	/* A zombie no parent has reaped yet is not running (toki down returns
+	 * once its run has exited, reaped or not). */
+	return plat_alive((pid_t)pid) ? (pid_t)pid : 0;
 }
 
 /* Removes the entry `name` in the directory dfd: a directory is emptied first

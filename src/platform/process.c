@@ -131,7 +131,12 @@ int plat_alive(pid_t pid)
 	/* One that another process has not reaped yet (toki serve in the
 	 * foreground under a service manager or a shell) has exited all the
 	 * same: toki down waited its whole timeout for it. */
-	return !plat_os_zombie(pid);
+	if (!plat_os_zombie(pid))
+		return 1;
+	/* Ours may have become a zombie since the waitpid above: reaped now,
+	 * so that none is left behind. */
+	(void)waitpid(pid, &st, WNOHANG);
+	return 0;
 }
 
 int plat_stop(pid_t pid, int group, int timeout_ms)
