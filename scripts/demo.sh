@@ -3,17 +3,21 @@
 # install-deps.sh installs Homebrew's llama.cpp, a Metal llama-server) to the
 # cache at work:
 # installs what is needed, builds toki, provisions a llama-server if none is
-# on PATH, writes a built-in random-weight demo model (no download), starts
-# llama-server with `toki serve` in front in its default mode (exact), and
-# sends the same long prompt cold, hot, and uncached (cache_prompt: false,
-# toki's reference), comparing the hot answer with the uncached one, text and
-# every logprob; then the hot run again in fast mode, which promises no
-# identity.
+# on PATH, writes two built-in random-weight demo models (no download) into a
+# registry of its own, starts the endpoint with `toki model use demo` (one
+# port for every registry model, in its default mode, exact), and sends the
+# same long prompt cold, hot, and uncached (cache_prompt: false, toki's
+# reference), comparing the hot answer with the uncached one, text and every
+# logprob; then asks the endpoint for the second model, which starts on that
+# request; then the hot run again in fast mode, which promises no identity.
 #   scripts/demo.sh           run the demo, then stop everything
-#   scripts/demo.sh --keep    leave llama-server and toki running afterwards
+#   scripts/demo.sh --keep    leave the endpoint running afterwards
 #   TOKI_BIN=path             use this toki binary: no install, no build
 #                             (tests/integration/test_demo.py runs it so)
-#   TOKI_DEMO_PORT=N          toki's port (default 8787)
+#   TOKI_DEMO_PORT=N          the endpoint's port (default 8787)
+# toki's state is the demo's own (~/.cache/tokirecur/demo/state), whatever
+# TOKI_STATE_DIR says, so that the demo never meets (or stops) a toki you
+# already run.
 # Exits non-zero when the hot answer differs from the uncached one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,40 +37,35 @@ fi
 llama=$(scripts/provision-llama-server.sh)
 
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/tokirecur/demo
+mkdir -p "$cache"
+export TOKI_STATE_DIR=$cache/state
+export TOKI_MODEL_REGISTRY=$cache/models.yaml
+export TOKI_LLAMA_SERVER=$llama
 # A fresh slot folder: "cold" means cold (the last run's states would be restored).
-rm -rf "$cache/slots"
-mkdir -p "$cache/slots"
+rm -rf "$TOKI_STATE_DIR/run/demo/slots"
 model=$cache/demo-24M-16k.gguf
+small=$cache/demo-small-1M.gguf
 [ -f "$model" ] || "$toki" gguf gen -o "$model" --params 24M --ctx 16384 --seed 7
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-lport=$(free_port)
+[ -f "$small" ] || "$toki" gguf gen -o "$small" --params 1M --ctx 4096 --seed 8
+cat >"$TOKI_MODEL_REGISTRY" <<EOF
+models:
+  demo:
+    path: $model
+    ctx: 16384
+  demo-small:
+    path: $small
+    ctx: 4096
+EOF
 tport=${TOKI_DEMO_PORT:-8787}
 
-"$llama" -m "$model" --host 127.0.0.1 --port "$lport" -np 2 -c 32768 --cache-ram 0 \
-	--slot-save-path "$cache/slots" >"$cache/llama-server.log" 2>&1 &
-lpid=$!
-start_toki() { # $1: the reuse mode
-	"$toki" serve --backend "http://127.0.0.1:$lport" --port "$tport" --reuse "$1" \
-		--slot-dir "$cache/slots" >>"$cache/toki.log" 2>&1 &
-	tpid=$!
-}
-: >"$cache/toki.log"
-start_toki exact
-cleanup() {
-	kill "$tpid" "$lpid" 2>/dev/null || true
-	# A llama-server stuck in a task does not stop on TERM (seen once: a slot
-	# save that never ran); the demo must end all the same.
-	for _ in $(seq 100); do
-		kill -0 "$lpid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -9 "$lpid" 2>/dev/null || true
-	wait "$tpid" "$lpid" 2>/dev/null || true
-}
+cleanup() { "$toki" down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
+start_toki() { # $1: the reuse mode
+	"$toki" model use demo --port "$tport" --reuse "$1" >/dev/null
+}
+start_toki exact
 
-echo "demo: llama-server on :$lport (log $cache/llama-server.log), toki on :$tport (log $cache/toki.log)"
+echo "demo: the endpoint on :$tport (state and logs in $TOKI_STATE_DIR), registry $TOKI_MODEL_REGISTRY"
 client() { # $1: exact or fast
 	python3 - "$tport" "$1" <<'PY'
 import http.client, json, os, sys, time
@@ -92,9 +91,19 @@ while True:
 
 system = ("You are the on-call assistant for a small bakery. The bakery opens at seven, "
           "sells bread, cakes and coffee, and closes at six. Answer briefly. ") * 24
-body = {"messages": [{"role": "system", "content": system},
+body = {"model": "demo", "messages": [{"role": "system", "content": system},
                      {"role": "user", "content": "When do you open?"}],
         "max_tokens": 24, "temperature": 0, "stream": True, "logprobs": True}
+
+def get(path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("GET", path, headers={"Authorization": "Bearer " + token()})
+    return json.loads(c.getresponse().read())
+
+def models(label):
+    print(f"\n/v1/models {label}:")
+    for m in get("/v1/models")["data"]:
+        print(f"  {m['id']:12} {m['state']:9} context {m['context_length']}")
 
 def run(**extra):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -140,6 +149,14 @@ if mode == "exact":
     print(f"exact: {hot[3]['cache'].get('exact')} (toki's self-test at start)")
     if hot[2] != raw[2]:
         sys.exit("demo: the hot answer differs from the uncached one")
+    # One endpoint for every registry model: the second starts on its first
+    # request, beside the first.
+    models("before asking for demo-small")
+    t0 = time.time()
+    small = run(model="demo-small", messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=8)
+    print(f"\ndemo-small answered in {(time.time() - t0) * 1000:.0f} ms, its start included")
+    models("after")
 else:
     first, hot = run(), run()
     print("\nfast mode (--reuse fast): every matching token reused, no identity promised")
@@ -148,15 +165,14 @@ else:
 PY
 }
 client exact
-kill "$tpid" 2>/dev/null || true
-wait "$tpid" 2>/dev/null || true
+"$toki" down >/dev/null
 start_toki fast
 client fast
 if [ "$keep" = 1 ]; then
-	kill "$tpid" 2>/dev/null || true
-	wait "$tpid" 2>/dev/null || true
+	"$toki" down >/dev/null
 	start_toki exact
 	trap - EXIT
 	echo "demo: still running. OpenAI-compatible API at http://127.0.0.1:$tport/v1" \
-		"(API key: the token in ~/.local/state/tokirecur/token); stop with: kill $tpid $lpid"
+		"(models demo and demo-small; API key: the token in $TOKI_STATE_DIR/token);" \
+		"stop with: TOKI_STATE_DIR=$TOKI_STATE_DIR $toki down"
 fi

@@ -1,4 +1,5 @@
-/* toki model use NAME: the explicit start of a registered model. */
+/* toki model use NAME: a registered model loaded into the endpoint (started
+ * when none runs), and made the active model. */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -13,16 +14,19 @@
 static void usage(FILE *out)
 {
 	fprintf(out,
-	        "usage: toki model use NAME [--ctx N] [--slots N] [--port N] [--reuse MODE] "
-	        "[--wait S]\n"
-	        "                      [--foreground]\n"
+	        "usage: toki model use NAME [--port N] [--reuse MODE] [--wait S]\n"
+	        "                      [--max-body-mb N] [--client-timeout S]\n"
 	        "\n"
-	        "Starts the registered model: llama-server (the registry's binary:, else an\n"
-	        "installed build, else llama-server on PATH) with toki serve in front, in the\n"
-	        "background. The context is the registry's ctx: if it fits memory, else the\n"
-	        "largest that fits; asking for more than fits is refused with the numbers.\n"
-	        "A model already running elsewhere is left alone; stop it with toki down.\n"
-	        "--foreground makes this process toki serve instead (what toki service runs).\n");
+	        "Loads the registered model NAME into the endpoint (toki up: one port for\n"
+	        "every registry model), starting the endpoint first when none runs (on\n"
+	        "--port, default 8787, with --reuse, --max-body-mb and --client-timeout),\n"
+	        "waits until NAME answers, and makes it the active model: the one a request\n"
+	        "without \"model\" gets and launchers pin by default. The endpoint sizes NAME\n"
+	        "from the registry (its ctx:, else the largest context that fits beside the\n"
+	        "models running); a model that does not fit makes an idle one stop, its\n"
+	        "slots saved. A model already running as its own run (toki up --model NAME)\n"
+	        "is left as it is and made active. To run NAME alone with a context or slot\n"
+	        "count of your own: toki up --model NAME --ctx N --slots N.\n");
 }
 
 static int use_in_endpoint(const struct run_info *ri, const char *name, int wait_s)
@@ -67,58 +71,64 @@ int cmd_model_use(int argc, char **argv)
 	int r = cmd_launch_options(argc, argv, 0, &o, usage);
 	if (r >= 0)
 		return r;
-	if (optind != argc - 1 || o.ctx < 0 || o.slots < 0 || o.port < 0) {
+	if (optind != argc - 1 || o.port < 0) {
 		usage(stderr);
 		return 2;
 	}
 	const char *name = argv[optind];
+	/* The endpoint sizes each model from the registry, so that its context
+	 * (and its slot files' fingerprint) stays the same across swaps: one
+	 * load's own --ctx would change it under the model's saved states. */
+	if (o.ctx || o.slots || o.foreground) {
+		fprintf(stderr,
+		        "toki model use: %s sizes a model's own run: toki up --model %s%s%s (the "
+		        "endpoint sizes %s from the registry's ctx:)\n",
+		        o.foreground ? "--foreground"
+		        : o.ctx      ? "--ctx"
+		                     : "--slots",
+		        name, o.ctx ? " --ctx N" : "", o.slots ? " --slots N" : "", name);
+		return 2;
+	}
 	struct registry reg;
 	char err[1024];
 	if (registry_load(&reg, err, sizeof err) != 0) {
 		fprintf(stderr, "toki model use: %s\n", err);
 		return 1;
 	}
-	const struct registry_model *m = registry_find(&reg, name);
-	if (!m) {
+	int known = registry_find(&reg, name) != NULL;
+	registry_free(&reg);
+	if (!known) {
 		fprintf(
 		    stderr,
 		    "toki model use: no model '%s' in the registry (toki model list shows them; "
 		    "toki model pull adds one)\n",
 		    name);
-		registry_free(&reg);
 		return 1;
 	}
+	int wait_s = o.wait_s > 0 ? o.wait_s : 600;
 	struct run_info ri;
-	if (run_get("endpoint", &ri) == 0) {
-		/* The endpoint runs: the model loads into it, and becomes the
-		 * active one (what a request without "model" gets). */
-		registry_free(&reg);
-		return use_in_endpoint(&ri, name, o.wait_s > 0 ? o.wait_s : 600);
-	}
+	if (run_get("endpoint", &ri) == 0)
+		return use_in_endpoint(&ri, name, wait_s);
 	if (run_get(name, &ri) == 0) {
-		printf("%s already runs: http://%s:%d/v1\n", name, ri.host, ri.port);
-		registry_free(&reg);
-		return 0;
-	}
-	o.name = m->name;
-	o.model_path = m->path;
-	o.binary = m->binary;
-	if (!o.ctx)
-		o.ctx = m->ctx;
-	o.max_output = m->max_output;
-	o.llama_args = m->args;
-	o.n_llama_args = m->n_args;
-	char endpoint[256];
-	int rc = launch_model(&o, endpoint, sizeof endpoint, err, sizeof err);
-	if (rc != 0) {
-		fprintf(stderr, "toki model use: %s\n", err);
-	} else {
+		char url[300];
+		run_info_url(&ri, url, sizeof url);
 		if (registry_set_active(name, err, sizeof err) != 0)
 			fprintf(stderr, "toki model use: warning: %s\n", err);
-		printf("%s is up: %s/v1 (OpenAI), %s/anthropic (Anthropic); stop it with toki down "
-		       "%s\n",
-		       name, endpoint, endpoint, name);
+		printf("%s already runs as its own run: %s/v1; it is the active model\n", name,
+		       url);
+		return 0;
 	}
-	registry_free(&reg);
-	return rc ? 1 : 0;
+	/* No endpoint yet: start it, then load NAME into it. A load that fails
+	 * stops the endpoint it started, so that a failed use leaves nothing
+	 * running, as a failed toki up does. */
+	if (cmd_up_endpoint(&o) != 0)
+		return 1;
+	if (run_get("endpoint", &ri) != 0) {
+		fprintf(stderr, "toki model use: the endpoint started but is not running\n");
+		return 1;
+	}
+	int rc = use_in_endpoint(&ri, name, wait_s);
+	if (rc != 0 && run_stop("endpoint", 60, err, sizeof err) != 0)
+		fprintf(stderr, "toki model use: %s\n", err);
+	return rc;
 }

@@ -1,10 +1,9 @@
 /* toki service install | remove | status: runs toki at login, through the
  * OS's own service manager (a systemd user unit, a launchd agent). The
  * service runs `toki up --foreground`: the endpoint for every registry
- * model (src/pool/), or with --model one GGUF file (`toki up --model FILE
- * --foreground`) or one registered model (`toki model use NAME
- * --foreground`). What it starts is what those commands start by hand, and
- * toki status, toki logs and toki down see it as any other run. */
+ * model (src/pool/), or with --model one GGUF file or registered model in
+ * its own run (`toki up --model FILE|NAME --foreground`). What it starts is what those commands
+ * start by hand, and toki status, toki logs and toki down see it as any other run. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -35,8 +34,8 @@ static void usage(FILE *out)
 	        "(~/.config/systemd/user/tokirecur.service) on Linux, a launchd agent\n"
 	        "(~/Library/LaunchAgents/com.tokirecur.toki.plist) on macOS. It runs\n"
 	        "`toki up --foreground`, the endpoint for every registry model; with --model,\n"
-	        "`toki up --foreground --model FILE` for a GGUF file or `toki model use NAME\n"
-	        "--foreground` for one registered model, with the options given (--ctx,\n"
+	        "`toki up --foreground --model FILE|NAME`: one GGUF file or registered model\n"
+	        "in its own run, with the options given (--ctx,\n"
 	        "--slots, --port, --reuse, --max-output, --llama-server, --name). It logs to\n"
 	        "$TOKI_STATE_DIR/service.log, is restarted after a crash, and\n"
 	        "stays stopped after toki down. PATH and the TOKI_* variables set now are\n"
@@ -108,8 +107,7 @@ static int install(int argc, char **argv)
 	}
 
 	/* What it runs: without --model the endpoint for the registry (toki
-	 * up), else a file through toki up --model or a registered model
-	 * through toki model use. */
+	 * up), else a file or a registered model through toki up --model. */
 	char self[4096], model[4096] = "", binary[4096] = "";
 	if (plat_self_exe(self, sizeof self) != 0) {
 		fprintf(stderr, "toki service: cannot find the toki binary: %s\n", strerror(errno));
@@ -125,17 +123,19 @@ static int install(int argc, char **argv)
 	if (endpoint) {
 		/* The endpoint takes each model's settings from the registry. */
 		if (o.ctx || o.slots || o.name || o.max_output || o.binary) {
-			fprintf(stderr, "toki service: --ctx, --slots, --name, --max-output and "
-			                "--llama-server are one model's: pass --model FILE|NAME, or "
-			                "set them in the registry for the endpoint\n");
+			fprintf(stderr,
+			        "toki service: --ctx, --slots, --name, --max-output and "
+			        "--llama-server are one model's: pass --model FILE|NAME, or "
+			        "set them in the registry for the endpoint\n");
 			registry_free(&reg);
 			return 2;
 		}
 		if (!have_reg || reg.n == 0) {
 			fprintf(stderr, "toki service: %s\n",
-			        have_reg ? "the registry has no models for the endpoint to serve: add "
-			                   "one with toki model pull, or pass --model FILE"
-			                 : rerr);
+			        have_reg
+			            ? "the registry has no models for the endpoint to serve: add "
+			              "one with toki model pull, or pass --model FILE"
+			            : rerr);
 			registry_free(&reg);
 			return 1;
 		}
@@ -164,18 +164,15 @@ static int install(int argc, char **argv)
 	args[a++] = self;
 	if (endpoint) {
 		args[a++] = "up";
-	} else if (is_file) {
+	} else {
+		/* A file, or a registered model's name: toki up --model takes both. */
 		args[a++] = "up";
 		args[a++] = "--model";
-		args[a++] = model;
+		args[a++] = is_file ? model : (char *)reg_name;
 		if (o.name) {
 			args[a++] = "--name";
 			args[a++] = (char *)o.name;
 		}
-	} else {
-		args[a++] = "model";
-		args[a++] = "use";
-		args[a++] = (char *)reg_name;
 	}
 	args[a++] = "--foreground";
 	if (o.ctx > 0) {
@@ -197,12 +194,12 @@ static int install(int argc, char **argv)
 		args[a++] = "--reuse";
 		args[a++] = (char *)o.mode;
 	}
-	if (is_file && o.max_output > 0) {
+	if (!endpoint && o.max_output > 0) {
 		snprintf(num[3], sizeof num[3], "%ld", o.max_output);
 		args[a++] = "--max-output";
 		args[a++] = num[3];
 	}
-	if (is_file && *binary) {
+	if (!endpoint && *binary) {
 		args[a++] = "--llama-server";
 		args[a++] = binary;
 	}

@@ -1,8 +1,11 @@
-/* toki up --model FILE: a raw GGUF, started like a registered model. */
+/* toki up: the endpoint for every registry model; toki up --model FILE|NAME:
+ * one model in its own run (a raw GGUF, or a registered model with the
+ * registry's settings under the options given). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmd/cmd.h"
 #include "model/launch.h"
@@ -15,7 +18,7 @@ static void usage(FILE *out)
 	fprintf(
 	    out,
 	    "usage: toki up [--port N] [--reuse MODE] [--foreground]\n"
-	    "       toki up --model FILE.gguf [options] [-- llama-server args]\n"
+	    "       toki up --model FILE.gguf|NAME [options] [-- llama-server args]\n"
 	    "\n"
 	    "Without --model: one endpoint for every model in the registry. Each model's\n"
 	    "llama-server starts on its first request (the \"model\" it names; none: the\n"
@@ -23,11 +26,15 @@ static void usage(FILE *out)
 	    "least recently used idle one stop, its slots saved for its return\n"
 	    "(TOKI_MAX_LOADED and the registry's max_loaded and ttl: keys cap them).\n"
 	    "\n"
-	    "Starts llama-server for the file with toki serve in front, in the background,\n"
+	    "With --model: that model in its own run, on its own port: llama-server for\n"
+	    "the file (or the registered model NAME, with its registry settings: path,\n"
+	    "ctx, max_output, binary, args; options given here win, and the arguments\n"
+	    "after -- come after its args) with toki serve in front, in the background,\n"
 	    "and waits until it answers. The context is the largest that fits this\n"
 	    "machine's memory (never above the model's training context).\n"
 	    "\n"
-	    "  --name N          the run's name (default: the file name without .gguf)\n"
+	    "  --name N          the run's name (default: NAME, or the file name without\n"
+	    "                    .gguf)\n"
 	    "  --ctx N           context per slot; refused, with the numbers, if it does not fit\n"
 	    "  --slots N         parallel slots (default 2)\n"
 	    "  --max-output N    cap on a request's output tokens\n"
@@ -41,7 +48,7 @@ static void usage(FILE *out)
 }
 
 /* toki up without --model: the endpoint for the registry (src/pool/). */
-static int up_endpoint(const struct launch_opts *o)
+int cmd_up_endpoint(const struct launch_opts *o)
 {
 	struct run_info ri;
 	if (run_get("endpoint", &ri) == 0) {
@@ -87,21 +94,10 @@ static int up_endpoint(const struct launch_opts *o)
 	return 0;
 }
 
-int cmd_up(int argc, char **argv)
+/* One model in its own run; registered: make it the active model. */
+static int up_model(const struct launch_opts *op, int registered)
 {
-	struct launch_opts o = {0};
-	int r = cmd_launch_options(argc, argv, 1, &o, usage);
-	if (r >= 0)
-		return r;
-	if (!o.model_path && optind == argc && !o.name && !o.ctx && !o.slots && !o.binary &&
-	    !o.max_output && o.port >= 0)
-		return up_endpoint(&o);
-	if (!o.model_path || o.ctx < 0 || o.slots < 0 || o.port < 0) {
-		usage(stderr);
-		return 2;
-	}
-	o.llama_args = argv + optind;
-	o.n_llama_args = argc - optind;
+	struct launch_opts o = *op;
 	char name[160];
 	if (!o.name) {
 		const char *base = strrchr(o.model_path, '/');
@@ -133,7 +129,72 @@ int cmd_up(int argc, char **argv)
 		fprintf(stderr, "toki up: %s\n", err);
 		return 1;
 	}
+	if (registered && registry_set_active(o.name, err, sizeof err) != 0)
+		fprintf(stderr, "toki up: warning: %s\n", err);
 	printf("%s is up: %s/v1 (OpenAI), %s/anthropic (Anthropic); stop it with toki down %s\n",
 	       o.name, endpoint, endpoint, o.name);
 	return 0;
+}
+
+int cmd_up(int argc, char **argv)
+{
+	struct launch_opts o = {0};
+	int r = cmd_launch_options(argc, argv, 1, &o, usage);
+	if (r >= 0)
+		return r;
+	if (!o.model_path && optind == argc && !o.name && !o.ctx && !o.slots && !o.binary &&
+	    !o.max_output && o.port >= 0)
+		return cmd_up_endpoint(&o);
+	if (!o.model_path || o.ctx < 0 || o.slots < 0 || o.port < 0) {
+		usage(stderr);
+		return 2;
+	}
+	o.llama_args = argv + optind;
+	o.n_llama_args = argc - optind;
+	/* A registered model's name (not a file here): its registry settings,
+	 * under the options given, its args before the ones after --. */
+	struct registry reg = {0};
+	char **args = NULL;
+	const struct registry_model *rm = NULL;
+	char err[1024];
+	if (!strchr(o.model_path, '/') && access(o.model_path, F_OK) != 0) {
+		if (registry_load(&reg, err, sizeof err) != 0) {
+			fprintf(stderr, "toki up: %s\n", err);
+			return 1;
+		}
+		rm = registry_find(&reg, o.model_path);
+		if (!rm) {
+			fprintf(stderr,
+			        "toki up: %s is neither a file nor a registered model (toki model "
+			        "list shows them)\n",
+			        o.model_path);
+			registry_free(&reg);
+			return 1;
+		}
+		args = calloc((size_t)(rm->n_args + o.n_llama_args) + 1, sizeof *args);
+		if (!args) {
+			fprintf(stderr, "toki up: out of memory\n");
+			registry_free(&reg);
+			return 1;
+		}
+		for (int i = 0; i < rm->n_args; i++)
+			args[i] = rm->args[i];
+		for (int i = 0; i < o.n_llama_args; i++)
+			args[rm->n_args + i] = o.llama_args[i];
+		o.llama_args = args;
+		o.n_llama_args += rm->n_args;
+		if (!o.name)
+			o.name = rm->name;
+		o.model_path = rm->path;
+		if (!o.ctx)
+			o.ctx = rm->ctx;
+		if (!o.max_output)
+			o.max_output = rm->max_output;
+		if (!o.binary)
+			o.binary = rm->binary;
+	}
+	int rc = up_model(&o, rm != NULL);
+	free(args);
+	registry_free(&reg);
+	return rc;
 }

@@ -66,6 +66,11 @@ int cmd_parse_options(int argc, char **argv, const struct cmd_opt *opts, void (*
  * --llama-server. Returns as cmd_parse_options. */
 struct launch_opts;
 int cmd_launch_options(int argc, char **argv, int up, struct launch_opts *o, void (*usage)(FILE *));
+/* Starts the endpoint for the registry (toki up without --model) with o's
+ * --port, --reuse, --foreground, --max-body-mb, --client-timeout and --wait,
+ * and says where it is: 0 (also when it already runs), or 1 after saying
+ * why not. */
+int cmd_up_endpoint(const struct launch_opts *o);
 
 /* `toki model <sub>`: one file each (cmd-model-<sub>.c). */
 int cmd_model_install_llama(int argc, char **argv);

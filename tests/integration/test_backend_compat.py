@@ -545,7 +545,7 @@ class NoJinja(unittest.TestCase):
 
 
 class Managed(unittest.TestCase):
-    """Items 2 and 12 in managed runs: `toki model use` and `toki up`."""
+    """Items 2 and 12 in managed runs: `toki up --model NAME|FILE`."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="toki-compat-")
@@ -572,7 +572,7 @@ class Managed(unittest.TestCase):
                     "    args: [\"--override-kv\", \"llama.context_length=int:65536\"]\n"
                     % self.model)
         port = th.free_port()
-        r = self.toki("model", "use", "tiny", "--port", str(port), "--slots", "1",
+        r = self.toki("up", "--model", "tiny", "--port", str(port), "--slots", "1",
                       "--wait", "60")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("context 8192 tokens per slot", r.stderr)

@@ -1,9 +1,10 @@
 """scripts/demo.sh as a newcomer runs it, on the toki under test (TOKI_BIN:
-no install, no build) and the provisioned llama-server: exact mode, the
-default, cold (the whole prompt evaluated), hot (only the few tokens after
-the cached part), uncached (cache_prompt: false), the hot answer equal to
-the uncached one in text and every logprob, the self-test's verdict; then
-fast mode, labelled as promising no identity."""
+no install, no build) and the provisioned llama-server, through the endpoint
+(`toki model use demo`): exact mode, the default, cold (the whole prompt
+evaluated), hot (only the few tokens after the cached part), uncached
+(cache_prompt: false), the hot answer equal to the uncached one in text and
+every logprob, the self-test's verdict; the second registry model started by
+its first request; then fast mode, labelled as promising no identity."""
 import os
 import re
 import subprocess
@@ -31,9 +32,10 @@ def rows(text):
 class Demo(unittest.TestCase):
     def test_demo(self):
         cache = os.path.join(th.WORK_DIR, "demo-cache")  # the demo model stays between runs
-        state = os.path.join(th.WORK_DIR, f"demo-state-{os.getpid()}")
+        # The demo keeps its state under the cache (whatever TOKI_STATE_DIR
+        # says), so that it never meets a toki the user runs.
         env = dict(os.environ, TOKI_BIN=th.TOKI_BIN, TOKI_LLAMA_SERVER=th.llama_server_path(),
-                   XDG_CACHE_HOME=cache, TOKI_STATE_DIR=state,
+                   XDG_CACHE_HOME=cache, TOKI_STATE_DIR="/nonexistent/not-the-demo's",
                    TOKI_DEMO_PORT=str(th.free_port()))
         r = subprocess.run(["bash", os.path.join(th.SOURCE_DIR, "scripts", "demo.sh")], env=env,
                            capture_output=True, text=True, timeout=600)
@@ -54,6 +56,12 @@ class Demo(unittest.TestCase):
         self.assertIn("exact: verified on this backend", out)
         self.assertIn("fast mode (--reuse fast): every matching token reused, no identity "
                       "promised", out)
+        # One endpoint for both models: the second was not running, and its
+        # first request started it beside the first.
+        self.assertRegex(out, r"/v1/models before asking for demo-small:\n"
+                              r"  demo +loaded +context 16384\n"
+                              r"  demo-small +unloaded")
+        self.assertRegex(out, r"/v1/models after:\n  demo +loaded .*\n  demo-small +loaded")
         n_fast, ev, ca = t[("fast", "hot")]
         self.assertEqual(n_fast, n)
         self.assertLessEqual(ev, 1 + 32)
@@ -61,6 +69,9 @@ class Demo(unittest.TestCase):
         ps = subprocess.run(["pgrep", "-f", "--", f"--port {env['TOKI_DEMO_PORT']}"],
                             capture_output=True, text=True)
         self.assertEqual(ps.stdout.strip(), "", "the demo left toki running")
+        ps = subprocess.run(["pgrep", "-f", "--", os.path.join(cache, "tokirecur", "demo")],
+                            capture_output=True, text=True)
+        self.assertEqual(ps.stdout.strip(), "", "the demo left a llama-server running")
 
 
 if __name__ == "__main__":

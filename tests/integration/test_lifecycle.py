@@ -1,7 +1,9 @@
-"""The model lifecycle as a user runs it: a registered model is started with
-`toki model use`, answers through the cache, shows in `toki status` and
-`toki model list`, refuses removal while running, and stops with `toki down`.
-Contexts that do not fit are refused with the numbers."""
+"""The model lifecycle as a user runs it: a registered model is started in
+its own run with `toki up --model NAME`, answers through the cache, shows in
+`toki status` and `toki model list`, refuses removal while running, and stops
+with `toki down`; `toki model use NAME` loads it into the endpoint, starting
+the endpoint when none runs. Contexts that do not fit are refused with the
+numbers."""
 import json
 import os
 import select
@@ -43,7 +45,7 @@ class Lifecycle(unittest.TestCase):
 
     def test_use_request_status_remove_down(self):
         port = th.free_port()
-        r = self.toki("model", "use", "tiny", "--port", str(port))
+        r = self.toki("up", "--model", "tiny", "--port", str(port))
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(f"http://127.0.0.1:{port}/v1", r.stdout)
         self.assertIn("context 1024 tokens per slot", r.stderr)
@@ -128,9 +130,14 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("running", r.stderr)
 
-        # Starting it twice does not start a second one.
-        r = self.toki("model", "use", "tiny", "--port", str(port))
-        self.assertIn("already runs", r.stdout)
+        # Starting it twice does not start a second one, nor does toki model
+        # use (which would start the endpoint) while it runs on its own.
+        r = self.toki("model", "use", "tiny", "--port", str(th.free_port()))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("tiny already runs as its own run: http://127.0.0.1:%d/v1" % port,
+                      r.stdout)
+        self.assertEqual([x["name"] for x in json.loads(self.toki("status", "--json").stdout)],
+                         ["tiny"])
 
         r = self.toki("down", "tiny")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -170,20 +177,63 @@ class Lifecycle(unittest.TestCase):
         holder.listen(1)
         port = holder.getsockname()[1]
         try:
-            r = self.toki("model", "use", "tiny", "--port", str(port))
+            r = self.toki("up", "--model", "tiny", "--port", str(port))
+            # The same for the endpoint toki model use would start.
+            use = self.toki("model", "use", "tiny", "--port", str(port))
         finally:
             holder.close()
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn(f"port {port} is in use; pass --port", r.stderr)
         self.assertNotIn("context", r.stderr, "the model was sized and started anyway")
+        self.assertEqual(use.returncode, 1, use.stdout + use.stderr)
+        self.assertIn(f"port {port} is in use; pass --port", use.stderr)
         self.assertEqual(self.processes_with(self.model), [])
         self.assertIn("nothing is running", self.toki("status").stdout)
         # A port held by one of toki's runs names that run.
         port = th.free_port()
-        self.assertEqual(self.toki("model", "use", "tiny", "--port", str(port)).returncode, 0)
+        self.assertEqual(self.toki("up", "--model", "tiny", "--port", str(port)).returncode, 0)
         r = self.toki("up", "--model", self.model, "--name", "other", "--port", str(port))
         self.assertEqual(r.returncode, 1)
         self.assertIn(f"port {port} is in use by the run 'tiny'", r.stderr)
+
+    def test_use_starts_the_endpoint(self):
+        # No endpoint runs: toki model use starts one and loads the model
+        # into it, the active model; a second model use of it answers at
+        # once; a model that cannot load stops the endpoint the use started.
+        port = th.free_port()
+        r = self.toki("model", "use", "tiny", "--port", str(port))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"the endpoint is up for 1 registry model: http://127.0.0.1:{port}/v1",
+                      r.stdout)
+        self.assertIn("tiny is loaded in the endpoint (context 1024)", r.stdout)
+        runs = [x["name"] for x in json.loads(self.toki("status", "--json").stdout)]
+        self.assertIn("endpoint", runs)
+        auth = {"Authorization": "Bearer " + self.token()}
+        st, models = th.request(port, "GET", "/v1/models", headers=auth, auth=False)
+        self.assertEqual(st, 200, models)
+        tiny = [m for m in models["data"] if m["id"] == "tiny"][0]
+        self.assertEqual((tiny["state"], tiny["active"]), ("loaded", True))
+        self.assertIn("* tiny", self.toki("model", "list").stdout)
+        r = self.toki("model", "use", "tiny")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("tiny is loaded in the endpoint", r.stdout)
+        # One load's own context would change the model under its saved
+        # states: refused, with the command that does it.
+        r = self.toki("model", "use", "tiny", "--ctx", "512")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("toki up --model tiny --ctx N", r.stderr)
+        self.assertEqual(self.toki("down").returncode, 0)
+        self.assertEqual(self.processes_with(self.model), [])
+
+        bad = os.path.join(self.tmp, "bad.gguf")
+        with open(bad, "wb") as f:
+            f.write(b"GGUF" + b"\0" * 64)
+        with open(self.env["TOKI_MODEL_REGISTRY"], "a") as f:
+            f.write("  bad:\n    path: %s\n" % bad)
+        r = self.toki("model", "use", "bad", "--port", str(port))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("toki model use: ", r.stderr)
+        self.assertIn("nothing is running", self.toki("status").stdout)
 
     def test_start_that_times_out_leaves_nothing_running(self):
         # A llama-server that never answers: the start gives up after --wait

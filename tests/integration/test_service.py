@@ -131,9 +131,9 @@ class Service(unittest.TestCase):
         self.assertEqual(self.exec_start(self.unit())[1:], ["up", "--foreground"])
         self.assertEqual(self.exec_start(self.unit("--port", "9", "--reuse", "fast"))[1:],
                          ["up", "--foreground", "--port", "9", "--reuse", "fast"])
-        # A registered model's name: that model alone, through toki model use.
+        # A registered model's name: that model in its own run, through toki up.
         self.assertEqual(self.exec_start(self.unit("--model", "tiny", "--port", "9"))[1:],
-                         ["model", "use", "tiny", "--foreground", "--port", "9"])
+                         ["up", "--model", "tiny", "--foreground", "--port", "9"])
         r = self.toki("service", "install", "--print", "--model", "nosuch")
         self.assertEqual(r.returncode, 1)
         self.assertIn("neither a file nor a registered model", r.stderr)
