@@ -585,7 +585,9 @@ static void discovered(struct backend *b)
 	b->last_failure[0] = '\0'; /* a later failure is news again */
 	log_info("backend %s up: %s, %d slots of %d tokens, build %s", b->rb->url, b->model_id,
 	         b->rb->n_slots, b->rb->n_ctx_slot, b->build_info);
-	if (t->state == SELFTEST_VERIFIED || t->state == SELFTEST_UNKNOWN)
+	if (t->kept)
+		log_info("backend %s: exact: %s", b->rb->url, verdict);
+	else if (t->state == SELFTEST_VERIFIED || t->state == SELFTEST_UNKNOWN)
 		log_info("backend %s: exact: %s (self-test, %.1f s)", b->rb->url, verdict,
 		         t->seconds);
 	else if (t->state == SELFTEST_FAILED && !t->shared_kv)

@@ -1,15 +1,22 @@
 #include "backend/selftest.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <openssl/sha.h>
 
 #include "backend/backend.h"
 #include "backend/supervise.h"
 #include "daemon.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/paths.h"
+#include "platform/platform.h"
 #include "util/json_body.h"
 
 /* Step lengths 99, 77, 85 and 9: each of the first three is one
@@ -74,8 +81,9 @@ void selftest_verdict(const struct selftest *t, char *out, size_t n)
 	const char *remedy = t->remedy ? t->remedy : "";
 	switch (t->state) {
 	case SELFTEST_VERIFIED:
-		snprintf(out, n, "verified on this backend%s%s%s", with, remedy,
-		         t->shared_kv ? ", on its first slot (its slots share one KV cache)" : "");
+		snprintf(out, n, "verified on this backend%s%s%s%s", with, remedy,
+		         t->shared_kv ? ", on its first slot (its slots share one KV cache)" : "",
+		         t->kept ? " (at an earlier start of the same server)" : "");
 		break;
 	case SELFTEST_FAILED:
 		snprintf(out, n, "not verified on this backend%s%s: %s", with, remedy, t->detail);
@@ -253,6 +261,114 @@ enum {
 static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---- verdicts kept across restarts of a server toki manages ----
+ *
+ * The test costs about 1,100 tokens of prompt at every start: next to
+ * nothing on a GPU, seconds for a large model on a CPU, and the endpoint
+ * (src/pool/) starts a model's server again at every swap. The verdict is
+ * the server's: its binary, its arguments and environment, its model file,
+ * its slots, the machine's drivers. So a server toki manages keeps a
+ * "verified" in $TOKI_STATE_DIR/selftest-verdicts.json under a key made of
+ * exactly those (the binary's size and mtime, the build it reports, the
+ * model file's path, size and mtime, the boot of the machine: a driver
+ * update takes a reboot), and a start with the same key takes it instead
+ * of testing again. Anything but "verified" is never kept: a failure or an
+ * unknown is asked again at every start. A server toki does not manage is
+ * always tested: toki cannot know what it runs. */
+
+enum { VERDICTS_KEEP = 64 };
+#define VERDICTS_FILE "selftest-verdicts.json"
+
+/* The key of b's server, as 64 hex digits; -1 when it has none (not
+ * managed, or what it runs cannot be read). */
+static int verdict_key(struct backend *b, char out[65])
+{
+	char boot[128];
+	struct stat st;
+	if (!b->managed || !b->model_path || plat_boot_id(boot, sizeof boot) != 0 ||
+	    stat(b->model_path, &st) != 0)
+		return -1;
+	json_t *server = supervisor_describe(b->managed);
+	json_t *k = json_pack("{s:o*, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:s, s:s, s:i}", "server",
+	                      server, "build", b->build_info ? b->build_info : "?", "model",
+	                      b->model_path, "model_size", (json_int_t)st.st_size, "model_mtime",
+	                      (json_int_t)st.st_mtime, "n_slots", b->rb->n_slots, "n_ctx_slot",
+	                      b->rb->n_ctx_slot, "n_ubatch", b->rb->n_ubatch, "kv_settings",
+	                      b->d->cfg.kv_settings ? b->d->cfg.kv_settings : "", "boot", boot,
+	                      "test", SELFTEST_TOKENS);
+	char *text = k ? json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	json_decref(k);
+	if (!text)
+		return -1;
+	unsigned char dig[SHA256_DIGEST_LENGTH];
+	SHA256((const unsigned char *)text, strlen(text), dig);
+	free(text);
+	for (int i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", dig[i]);
+	return 0;
+}
+
+static json_t *verdicts_load(char *path, size_t n)
+{
+	if (paths_state_sub(path, n, VERDICTS_FILE) != 0)
+		return NULL;
+	json_t *all = json_load_file(path, 0, NULL);
+	if (!json_is_object(all)) {
+		json_decref(all);
+		all = json_object();
+	}
+	return all;
+}
+
+/* A kept verdict for b: 1 (t->shared_kv set as it was), else 0. */
+static int verdict_lookup(struct backend *b, const char *key)
+{
+	char path[4096];
+	json_t *all = verdicts_load(path, sizeof path);
+	json_t *e = json_object_get(all, key);
+	int found = json_is_true(json_object_get(e, "verified"));
+	if (found)
+		b->selftest.shared_kv = json_is_true(json_object_get(e, "shared_kv"));
+	json_decref(all);
+	return found;
+}
+
+/* Keeps b's "verified" (best effort: a lost write costs one test). The
+ * file keeps the VERDICTS_KEEP newest. */
+static void verdict_record(struct backend *b, const char *key)
+{
+	char path[4096], dir[4096];
+	json_t *all = verdicts_load(path, sizeof path);
+	if (!all || paths_state_dir(dir, sizeof dir) != 0 || paths_mkdir_p(dir, 0700) != 0) {
+		json_decref(all);
+		return;
+	}
+	json_object_set_new(all, key,
+	                    json_pack("{s:b, s:b, s:I}", "verified", 1, "shared_kv",
+	                              b->selftest.shared_kv, "at", (json_int_t)time(NULL)));
+	while (json_object_size(all) > VERDICTS_KEEP) {
+		const char *oldest = NULL, *k;
+		json_int_t at = INT64_MAX;
+		json_t *v;
+		json_object_foreach(all, k, v)
+		{
+			json_int_t a = json_integer_value(json_object_get(v, "at"));
+			if (a < at) {
+				at = a;
+				oldest = k;
+			}
+		}
+		if (!oldest)
+			break;
+		json_object_del(all, oldest);
+	}
+	char *text = json_dumps(all, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(all);
+	if (text && plat_replace_file(path, text, strlen(text), 0600) != 0)
+		log_warn("cannot keep the self-test's verdict in %s", path);
+	free(text);
+}
+
 static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
 {
 	struct selftest *t = &b->selftest;
@@ -262,6 +378,9 @@ static void finish(struct backend *b, enum selftest_state state, const char *fmt
 	vsnprintf(t->detail, sizeof t->detail, fmt, ap);
 	va_end(ap);
 	t->seconds = (double)(clock_now_us() - t->t0_us) / 1e6;
+	char key[65];
+	if (state == SELFTEST_VERIFIED && !t->kept && verdict_key(b, key) == 0)
+		verdict_record(b, key);
 	selftest_clear(t);
 	t->done(b);
 }
@@ -509,6 +628,7 @@ void selftest_start(struct backend *b, void (*done)(struct backend *b))
 	struct selftest *t = &b->selftest;
 	selftest_clear(t);
 	t->shared_kv = 0;
+	t->kept = 0;
 	t->done = done;
 	t->t0_us = clock_now_us();
 	if (!reuse_mode_is_exact(b->d->router->mode)) {
@@ -519,6 +639,14 @@ void selftest_start(struct backend *b, void (*done)(struct backend *b))
 	if (b->rb->n_ctx_slot < SELFTEST_TOKENS + 8) {
 		finish(b, SELFTEST_UNKNOWN, "its slots hold %d tokens, the test needs %d",
 		       b->rb->n_ctx_slot, SELFTEST_TOKENS + 8);
+		return;
+	}
+	char key[65];
+	if (verdict_key(b, key) == 0 && verdict_lookup(b, key)) {
+		t->kept = 1;
+		finish(b, SELFTEST_VERIFIED,
+		       "verified at an earlier start of this server (the same binary, build, "
+		       "arguments, model, slots and boot)");
 		return;
 	}
 	t->state = SELFTEST_RUNNING;

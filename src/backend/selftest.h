@@ -12,7 +12,9 @@
  * 300 other tokens and the same prompt in the same steps. The two answers
  * must be the same bits. Every step's cache_n is checked, so that a server
  * that reused something else (its RAM cache) makes the test say "unknown",
- * never "verified". About 1,100 tokens on the server, once a start. A
+ * never "verified". About 1,100 tokens on the server, once a start (a
+ * server toki manages keeps a "verified" across its restarts: selftest.c,
+ * "verdicts kept across restarts"). A
  * server that serves embeddings gets no prompt (one crashes on it).
  *
  * Where the two runs have slots of their own, a tiny prompt replaces the
@@ -60,6 +62,9 @@ struct selftest {
 	const char *remedy;
 	int remedy_tried;
 	double seconds; /* how long the last run took */
+	/* The verdict is one kept from an earlier start of the same server
+	 * (selftest.c, "verdicts kept across restarts"), not tested now. */
+	int kept;
 	/* Runs 2 and 3 found that the slots share one KV cache: verified on
 	 * the first slot where the others were erased, failed where the server
 	 * cannot erase them. */

@@ -1,11 +1,13 @@
 #include "backend/supervise.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -198,6 +200,24 @@ int supervisor_restart_with(struct supervisor *s, const char *env, char *err, si
 	supervisor_stop(s, 10);
 	s->stopping = 0;
 	return spawn(s, err, errlen);
+}
+
+json_t *supervisor_describe(const struct supervisor *s)
+{
+	json_t *argv = json_array(), *env = json_array();
+	/* The port it listens on is picked at each start and says nothing
+	 * of its answers. */
+	for (int i = 0; argv && s->argv[i]; i++)
+		json_array_append_new(
+		    argv,
+		    json_string(i > 0 && !strcmp(s->argv[i - 1], "--port") ? "*" : s->argv[i]));
+	for (int i = 0; env && s->env_extra && s->env_extra[i]; i++)
+		json_array_append_new(env, json_string(s->env_extra[i]));
+	struct stat st;
+	int have = stat(s->argv[0], &st) == 0;
+	return json_pack("{s:o*, s:o*, s:I, s:I}", "argv", argv, "env", env, "size",
+	                 (json_int_t)(have ? st.st_size : -1), "mtime",
+	                 (json_int_t)(have ? st.st_mtime : -1));
 }
 
 int supervisor_devices_mention(const struct supervisor *s, const char *text)

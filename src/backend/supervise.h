@@ -27,6 +27,12 @@ int supervisor_restart_with(struct supervisor *s, const char *env, char *err, si
 /* Whether the binary's device list (llama-server --list-devices, run now
  * with the child's environment) names text. */
 int supervisor_devices_mention(const struct supervisor *s, const char *text);
+/* What the child runs, as a JSON object (a new reference, or NULL when out
+ * of memory): its argv (the value of --port left out: it is picked at each
+ * start), its added environment, and its binary's size and mtime. What a verdict about this server,
+ * kept across its restarts, is keyed by (selftest.c). */
+struct json_t;
+struct json_t *supervisor_describe(const struct supervisor *s);
 pid_t supervisor_pid(const struct supervisor *s);
 int supervisor_restarts(const struct supervisor *s);
 

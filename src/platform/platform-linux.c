@@ -48,6 +48,19 @@ static int read_small(const char *path, char *buf, size_t n)
 	return 0;
 }
 
+int plat_boot_id(char *out, size_t n)
+{
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+	if (!f)
+		return -1;
+	int ok = fgets(out, (int)n, f) != NULL;
+	fclose(f);
+	if (!ok)
+		return -1;
+	out[strcspn(out, "\n")] = '\0';
+	return *out ? 0 : -1;
+}
+
 int plat_mem_read(struct plat_mem *m)
 {
 	char buf[16384];

@@ -35,6 +35,11 @@ const char *plat_os_name(void);
 /* The running executable's absolute path. */
 int plat_self_exe(char *out, size_t n);
 
+/* A string that names this boot of the machine and changes at the next
+ * (Linux's boot_id; the BSDs' and macOS's kern.boottime): what a verdict
+ * about the drivers, kept across restarts of toki, is tied to. 0, or -1. */
+int plat_boot_id(char *out, size_t n);
+
 /* RAM in bytes: the total, and what a new program can take without
  * swapping (Linux's MemAvailable; macOS's free + inactive + purgeable +
  * speculative pages; FreeBSD's free + inactive + cache). */

@@ -168,6 +168,37 @@ class Lifecycle(unittest.TestCase):
                 found.append((int(pid), cmd))
         return found
 
+    def test_selftest_verdict_kept_across_starts(self):
+        # Exact mode's self-test runs at a server's first start; the same
+        # server started again (a swap, a restart) takes the verdict kept
+        # then, and a changed server (here its model file's mtime) is
+        # tested again, as is one whose kept verdicts do not parse.
+        log = os.path.join(self.env["TOKI_STATE_DIR"], "run", "tiny", "serve.log")
+        verdicts = os.path.join(self.env["TOKI_STATE_DIR"], "selftest-verdicts.json")
+
+        def start():
+            at = os.path.getsize(log) if os.path.exists(log) else 0
+            r = self.toki("up", "--model", "tiny", "--port", str(th.free_port()))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(self.toki("down", "tiny").returncode, 0)
+            with open(log) as f:
+                f.seek(at)
+                lines = [l for l in f.read().splitlines() if ": exact: " in l]
+            self.assertEqual(len(lines), 1, lines)
+            return lines[0]
+
+        self.assertIn("exact: verified on this backend (self-test, ", start())
+        self.assertTrue(json.load(open(verdicts)))
+        self.assertTrue(start().endswith(
+            "exact: verified on this backend (at an earlier start of the same server)"))
+        st = os.stat(self.model)
+        os.utime(self.model, (st.st_atime, st.st_mtime + 10))
+        self.assertIn("(self-test, ", start())
+        with open(verdicts, "w") as f:
+            f.write("{not json")
+        self.assertIn("(self-test, ", start())
+        self.assertTrue(json.load(open(verdicts)))  # written whole again
+
     def test_taken_port_is_refused_before_the_model_loads(self):
         # Another program holds the port: the start is refused with why, and
         # nothing was started (before, toki serve failed after starting
