@@ -19,7 +19,8 @@
 #                                           real agent CLIs, test_launch_agents and
 #                                           test_agent_configs: minutes of node, and the
 #                                           routes they drive are test_api_routes' and
-#                                           test_sdks', which run here)
+#                                           test_sdks', which run here; and
+#                                           test_vulkan_identity, test_endpoint_arch)
 #   TOKI_ASAN_BUILD_DIR=dir                   build directory (default build-asan)
 #   TOKI_GEN_BIN=toki                         the toki that writes the test models
 #                                           (default: the plain build's, TOKI_BUILD_DIR)
@@ -66,7 +67,9 @@ label=${TOKI_TEST_LABEL:-}
 only=${TOKI_SANITIZE_TESTS:-}
 # test_vulkan_identity: exact mode's C paths on another backend, which the
 # CPU identity tests cover (test_vulkan keeps the self-test's own paths).
-skip=${TOKI_SANITIZE_SKIP-test_launch_agents|test_agent_configs|test_vulkan_identity}
+# test_endpoint_arch: the endpoint's swaps (test_endpoint's paths) on model
+# kinds whose restores test_architectures runs here.
+skip=${TOKI_SANITIZE_SKIP-test_launch_agents|test_agent_configs|test_vulkan_identity|test_endpoint_arch}
 failed=()
 t0=$(date +%s)
 
