@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #if defined(__APPLE__) || defined(__FreeBSD__)
 #include <sys/sysctl.h>
+#include <sys/time.h>
 #endif
 #include <unistd.h>
 
@@ -284,5 +285,18 @@ int plat_sysctl_u64(const char *name, uint64_t *v)
 		return -1;
 	}
 	return 0;
+}
+
+/* Both keep the time of the boot under kern.boottime. */
+int plat_boot_id(char *out, size_t n)
+{
+	struct timeval tv;
+	size_t len = sizeof tv;
+	if (sysctlbyname("kern.boottime", &tv, &len, NULL, 0) != 0 || len != sizeof tv)
+		return -1;
+	return (size_t)snprintf(out, n, "boottime:%lld.%06ld", (long long)tv.tv_sec,
+	                        (long)tv.tv_usec) < n
+	           ? 0
+	           : -1;
 }
 #endif

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <sys/proc_info.h>
 #include <sys/sysctl.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "platform/os.h"
@@ -42,18 +41,6 @@ int plat_self_exe(char *out, size_t n)
 		return -1;
 	}
 	return 0;
-}
-
-int plat_boot_id(char *out, size_t n)
-{
-	struct timeval tv;
-	size_t len = sizeof tv;
-	if (sysctlbyname("kern.boottime", &tv, &len, NULL, 0) != 0 || len != sizeof tv)
-		return -1;
-	return (size_t)snprintf(out, n, "boottime:%lld.%06ld", (long long)tv.tv_sec,
-	                        (long)tv.tv_usec) < n
-	           ? 0
-	           : -1;
 }
 
 int plat_mem_read(struct plat_mem *m)

@@ -2,7 +2,6 @@
  * docs/platforms.md says what was checked where. */
 #include <sys/types.h>
 #include <sys/sysctl.h>
-#include <sys/time.h>
 #include <sys/user.h>
 
 #include <errno.h>
@@ -26,18 +25,6 @@ int plat_self_exe(char *out, size_t n)
 	if (sysctl(mib, 4, out, &len, NULL, 0) != 0)
 		return -1;
 	return 0;
-}
-
-int plat_boot_id(char *out, size_t n)
-{
-	struct timeval tv;
-	size_t len = sizeof tv;
-	if (sysctlbyname("kern.boottime", &tv, &len, NULL, 0) != 0 || len != sizeof tv)
-		return -1;
-	return (size_t)snprintf(out, n, "boottime:%lld.%06ld", (long long)tv.tv_sec,
-	                        (long)tv.tv_usec) < n
-	           ? 0
-	           : -1;
 }
 
 int plat_mem_read(struct plat_mem *m)
