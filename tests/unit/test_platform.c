@@ -435,6 +435,13 @@ static void test_machine(void **state)
 	assert_string_equal(base, "test_platform");
 	assert_int_equal(plat_self_exe(exe, 4), -1); /* does not fit */
 
+	/* This boot's name: the same when asked again, never empty. */
+	char boot[128], again[128];
+	assert_int_equal(plat_boot_id(boot, sizeof boot), 0);
+	assert_true(strlen(boot) >= 8);
+	assert_int_equal(plat_boot_id(again, sizeof again), 0);
+	assert_string_equal(boot, again);
+
 	struct plat_mem m;
 	assert_int_equal(plat_mem_read(&m), 0);
 	assert_true(m.total > 64 * MiB);
