@@ -1,4 +1,4 @@
-/* toki launch [<agent>] [--model RUN] [--config] [-- <agent args>]: a coding
+/* toki launch [<agent>] [--model RUN] [--small MODEL] [--config] [-- <agent args>]: a coding
  * agent pinned to the local model. The agents, and how each is pinned, are
  * the table in src/launch/agents.c. */
 #include <errno.h>
@@ -38,7 +38,8 @@ static void usage(FILE *out)
 {
 	fprintf(
 	    out,
-	    "usage: toki launch [<agent>] [--model RUN] [--config] [-- <agent args>]\n"
+	    "usage: toki launch [<agent>] [--model RUN] [--small MODEL] [--config]\n"
+	    "                   [-- <agent args>]\n"
 	    "\n"
 	    "Starts a coding agent pinned to the local model: the running model (the active\n"
 	    "one, or the only run), or the run named by --model. Each agent is pointed at\n"
@@ -48,6 +49,10 @@ static void usage(FILE *out)
 	    "is installed.\n"
 	    "\n"
 	    "  --model RUN   pin to this run (toki status lists them)\n"
+	    "  --small MODEL point the agent's background/small/fast model at another\n"
+	    "                registry model, through the same endpoint (toki up without\n"
+	    "                --model): Claude Code, Codex (its profile 'small': codex\n"
+	    "                --profile small), OpenCode, Qwen Code, MiMo Code, Kilo Code, OMP\n"
 	    "  --config      write the configuration and print where and how to use it,\n"
 	    "                without starting the agent\n"
 	    "  -- ARGS       passed to the agent after the arguments toki adds\n"
@@ -133,7 +138,7 @@ static void print_config(const struct agent_def *a, const struct agent_plan *pla
 
 int cmd_launch(int argc, char **argv)
 {
-	const char *agent_name = NULL, *run = NULL;
+	const char *agent_name = NULL, *run = NULL, *small = NULL;
 	int config_only = 0;
 	char **user_args = NULL;
 	size_t n_user = 0;
@@ -152,6 +157,10 @@ int cmd_launch(int argc, char **argv)
 			run = argv[++i];
 		} else if (!strncmp(s, "--model=", 8)) {
 			run = s + 8;
+		} else if (!strcmp(s, "--small") && i + 1 < argc) {
+			small = argv[++i];
+		} else if (!strncmp(s, "--small=", 8)) {
+			small = s + 8;
 		} else if (s[0] != '-' && !agent_name) {
 			agent_name = s;
 		} else {
@@ -161,7 +170,7 @@ int cmd_launch(int argc, char **argv)
 		}
 	}
 	if (!agent_name) {
-		if (run || config_only || n_user) {
+		if (run || small || config_only || n_user) {
 			fprintf(stderr, "toki launch: name the agent (toki launch lists them)\n");
 			return 2;
 		}
@@ -170,6 +179,18 @@ int cmd_launch(int argc, char **argv)
 	const struct agent_def *a = agents_find(agent_name);
 	if (!a) {
 		fprintf(stderr, "toki launch: no agent '%s'; toki launch lists them\n", agent_name);
+		return 2;
+	}
+	if (small && (!*small || !a->small_setting)) {
+		char names[256];
+		agents_small_names(names, sizeof names);
+		if (!*small)
+			fprintf(stderr, "toki launch: --small needs a registry model's name\n");
+		else
+			fprintf(stderr,
+			        "toki launch: %s has no setting for a second model, so --small "
+			        "cannot pin one; agents that take --small: %s (docs/agents.md)\n",
+			        a->display, names);
 		return 2;
 	}
 	char *bin_path = NULL;
@@ -209,6 +230,15 @@ int cmd_launch(int argc, char **argv)
 		free(bin_path);
 		return 1;
 	}
+	char *small_id = NULL;
+	if (small && agents_fetch_small(endpoint, small, &small_id, &t.small_context_length,
+	                                &t.small_max_output, err, sizeof err) != 0) {
+		fprintf(stderr, "toki launch: %s\n", err);
+		free(model_id);
+		free(bin_path);
+		return 1;
+	}
+	t.small_model_id = small_id;
 	int have_self = plat_self_exe(self, sizeof self) == 0;
 	t.endpoint = endpoint;
 	/* The run's name is the model id agents are given: it is what a run
@@ -228,6 +258,7 @@ int cmd_launch(int argc, char **argv)
 	struct agent_plan plan;
 	if (agents_build(a, &t, user_args, n_user, &plan, err, sizeof err) != 0) {
 		fprintf(stderr, "toki launch: %s\n", err);
+		free(small_id);
 		free(model_id);
 		free(bin_path);
 		return 1;
@@ -244,7 +275,8 @@ int cmd_launch(int argc, char **argv)
 		if (!av || !ev) {
 			fprintf(stderr, "toki launch: out of memory\n");
 		} else {
-			fprintf(stderr, "toki launch: %s on %s (%s)\n", a->display, run_name,
+			fprintf(stderr, "toki launch: %s on %s%s%s (%s)\n", a->display, run_name,
+			        small_id ? ", small model " : "", small_id ? small_id : "",
 			        endpoint);
 			fflush(NULL);
 			execve(path, av, ev);
@@ -255,6 +287,7 @@ int cmd_launch(int argc, char **argv)
 		rc = 1;
 	}
 	agent_plan_free(&plan);
+	free(small_id);
 	free(model_id);
 	free(bin_path);
 	return rc;

@@ -433,30 +433,44 @@ static void json_limits(json_t *model, const struct agent_target *t)
  * reads: an @ai-sdk/openai-compatible provider "toki" with one model. With
  * timeout_ms, the provider's headerTimeout and chunkTimeout (OpenCode's
  * defaults: 300000 each, which a long prefill on a CPU outlasts). */
+/* One model of an OpenCode provider: its name and, when both are known,
+ * its limits. */
+static json_t *opencode_model(const char *id, long ctx, long out)
+{
+	json_t *model = json_pack("{s:s}", "name", id);
+	if (model && ctx > 0 && out > 0)
+		json_object_set_new(
+		    model, "limit",
+		    json_pack("{s:I, s:I}", "context", (json_int_t)ctx, "output", (json_int_t)out));
+	return model;
+}
+
 static json_t *opencode_doc(const struct agent_target *t, const char *v1, const char *api_key,
                             const char *schema, long timeout_ms)
 {
-	json_t *model = json_pack("{s:s}", "name", t->model_id);
-	if (model && t->context_length > 0 && t->max_output > 0)
-		json_object_set_new(model, "limit",
-		                    json_pack("{s:I, s:I}", "context",
-		                              (json_int_t)t->context_length, "output",
-		                              (json_int_t)t->max_output));
 	json_t *models = json_object();
-	if (models && model)
-		json_object_set_new(models, t->model_id, model);
-	else
-		json_decref(model);
+	if (models)
+		json_object_set_new(models, t->model_id,
+		                    opencode_model(t->model_id, t->context_length, t->max_output));
+	/* --small: the second model beside it, OpenCode's small_model (titles
+	 * and other light tasks). */
+	const char *small = t->small_model_id ? t->small_model_id : t->model_id;
+	if (models && t->small_model_id && strcmp(small, t->model_id))
+		json_object_set_new(
+		    models, small,
+		    opencode_model(small, t->small_context_length, t->small_max_output));
 	char *ref = xasprintf("toki/%s", t->model_id);
+	char *small_ref = xasprintf("toki/%s", small);
 	json_t *doc = NULL;
-	if (models && ref)
+	if (models && ref && small_ref)
 		doc = json_pack("{s:s, s:{s:{s:s, s:s, s:{s:s, s:s}, s:o}}, s:s, s:s}", "$schema",
 		                schema, "provider", "toki", "npm", "@ai-sdk/openai-compatible",
 		                "name", "Toki Recur", "options", "baseURL", v1, "apiKey", api_key,
-		                "models", models, "model", ref, "small_model", ref);
+		                "models", models, "model", ref, "small_model", small_ref);
 	else
 		json_decref(models);
 	free(ref);
+	free(small_ref);
 	json_t *options =
 	    json_object_get(json_object_get(json_object_get(doc, "provider"), "toki"), "options");
 	if (options && timeout_ms > 0) {
@@ -485,7 +499,8 @@ static int build_toki(struct agent_pin *c)
 /* Claude Code: an owner-only settings file given with --settings whose env
  * block carries ANTHROPIC_BASE_URL (<endpoint>/anthropic),
  * ANTHROPIC_AUTH_TOKEN (sent as a Bearer token, without the approval an API
- * key needs), the model for every tier, and telemetry off. ANTHROPIC_API_KEY
+ * key needs), the model for every tier (the Haiku tier the --small one),
+ * and telemetry off. ANTHROPIC_API_KEY
  * is removed from the child's environment. */
 static int build_claude(struct agent_pin *c)
 {
@@ -493,10 +508,14 @@ static int build_claude(struct agent_pin *c)
 	struct agent_plan *p = c->p;
 	char *err = c->err;
 	size_t errlen = c->errlen;
+	/* --small: the Haiku tier and its older name, the small fast model
+	 * (titles, summaries, quick checks); the main and sub-agent models stay
+	 * the main one. */
+	const char *small = t->small_model_id ? t->small_model_id : t->model_id;
 	json_t *env = json_pack(
 	    "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "ANTHROPIC_BASE_URL",
 	    c->anth, "ANTHROPIC_AUTH_TOKEN", t->token, "ANTHROPIC_MODEL", t->model_id,
-	    "ANTHROPIC_SMALL_FAST_MODEL", t->model_id, "ANTHROPIC_DEFAULT_HAIKU_MODEL", t->model_id,
+	    "ANTHROPIC_SMALL_FAST_MODEL", small, "ANTHROPIC_DEFAULT_HAIKU_MODEL", small,
 	    "ANTHROPIC_DEFAULT_SONNET_MODEL", t->model_id, "ANTHROPIC_DEFAULT_OPUS_MODEL",
 	    t->model_id, "CLAUDE_CODE_SUBAGENT_MODEL", t->model_id,
 	    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1", "DISABLE_TELEMETRY", "1",
@@ -577,8 +596,40 @@ static int build_claude(struct agent_pin *c)
 	return env_unset(p, "ANTHROPIC_API_KEY") == 0 ? 0 : oom(err, errlen);
 }
 
+/* Codex has no background model of its own: --small writes a profile,
+ * small.config.toml beside config.toml, which `codex --profile small`
+ * layers over it (Codex >= 0.134 reads a profile from
+ * $CODEX_HOME/<name>.config.toml), so that a run or `codex exec` can be put
+ * on the small model through the same provider. */
+static int codex_small_profile(struct agent_pin *c)
+{
+	const struct agent_target *t = c->t;
+	char *model = agents_toml_string(t->small_model_id);
+	char limits[128];
+	limit_lines(&(struct agent_target){.context_length = t->small_context_length,
+	                                   .max_output = t->small_max_output},
+	            "model_context_window = ", "model_max_output_tokens = ", limits, sizeof limits);
+	char *toml = model ? xasprintf("# Written by toki launch: `codex --profile small` runs on "
+	                               "the small model.\n"
+	                               "model = %s\n"
+	                               "%s",
+	                               model, limits)
+	                   : NULL;
+	free(model);
+	char *home = private_dir(c->p, "home", c->err, c->errlen);
+	int r = -1;
+	if (!toml)
+		r = oom(c->err, c->errlen);
+	else if (home)
+		r = write_file(c->p, home, "small.config.toml", toml, c->err, c->errlen);
+	free(toml);
+	free(home);
+	return r;
+}
+
 /* Codex: a private CODEX_HOME holding a fresh config.toml with a "toki"
- * model provider (Responses API, key from $TOKI_API_KEY via env_key). */
+ * model provider (Responses API, key from $TOKI_API_KEY via env_key); with
+ * --small, a "small" profile beside it. */
 static int build_codex(struct agent_pin *c)
 {
 	const struct agent_target *t = c->t;
@@ -612,6 +663,8 @@ static int build_codex(struct agent_pin *c)
 	free(model);
 	free(base);
 	if (write_home(c, "config.toml", toml, "CODEX_HOME") != 0)
+		return -1;
+	if (t->small_model_id && codex_small_profile(c) != 0)
 		return -1;
 	return env_set(c->p, TOKEN_ENV, t->token) == 0 ? 0 : oom(c->err, c->errlen);
 }
@@ -689,11 +742,44 @@ static int build_mimo(struct agent_pin *c)
 	return build_opencode_kind(c, &k);
 }
 
+/* A Qwen Code provider entry: the model on toki's endpoint, its key read
+ * from $OPENAI_API_KEY (Qwen Code keeps no credential in settings). */
+static json_t *qwen_model(const char *id, const char *v1)
+{
+	return json_pack("{s:s, s:s, s:s, s:s}", "id", id, "name", id, "baseUrl", v1, "envKey",
+	                 "OPENAI_API_KEY");
+}
+
+/* --small for Qwen Code: its fastModel setting (prompt suggestions,
+ * speculation, tool-use summaries, the Explore sub-agent's "fast"), in a
+ * settings file named by QWEN_CODE_SYSTEM_SETTINGS_PATH, the one scope that
+ * wins over the user's and the project's settings. Qwen Code uses a
+ * fastModel only when modelProviders lists it, so both models are listed
+ * there, on toki's endpoint. */
+static int qwen_fast_model(struct agent_pin *c)
+{
+	const struct agent_target *t = c->t;
+	json_t *list = json_array();
+	if (list) {
+		json_array_append_new(list, qwen_model(t->model_id, c->v1));
+		if (strcmp(t->small_model_id, t->model_id))
+			json_array_append_new(list, qwen_model(t->small_model_id, c->v1));
+	}
+	json_t *doc = list ? json_pack("{s:s, s:{s:o}}", "fastModel", t->small_model_id,
+	                               "modelProviders", "openai", list)
+	                   : NULL;
+	if (write_doc(c, c->p->dir, "settings.json", doc) != 0)
+		return -1;
+	return env_set(c->p, "QWEN_CODE_SYSTEM_SETTINGS_PATH", last_file(c->p)) == 0
+	           ? 0
+	           : oom(c->err, c->errlen);
+}
+
 /* Qwen Code: OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL, with
  * --auth-type openai and --model in front so that a provider chosen earlier
  * in ~/.qwen/settings.json does not win (Qwen Code reads the command line
  * first). Neither flag is added when the user gave it (Qwen Code refuses a
- * repeated one). */
+ * repeated one). With --small, a settings file with its fastModel. */
 static int build_qwen(struct agent_pin *c)
 {
 	static const struct env_pin env[] = {
@@ -703,6 +789,8 @@ static int build_qwen(struct agent_pin *c)
 	    {NULL, PIN_LIT, NULL},
 	};
 	if (env_pins(c, env) != 0 || arg_unless_user(c, "--auth-type", "--authType", "openai") != 0)
+		return -1;
+	if (c->t->small_model_id && qwen_fast_model(c) != 0)
 		return -1;
 	return arg_unless_user(c, "--model", "-m", c->t->model_id);
 }
@@ -915,46 +1003,76 @@ static int build_pi(struct agent_pin *c)
 	return 0;
 }
 
+/* One model of OMP's models.yml, id already quoted: its lines under the
+ * provider's models list. */
+static char *omp_model(const char *qid, long ctx, long out)
+{
+	char lim[128];
+	limit_lines(&(struct agent_target){.context_length = ctx, .max_output = out},
+	            "        contextWindow: ", "        maxTokens: ", lim, sizeof lim);
+	return xasprintf("      - id: %s\n"
+	                 "        name: %s\n"
+	                 "        reasoning: false\n"
+	                 "        input: [\"text\"]\n"
+	                 "%s",
+	                 qid, qid, lim);
+}
+
 /* OMP (oh-my-pi, a Pi fork): PI_CODING_AGENT_DIR names a private agent
  * directory with models.yml (a "toki" provider, Pi's format) and config.yml
- * (setup done); --model toki/<id> selects it. */
+ * (setup done; with --small, modelRoles.smol); --model toki/<id> selects
+ * it. */
 static int build_omp(struct agent_pin *c)
 {
 	const struct agent_target *t = c->t;
 	struct agent_plan *p = c->p;
 	char *base = agents_yaml_string(c->v1);
 	char *id = agents_yaml_string(t->model_id);
-	char lim[128];
-	limit_lines(t, "        contextWindow: ", "        maxTokens: ", lim, sizeof lim);
+	char *main_entry = id ? omp_model(id, t->context_length, t->max_output) : NULL;
+	/* --small: the second model in the provider, and OMP's "smol" role
+	 * (its fast model for light tasks) set to it in config.yml. */
+	const char *small = t->small_model_id;
+	int second = small && strcmp(small, t->model_id);
+	char *sid = small ? agents_yaml_string(small) : NULL;
+	char *small_ref = sid ? xasprintf("toki/%s", small) : NULL;
+	char *qref = small_ref ? agents_yaml_string(small_ref) : NULL;
+	char *small_entry =
+	    second && sid ? omp_model(sid, t->small_context_length, t->small_max_output) : NULL;
+	char *config = !small ? strdup("setupVersion: 1\n")
+	               : qref ? xasprintf("setupVersion: 1\nmodelRoles:\n  smol: %s\n", qref)
+	                      : NULL;
 	/* JSON is YAML: the same document Pi reads, as YAML for OMP. */
-	char *yaml = base && id ? xasprintf("# Written by toki launch: OMP pinned to the local "
-	                                    "model.\n"
-	                                    "providers:\n"
-	                                    "  toki:\n"
-	                                    "    baseUrl: %s\n"
-	                                    "    api: \"openai-completions\"\n"
-	                                    "    apiKey: \"" TOKEN_ENV "\"\n"
-	                                    "    models:\n"
-	                                    "      - id: %s\n"
-	                                    "        name: %s\n"
-	                                    "        reasoning: false\n"
-	                                    "        input: [\"text\"]\n"
-	                                    "%s",
-	                                    base, id, id, lim)
-	                        : NULL;
+	char *yaml = base && main_entry && (!second || small_entry)
+	                 ? xasprintf("# Written by toki launch: OMP pinned to the local "
+	                             "model.\n"
+	                             "providers:\n"
+	                             "  toki:\n"
+	                             "    baseUrl: %s\n"
+	                             "    api: \"openai-completions\"\n"
+	                             "    apiKey: \"" TOKEN_ENV "\"\n"
+	                             "    models:\n"
+	                             "%s%s",
+	                             base, main_entry, small_entry ? small_entry : "")
+	                 : NULL;
 	free(base);
 	free(id);
+	free(main_entry);
+	free(sid);
+	free(small_ref);
+	free(qref);
+	free(small_entry);
 	char *dir = private_dir(p, "agent", c->err, c->errlen);
 	int r = -1;
-	if (!yaml)
+	if (!yaml || !config)
 		r = oom(c->err, c->errlen);
 	else if (dir && write_file(p, dir, "models.yml", yaml, c->err, c->errlen) == 0 &&
-	         write_file(p, dir, "config.yml", "setupVersion: 1\n", c->err, c->errlen) == 0)
+	         write_file(p, dir, "config.yml", config, c->err, c->errlen) == 0)
 		r = env_set(p, "PI_CODING_AGENT_DIR", dir) == 0 &&
 		            env_set(p, TOKEN_ENV, t->token) == 0
 		        ? 0
 		        : oom(c->err, c->errlen);
 	free(yaml);
+	free(config);
 	free(dir);
 	if (r != 0)
 		return -1;
@@ -1112,60 +1230,63 @@ static const char *const claude_aliases[] = {"claude-code", NULL};
 
 static const struct agent_def agents[] = {
     {"toki", "Toki Chat", toki_aliases, "toki", "part of toki (toki tui)", AGENT_API_TOKI,
-     AGENT_DOC_DOCUMENTED, "toki tui --url <endpoint>, TOKI_TOKEN", build_toki},
+     AGENT_DOC_DOCUMENTED, "toki tui --url <endpoint>, TOKI_TOKEN", NULL, build_toki},
     {"claude", "Claude Code", claude_aliases, "claude", "npm install -g @anthropic-ai/claude-code",
      AGENT_API_ANTHROPIC, AGENT_DOC_DOCUMENTED,
      "--settings file (env: ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, ANTHROPIC_MODEL)",
-     build_claude},
+     "ANTHROPIC_SMALL_FAST_MODEL and ANTHROPIC_DEFAULT_HAIKU_MODEL", build_claude},
     {"codex", "Codex", codex_aliases, "codex", "npm install -g @openai/codex",
      AGENT_API_OPENAI_RESPONSES, AGENT_DOC_DOCUMENTED,
-     "private CODEX_HOME, config.toml model_providers.toki (wire_api = responses)", build_codex},
+     "private CODEX_HOME, config.toml model_providers.toki (wire_api = responses)",
+     "profile small (small.config.toml; codex --profile small)", build_codex},
     {"opencode", "OpenCode", opencode_aliases, "opencode", "npm install -g opencode-ai",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "OPENCODE_CONFIG file, provider.toki",
-     build_opencode},
+     "small_model", build_opencode},
     {"qwen", "Qwen Code", qwen_aliases, "qwen", "npm install -g @qwen-code/qwen-code",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
-     "OPENAI_BASE_URL/OPENAI_API_KEY/OPENAI_MODEL, --auth-type openai --model", build_qwen},
+     "OPENAI_BASE_URL/OPENAI_API_KEY/OPENAI_MODEL, --auth-type openai --model",
+     "fastModel (QWEN_CODE_SYSTEM_SETTINGS_PATH file)", build_qwen},
     {"mimo", "MiMo Code", mimo_aliases, "mimo", "npm install -g @mimo-ai/cli",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "MIMOCODE_CONFIG file, OpenCode-format provider",
-     build_mimo},
+     "small_model", build_mimo},
     {"hermes", "Hermes Agent", hermes_aliases, "hermes",
      "curl -fsSL https://raw.githubusercontent.com/NousResearch/hermes-agent/main/scripts/"
      "install.sh | bash",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
-     "private HERMES_HOME, config.yaml model.provider custom", build_hermes},
+     "private HERMES_HOME, config.yaml model.provider custom", NULL, build_hermes},
     {"openclaw", "OpenClaw", openclaw_aliases, "openclaw",
      "npm install -g openclaw@latest (needs Node >=24.16 <25 or >=26.1)", AGENT_API_OPENAI_CHAT,
-     AGENT_DOC_DOCUMENTED, "OPENCLAW_CONFIG_PATH file, models.providers.toki", build_openclaw},
+     AGENT_DOC_DOCUMENTED, "OPENCLAW_CONFIG_PATH file, models.providers.toki", NULL,
+     build_openclaw},
     {"droid", "Factory Droid", droid_aliases, "droid", "npm install -g droid",
-     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "--settings file, customModels (BYOK)",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "--settings file, customModels (BYOK)", NULL,
      build_droid},
     {"cline", "Cline CLI", cline_aliases, "cline", "npm install -g cline", AGENT_API_OPENAI_CHAT,
-     AGENT_DOC_PARTIAL, "private --data-dir, settings/providers.json openai-compatible",
+     AGENT_DOC_PARTIAL, "private --data-dir, settings/providers.json openai-compatible", NULL,
      build_cline},
     {"dsh", "DeepSeek-Harness", dsh_aliases, "dsh", "npm install -g @deepseek-ai/dsh",
-     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "--patch overlay, settings.yaml provider toki",
+     AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "--patch overlay, settings.yaml provider toki", NULL,
      build_dsh},
     {"grok", "Grok Build", grok_aliases, "grok", "curl -fsSL https://x.ai/cli/install.sh | bash",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL,
-     "GROK_MODELS_BASE_URL, GROK_DEFAULT_MODEL, XAI_API_KEY", build_grok},
+     "GROK_MODELS_BASE_URL, GROK_DEFAULT_MODEL, XAI_API_KEY", NULL, build_grok},
     /* 7.7.7: 7.8.1, the latest when this was written, fails to install its
      * platform package. */
     {"kilo", "Kilo Code", kilo_aliases, "kilo", "npm install -g @kilocode/cli@7.7.7",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL, "KILO_CONFIG file, OpenCode-format provider",
-     build_kilo},
+     "small_model", build_kilo},
     {"pi", "Pi", pi_aliases, "pi", "npm install -g @mariozechner/pi-coding-agent",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
-     "private PI_CODING_AGENT_DIR, models.json provider toki", build_pi},
+     "private PI_CODING_AGENT_DIR, models.json provider toki", NULL, build_pi},
     {"copilot", "GitHub Copilot CLI", copilot_aliases, "copilot", "npm install -g @github/copilot",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
-     "COPILOT_PROVIDER_BASE_URL/_API_KEY, COPILOT_MODEL, COPILOT_OFFLINE", build_copilot},
+     "COPILOT_PROVIDER_BASE_URL/_API_KEY, COPILOT_MODEL, COPILOT_OFFLINE", NULL, build_copilot},
     {"kimi", "Kimi Code", kimi_aliases, "kimi",
      "curl -LsSf https://code.kimi.com/install.sh | bash", AGENT_API_OPENAI_CHAT,
-     AGENT_DOC_DOCUMENTED, "KIMI_MODEL_* variables (type openai)", build_kimi},
+     AGENT_DOC_DOCUMENTED, "KIMI_MODEL_* variables (type openai)", NULL, build_kimi},
     {"omp", "OMP", omp_aliases, "omp", "bun install -g @oh-my-pi/pi-coding-agent",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_PARTIAL,
-     "private PI_CODING_AGENT_DIR, models.yml provider toki", build_omp},
+     "private PI_CODING_AGENT_DIR, models.yml provider toki", "modelRoles.smol", build_omp},
 };
 
 const struct agent_def *agents_all(size_t *n)
@@ -1184,6 +1305,16 @@ const struct agent_def *agents_find(const char *name)
 				return &agents[i];
 	}
 	return NULL;
+}
+
+void agents_small_names(char *buf, size_t n)
+{
+	size_t len = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; i < sizeof agents / sizeof agents[0] && len < n; i++)
+		if (agents[i].small_setting)
+			len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "",
+			                        agents[i].name);
 }
 
 void agents_target_knobs(struct agent_target *t)
@@ -1245,6 +1376,16 @@ int agents_build(const struct agent_def *a, const struct agent_target *t, char *
 	if (!t->endpoint || !t->model_id || !t->token || !t->state_dir) {
 		snprintf(err, errlen, "no endpoint, model, token or state directory to pin %s to",
 		         a->display);
+		agent_plan_free(p);
+		return -1;
+	}
+	if (t->small_model_id && !a->small_setting) {
+		char names[256];
+		agents_small_names(names, sizeof names);
+		snprintf(err, errlen,
+		         "%s has no setting for a second model, so --small cannot pin one; "
+		         "agents that take --small: %s",
+		         a->display, names);
 		agent_plan_free(p);
 		return -1;
 	}
@@ -1478,11 +1619,10 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
 	return -1;
 }
 
-int agents_fetch_model(const char *endpoint, const char *want_id, char **model_id,
-                       long *context_length, long *max_output, char *err, size_t errlen)
+/* GET <endpoint>/v1/models: the parsed document (owned by the caller), or
+ * NULL with err. */
+static json_t *models_doc(const char *endpoint, char *err, size_t errlen)
 {
-	*model_id = NULL;
-	*context_length = *max_output = 0;
 	/* endpoint is what agents_resolve_run made: http://host:port. */
 	char host[300];
 	int port = 0;
@@ -1490,7 +1630,7 @@ int agents_fetch_model(const char *endpoint, const char *want_id, char **model_i
 	const char *colon = strrchr(h, ':');
 	if (strncmp(endpoint, "http://", 7) || !colon || (size_t)(colon - h) >= sizeof host) {
 		snprintf(err, errlen, "cannot read the endpoint %s", endpoint);
-		return -1;
+		return NULL;
 	}
 	snprintf(host, sizeof host, "%.*s", (int)(colon - h), h);
 	port = atoi(colon + 1);
@@ -1503,10 +1643,28 @@ int agents_fetch_model(const char *endpoint, const char *want_id, char **model_i
 	if (!body) {
 		snprintf(err, errlen,
 		         "toki at %s does not answer (is the run still up? toki status)", endpoint);
-		return -1;
+		return NULL;
 	}
 	json_error_t jerr;
 	json_t *doc = status == 200 ? json_loads(body, 0, &jerr) : NULL;
+	if (!json_is_array(json_object_get(doc, "data"))) {
+		snprintf(err, errlen, "%s/v1/models answered %ld without a model list: %.200s",
+		         endpoint, status, body);
+		json_decref(doc);
+		doc = NULL;
+	}
+	free(body);
+	return doc;
+}
+
+int agents_fetch_model(const char *endpoint, const char *want_id, char **model_id,
+                       long *context_length, long *max_output, char *err, size_t errlen)
+{
+	*model_id = NULL;
+	*context_length = *max_output = 0;
+	json_t *doc = models_doc(endpoint, err, errlen);
+	if (!doc)
+		return -1;
 	/* The endpoint lists every registry model: the one asked for. */
 	json_t *m0 = json_array_get(json_object_get(doc, "data"), 0);
 	size_t k;
@@ -1519,16 +1677,81 @@ int agents_fetch_model(const char *endpoint, const char *want_id, char **model_i
 	}
 	const char *id = json_string_value(json_object_get(m0, "id"));
 	if (!id || !*id) {
-		snprintf(err, errlen, "%s/v1/models answered %ld without a model id: %.200s",
-		         endpoint, status, body);
+		snprintf(err, errlen, "%s/v1/models lists no model id", endpoint);
 		json_decref(doc);
-		free(body);
 		return -1;
 	}
 	*model_id = strdup(id);
 	*context_length = (long)json_integer_value(json_object_get(m0, "context_length"));
 	*max_output = (long)json_integer_value(json_object_get(m0, "max_output"));
 	json_decref(doc);
-	free(body);
+	return *model_id ? 0 : oom(err, errlen);
+}
+
+/* Whether entry (of the endpoint's /v1/models) is name: its id or one of
+ * its aliases. */
+static int entry_is(json_t *entry, const char *name)
+{
+	const char *id = json_string_value(json_object_get(entry, "id"));
+	if (id && !strcmp(id, name))
+		return 1;
+	size_t k;
+	json_t *al;
+	json_array_foreach(json_object_get(entry, "aliases"), k, al)
+	{
+		const char *a = json_string_value(al);
+		if (a && !strcmp(a, name))
+			return 1;
+	}
+	return 0;
+}
+
+int agents_fetch_small(const char *endpoint, const char *small, char **model_id,
+                       long *context_length, long *max_output, char *err, size_t errlen)
+{
+	*model_id = NULL;
+	*context_length = *max_output = 0;
+	/* A run started with --model serves that one model; only the endpoint
+	 * (toki up without --model) routes a request to another by "model". */
+	struct run_info ri;
+	char url[512] = "";
+	if (run_get("endpoint", &ri) == 0)
+		run_info_url(&ri, url, sizeof url);
+	if (!url[0] || strcmp(url, endpoint)) {
+		snprintf(err, errlen,
+		         "--small needs the endpoint that serves every registry model, and %s "
+		         "serves one model; start it with toki up (without --model), then "
+		         "toki launch AGENT --small MODEL",
+		         endpoint);
+		return -1;
+	}
+	json_t *doc = models_doc(endpoint, err, errlen);
+	if (!doc)
+		return -1;
+	json_t *data = json_object_get(doc, "data"), *found = NULL, *e;
+	size_t k;
+	json_array_foreach(data, k, e)
+	{
+		if (!found && entry_is(e, small))
+			found = e;
+	}
+	const char *id = json_string_value(json_object_get(found, "id"));
+	if (!id) {
+		size_t len = (size_t)snprintf(
+		    err, errlen, "no registry model '%s' for --small; the registry has:", small);
+		json_array_foreach(data, k, e)
+		{
+			const char *eid = json_string_value(json_object_get(e, "id"));
+			if (eid && len < errlen)
+				len += (size_t)snprintf(err + len, errlen - len, "%s %s",
+				                        k ? "," : "", eid);
+		}
+		json_decref(doc);
+		return -1;
+	}
+	*model_id = strdup(id);
+	*context_length = (long)json_integer_value(json_object_get(found, "context_length"));
+	*max_output = (long)json_integer_value(json_object_get(found, "max_output"));
+	json_decref(doc);
 	return *model_id ? 0 : oom(err, errlen);
 }

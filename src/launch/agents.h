@@ -56,6 +56,12 @@ struct agent_target {
 	const char *agent_timeout_ms;
 	/* The toki binary (for Toki Chat), or NULL. */
 	const char *toki_exe;
+	/* `toki launch --small MODEL`: the registry model the agent's
+	 * background/small/fast model is pointed at, through the same endpoint,
+	 * with its context and output cap (0 when unknown); NULL when not
+	 * asked for. Only agents with a small_setting take one. */
+	const char *small_model_id;
+	long small_context_length, small_max_output;
 };
 
 /* Everything one launch needs. */
@@ -85,6 +91,10 @@ struct agent_def {
 	enum agent_api api;
 	enum agent_doc doc;
 	const char *mechanism; /* one line: how it is pinned */
+	/* The agent's own setting that --small fills ("small_model"), or NULL
+	 * for an agent that has no second-model setting (--small is then
+	 * refused). */
+	const char *small_setting;
 	/* Fills the plan of pin (agents.c's: the agent, its target, the user's
 	 * arguments after `--`, for a builder that leaves out an argument of
 	 * its own the user also gave, the plan, whose dir is already set and
@@ -96,6 +106,10 @@ struct agent_def {
 const struct agent_def *agents_all(size_t *n);
 /* By name or alias (case-insensitive), or NULL. */
 const struct agent_def *agents_find(const char *name);
+
+/* The names of the agents that take --small, ", "-separated
+ * ("claude, codex, ..."), into buf. */
+void agents_small_names(char *buf, size_t n);
 
 /* Fills the TOKI_CLAUDE_* knobs of t from the environment. */
 void agents_target_knobs(struct agent_target *t);
@@ -134,6 +148,15 @@ int agents_resolve_run(const char *want, char *endpoint, size_t n, char *name, s
  * new string, owned by the caller), context_length and max_output (0 when
  * absent). 0, or -1 with a message. */
 int agents_fetch_model(const char *endpoint, const char *want_id, char **model_id,
+                       long *context_length, long *max_output, char *err, size_t errlen);
+
+/* For --small: endpoint must be the endpoint `toki up` without --model runs
+ * (one run serves one model, so it cannot serve a second); small is then
+ * looked up in its /v1/models by id or alias. Fills the model's id (a new
+ * string, owned by the caller), context_length and max_output. 0; -1 with a
+ * message (saying to run `toki up` when no endpoint runs, listing the
+ * registry's names when small is not one of them). */
+int agents_fetch_small(const char *endpoint, const char *small, char **model_id,
                        long *context_length, long *max_output, char *err, size_t errlen);
 
 /* 1 when no GPU answers (nvidia-smi -L and rocminfo both fail or are absent,

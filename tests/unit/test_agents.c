@@ -600,6 +600,124 @@ static void test_qwen(void **ctx)
 	agent_plan_free(&p);
 }
 
+/* --small: each agent with a second-model setting points it at the small
+ * model, through the same endpoint and provider, with the small model's own
+ * limits; the main model stays as it was. Agents without one refuse. */
+#define SMALL "tiny \"fast\""
+static void test_small_model(void **ctx)
+{
+	(void)ctx;
+	struct agent_target t = target();
+	t.small_model_id = SMALL;
+	t.small_context_length = 8192;
+	t.small_max_output = 512;
+	struct agent_plan p;
+
+	build("claude", &t, NULL, 0, &p);
+	json_t *j = load_json(file_of(&p, "/settings.json"));
+	assert_string_equal(jstr(j, "env.ANTHROPIC_SMALL_FAST_MODEL"), SMALL);
+	assert_string_equal(jstr(j, "env.ANTHROPIC_DEFAULT_HAIKU_MODEL"), SMALL);
+	assert_string_equal(jstr(j, "env.ANTHROPIC_MODEL"), MODEL);
+	assert_string_equal(jstr(j, "env.ANTHROPIC_DEFAULT_SONNET_MODEL"), MODEL);
+	assert_string_equal(jstr(j, "env.CLAUDE_CODE_SUBAGENT_MODEL"), MODEL);
+	assert_string_equal(jstr(j, "model"), MODEL);
+	json_decref(j);
+	check_private(&p);
+	agent_plan_free(&p);
+
+	build("codex", &t, NULL, 0, &p);
+	const char *prof = file_of(&p, "/home/small.config.toml");
+	assert_true(has_line(prof, "model = \"tiny \\\"fast\\\"\""));
+	assert_true(has_line(prof, "model_context_window = 8192"));
+	assert_true(has_line(prof, "model_max_output_tokens = 512"));
+	/* The profile only layers the model over config.toml's provider. */
+	assert_null(strstr(slurp(prof), "model_provider"));
+	const char *cfg = file_of(&p, "/home/config.toml");
+	assert_true(has_line(cfg, "model = \"qwen3-4b \\\"q4\\\"\""));
+	check_private(&p);
+	agent_plan_free(&p);
+
+	static const char *const oc[][2] = {
+	    {"opencode", "/opencode.json"}, {"kilo", "/kilo.json"}, {"mimo", "/mimocode.json"}};
+	for (size_t i = 0; i < 3; i++) {
+		build(oc[i][0], &t, NULL, 0, &p);
+		j = load_json(file_of(&p, oc[i][1]));
+		assert_string_equal(jstr(j, "model"), "toki/" MODEL);
+		assert_string_equal(jstr(j, "small_model"), "toki/" SMALL);
+		assert_string_equal(jstr(j, "provider.toki.models.[" SMALL "].name"), SMALL);
+		json_t *lim = json_object_get(
+		    json_object_get(
+		        json_object_get(json_object_get(json_object_get(j, "provider"), "toki"),
+		                        "models"),
+		        SMALL),
+		    "limit");
+		assert_int_equal(json_integer_value(json_object_get(lim, "context")), 8192);
+		assert_int_equal(json_integer_value(json_object_get(lim, "output")), 512);
+		json_decref(j);
+		agent_plan_free(&p);
+	}
+
+	build("qwen", &t, NULL, 0, &p);
+	const char *qs = file_of(&p, "/settings.json");
+	assert_string_equal(env_of(&p, "QWEN_CODE_SYSTEM_SETTINGS_PATH"), qs);
+	assert_string_equal(env_of(&p, "OPENAI_MODEL"), MODEL);
+	j = load_json(qs);
+	assert_string_equal(jstr(j, "fastModel"), SMALL);
+	/* Qwen Code ignores a fastModel that modelProviders does not list. */
+	assert_string_equal(jstr(j, "modelProviders.openai.0.id"), MODEL);
+	assert_string_equal(jstr(j, "modelProviders.openai.1.id"), SMALL);
+	assert_string_equal(jstr(j, "modelProviders.openai.1.baseUrl"), EP "/v1");
+	assert_string_equal(jstr(j, "modelProviders.openai.1.envKey"), "OPENAI_API_KEY");
+	assert_null(strstr(slurp(qs), TOKEN));
+	json_decref(j);
+	check_private(&p);
+	agent_plan_free(&p);
+
+	build("omp", &t, NULL, 0, &p);
+	const char *m = file_of(&p, "/agent/models.yml");
+	assert_true(has_line(m, "      - id: \"qwen3-4b \\\"q4\\\"\""));
+	assert_true(has_line(m, "      - id: \"tiny \\\"fast\\\"\""));
+	assert_true(has_line(m, "        contextWindow: 8192"));
+	assert_true(has_line(m, "        maxTokens: 512"));
+	const char *oc_cfg = file_of(&p, "/agent/config.yml");
+	assert_true(has_line(oc_cfg, "setupVersion: 1"));
+	assert_true(has_line(oc_cfg, "modelRoles:"));
+	assert_true(has_line(oc_cfg, "  smol: \"toki/tiny \\\"fast\\\"\""));
+	assert_string_equal(p.args[arg_at(&p, "--model") + 1], "toki/" MODEL);
+	agent_plan_free(&p);
+
+	/* Without --small, Qwen Code gets no settings file and OMP no role. */
+	t.small_model_id = NULL;
+	build("qwen", &t, NULL, 0, &p);
+	assert_int_equal(p.n_files, 1); /* env.sh */
+	assert_null(env_of(&p, "QWEN_CODE_SYSTEM_SETTINGS_PATH"));
+	agent_plan_free(&p);
+	build("omp", &t, NULL, 0, &p);
+	assert_null(strstr(slurp(file_of(&p, "/agent/config.yml")), "modelRoles"));
+	agent_plan_free(&p);
+
+	/* The rest have no second-model setting: the build refuses, naming the
+	 * agents that take --small. */
+	char names[256];
+	agents_small_names(names, sizeof names);
+	assert_string_equal(names, "claude, codex, opencode, qwen, mimo, kilo, omp");
+	t.small_model_id = SMALL;
+	size_t n;
+	const struct agent_def *all = agents_all(&n);
+	size_t refused = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (all[i].small_setting)
+			continue;
+		char err[512] = "";
+		assert_int_equal(agents_build(&all[i], &t, NULL, 0, &p, err, sizeof err), -1);
+		assert_non_null(strstr(err, "no setting for a second model"));
+		assert_non_null(strstr(err, names));
+		assert_int_equal(p.n_files, 0);
+		refused++;
+	}
+	assert_int_equal(refused, n - 7);
+}
+
 static void test_droid(void **ctx)
 {
 	(void)ctx;
@@ -896,6 +1014,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_codex, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_opencode_family, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_qwen, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_small_model, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_droid, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_cline, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_hermes, setup, teardown),
