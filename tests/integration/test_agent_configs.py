@@ -10,8 +10,17 @@ and the run's name as the model, and ask for the output budget toki gave it.
 The other agents: Claude Code, Codex, OpenCode and Qwen Code complete real
 turns in test_launch_agents.py; OpenClaw needs Node >= 24.16 and Kilo, Pi and
 the rest cost more to install than this suite can spend (docs/agents.md;
-scripts/check-agents.sh checks them by hand)."""
+scripts/check-agents.sh checks them by hand).
+
+SmallModel: `toki launch AGENT --small MODEL` against a real endpoint (`toki
+up` without --model) with two registry models. The configuration toki
+writes for each agent that takes --small is used the way the agent uses it
+(its base URL, its key, the model its small/fast setting names), and the
+request reaches the endpoint and is answered by the small model, which
+/v1/models then shows loaded while the main one was never started."""
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +101,146 @@ class AgentConfigs(unittest.TestCase):
     def test_copilot_takes_its_provider(self):
         req, _ = self.launch("copilot", "-p", "say hi please", "--allow-all-tools")
         self.assertEqual(req["body"].get("max_tokens"), MAX_OUTPUT)
+
+
+class SmallModel(unittest.TestCase):
+    """--small through one endpoint (no agent is started: --config writes the
+    files, and each request is made from what they say)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="toki-small-")
+        cls.state = os.path.join(cls.tmp, "state")
+        cls.env = dict(os.environ, TOKI_STATE_DIR=cls.state,
+                       TOKI_MODEL_REGISTRY=os.path.join(cls.tmp, "models.yaml"),
+                       TOKI_LLAMA_SERVER=th.llama_server_path(), TOKI_PROFILE="gpu",
+                       HOME=os.path.join(cls.tmp, "home"))
+        os.makedirs(cls.env["HOME"])
+        for name in ("main", "fast"):
+            shutil.copy(th.test_model(), os.path.join(cls.tmp, name + ".gguf"))
+        with open(cls.env["TOKI_MODEL_REGISTRY"], "w") as f:
+            f.write("models:\n"
+                    "  main:\n    path: %s/main.gguf\n    ctx: 1024\n"
+                    "  fast:\n    path: %s/fast.gguf\n    ctx: 512\n    max_output: 32\n"
+                    "    aliases: [\"quick\"]\n"
+                    "active: main\n" % (cls.tmp, cls.tmp))
+        cls.port = th.free_port()
+        up = cls.toki("up", "--port", str(cls.port))
+        if up.returncode != 0:
+            raise RuntimeError("toki up failed: " + up.stdout + up.stderr)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.toki("down")
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
+    def toki(cls, *args, env=None):
+        return subprocess.run([th.TOKI_BIN, *args], capture_output=True, text=True,
+                              env=env or cls.env, timeout=120)
+
+    def states(self):
+        st, m = th.request(self.port, "GET", "/v1/models")
+        self.assertEqual(st, 200, m)
+        return {e["id"]: e["state"] for e in m["data"]}
+
+    def configure(self, agent, small="fast"):
+        """`toki launch agent --small small --config`: the agent's directory
+        and the variables its env.sh exports."""
+        p = self.toki("launch", agent, "--small", small, "--config")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        d = os.path.join(self.state, "agents", agent)
+        with open(os.path.join(d, "env.sh")) as f:
+            env = dict(re.findall(r"^export (\w+)='([^']*)'$", f.read(), re.M))
+        return d, env
+
+    def post(self, url, path, token, body):
+        m = re.match(r"http://127\.0\.0\.1:(\d+)(/.*)?$", url)
+        self.assertIsNotNone(m, url)
+        self.assertEqual(int(m.group(1)), self.port, url)
+        st, r = th.request(self.port, "POST", (m.group(2) or "") + path, body, auth=False,
+                           headers={"Authorization": "Bearer " + token})
+        self.assertEqual(st, 200, r)
+        return r
+
+    def test_small_model_is_answered_through_the_endpoint(self):
+        self.assertEqual(self.states(), {"main": "unloaded", "fast": "unloaded"})
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+
+        # Claude Code: its small fast model (the Haiku tier) on the
+        # Anthropic route; the main model stays main.
+        d, _ = self.configure("claude", "quick")  # an alias names the model too
+        with open(os.path.join(d, "settings.json")) as f:
+            cenv = json.load(f)["env"]
+        self.assertEqual(cenv["ANTHROPIC_MODEL"], "main")
+        self.assertEqual(cenv["ANTHROPIC_DEFAULT_HAIKU_MODEL"], "fast")
+        r = self.post(cenv["ANTHROPIC_BASE_URL"], "/v1/messages", cenv["ANTHROPIC_AUTH_TOKEN"],
+                      {"model": cenv["ANTHROPIC_SMALL_FAST_MODEL"], "max_tokens": 4,
+                       "messages": msgs})
+        self.assertEqual(r["model"], "fast")
+        self.assertEqual(self.states(), {"main": "unloaded", "fast": "loaded"})
+
+        # OpenCode: small_model names a model of its "toki" provider.
+        d, env = self.configure("opencode")
+        with open(os.path.join(d, "opencode.json")) as f:
+            oc = json.load(f)
+        self.assertEqual(oc["model"], "toki/main")
+        prov, model = oc["small_model"].split("/", 1)
+        opts = oc["provider"][prov]["options"]
+        self.assertEqual(opts["apiKey"], "{env:TOKI_API_KEY}")
+        self.assertEqual(oc["provider"][prov]["models"][model]["limit"],
+                         {"context": 512, "output": 32})
+        r = self.post(opts["baseURL"], "/chat/completions", env["TOKI_API_KEY"],
+                      {"model": model, "max_tokens": 4, "messages": msgs})
+        self.assertEqual(r["model"], "fast")
+
+        # Qwen Code: fastModel, found in modelProviders (its base URL and the
+        # variable that holds its key) in the file QWEN_CODE_SYSTEM_SETTINGS_PATH names.
+        d, env = self.configure("qwen")
+        with open(env["QWEN_CODE_SYSTEM_SETTINGS_PATH"]) as f:
+            qs = json.load(f)
+        entry = [m for m in qs["modelProviders"]["openai"] if m["id"] == qs["fastModel"]][0]
+        r = self.post(entry["baseUrl"], "/chat/completions", env[entry["envKey"]],
+                      {"model": entry["id"], "max_tokens": 4, "messages": msgs})
+        self.assertEqual(r["model"], "fast")
+
+        # Codex: `codex --profile small` layers small.config.toml's model over
+        # config.toml's provider (Responses API).
+        d, env = self.configure("codex")
+        home = env["CODEX_HOME"]
+        with open(os.path.join(home, "config.toml")) as f:
+            base = re.search(r'^base_url = "([^"]+)"$', f.read(), re.M).group(1)
+        with open(os.path.join(home, "small.config.toml")) as f:
+            model = re.search(r'^model = "([^"]+)"$', f.read(), re.M).group(1)
+        r = self.post(base, "/responses", env["TOKI_API_KEY"],
+                      {"model": model, "max_output_tokens": 4, "input": "Once upon a time"})
+        self.assertEqual(r["model"], "fast")
+
+        # Every one of them reached the small model: the main one never ran.
+        self.assertEqual(self.states(), {"main": "unloaded", "fast": "loaded"})
+
+    def test_refusals(self):
+        # An unknown name: exit 1, listing the registry's names.
+        p = self.toki("launch", "opencode", "--small", "nope", "--config")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("no registry model 'nope' for --small", p.stderr)
+        self.assertIn("main, fast", p.stderr)
+        # An agent without a second-model setting: exit 2, naming those with one.
+        p = self.toki("launch", "droid", "--small", "fast", "--config")
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("agents that take --small: claude, codex, opencode, qwen", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.state, "agents", "droid")))
+        # A single-model run cannot serve a second model: no endpoint, a run.
+        solo_state = os.path.join(self.tmp, "solo-state")
+        run = FakeRun(solo_state, name="solo")
+        try:
+            env = dict(self.env, TOKI_STATE_DIR=solo_state)
+            p = self.toki("launch", "claude", "--small", "fast", "--config", env=env)
+            self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+            self.assertIn("--small needs the endpoint", p.stderr)
+            self.assertIn("toki up (without --model)", p.stderr)
+        finally:
+            run.close()
 
 
 if __name__ == "__main__":
