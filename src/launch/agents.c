@@ -605,10 +605,12 @@ static int codex_small_profile(struct agent_pin *c)
 {
 	const struct agent_target *t = c->t;
 	char *model = agents_toml_string(t->small_model_id);
-	char limits[128];
-	limit_lines(&(struct agent_target){.context_length = t->small_context_length,
-	                                   .max_output = t->small_max_output},
-	            "model_context_window = ", "model_max_output_tokens = ", limits, sizeof limits);
+	/* The context only: Codex 0.171.0 ignores model_max_output_tokens (it
+	 * says so at start), and toki's max_output cuts the answer anyway. */
+	char limits[64] = "";
+	if (t->small_context_length > 0)
+		snprintf(limits, sizeof limits, "model_context_window = %ld\n",
+		         t->small_context_length);
 	char *toml = model ? xasprintf("# Written by toki launch: `codex --profile small` runs on "
 	                               "the small model.\n"
 	                               "model = %s\n"

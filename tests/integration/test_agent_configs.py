@@ -35,13 +35,20 @@ CTX = 65536
 MAX_OUTPUT = 2048  # the run's cap: within half the context, so it is the budget
 
 
+_agents_bin = []
+
+
 def install_agents():
-    """The bin directory of the pinned agents (installed on first use)."""
+    """The bin directory of the pinned agents (installed on first use; asked
+    once per process)."""
+    if _agents_bin:
+        return _agents_bin[0]
     script = os.path.join(th.SOURCE_DIR, "scripts", "install-test-agents.sh")
     out = subprocess.run([script], capture_output=True, text=True, timeout=1200)
     if out.returncode != 0:
         raise RuntimeError("scripts/install-test-agents.sh failed:\n" + out.stderr[-4000:])
-    return out.stdout.strip().splitlines()[-1]
+    _agents_bin.append(out.stdout.strip().splitlines()[-1])
+    return _agents_bin[0]
 
 
 class AgentConfigs(unittest.TestCase):
@@ -116,14 +123,14 @@ class SmallModel(unittest.TestCase):
                        TOKI_LLAMA_SERVER=th.llama_server_path(), TOKI_PROFILE="gpu",
                        HOME=os.path.join(cls.tmp, "home"))
         os.makedirs(cls.env["HOME"])
-        for name in ("main", "fast"):
-            shutil.copy(th.test_model(), os.path.join(cls.tmp, name + ".gguf"))
+        # The small model holds Codex's prompt (about 8,500 tokens).
+        fast = th.generated_model("agents", params="1M", ctx=65536)
         with open(cls.env["TOKI_MODEL_REGISTRY"], "w") as f:
             f.write("models:\n"
-                    "  main:\n    path: %s/main.gguf\n    ctx: 1024\n"
-                    "  fast:\n    path: %s/fast.gguf\n    ctx: 512\n    max_output: 32\n"
+                    "  main:\n    path: %s\n    ctx: 1024\n"
+                    "  fast:\n    path: %s\n    ctx: 16384\n    max_output: 16\n"
                     "    aliases: [\"quick\"]\n"
-                    "active: main\n" % (cls.tmp, cls.tmp))
+                    "active: main\n" % (th.test_model(), fast))
         cls.port = th.free_port()
         up = cls.toki("up", "--port", str(cls.port))
         if up.returncode != 0:
@@ -164,7 +171,9 @@ class SmallModel(unittest.TestCase):
         return r
 
     def test_small_model_is_answered_through_the_endpoint(self):
-        self.assertEqual(self.states(), {"main": "unloaded", "fast": "unloaded"})
+        # (Codex's own turn, test_codex_runs_its_small_profile, may have
+        # loaded fast already; main is never asked for.)
+        self.assertEqual(self.states()["main"], "unloaded")
         msgs = [{"role": "user", "content": "Once upon a time"}]
 
         # Claude Code: its small fast model (the Haiku tier) on the
@@ -189,7 +198,7 @@ class SmallModel(unittest.TestCase):
         opts = oc["provider"][prov]["options"]
         self.assertEqual(opts["apiKey"], "{env:TOKI_API_KEY}")
         self.assertEqual(oc["provider"][prov]["models"][model]["limit"],
-                         {"context": 512, "output": 32})
+                         {"context": 16384, "output": 16})
         r = self.post(opts["baseURL"], "/chat/completions", env["TOKI_API_KEY"],
                       {"model": model, "max_tokens": 4, "messages": msgs})
         self.assertEqual(r["model"], "fast")
@@ -218,6 +227,29 @@ class SmallModel(unittest.TestCase):
 
         # Every one of them reached the small model: the main one never ran.
         self.assertEqual(self.states(), {"main": "unloaded", "fast": "loaded"})
+
+    def test_codex_runs_its_small_profile(self):
+        """Codex itself: `--profile small` reads small.config.toml and its turn
+        goes to the small model."""
+        env = dict(self.env, PATH=install_agents() + os.pathsep + os.environ.get("PATH", ""))
+        env.pop("CODEX_HOME", None)
+        env.pop("OPENAI_API_KEY", None)
+        work = os.path.join(self.tmp, "work")
+        os.makedirs(work, exist_ok=True)
+        log = os.path.join(self.state, "run", "fast", "serve.log")
+        before = os.path.getsize(log) if os.path.exists(log) else 0
+        p = subprocess.run([th.TOKI_BIN, "launch", "codex", "--small", "fast", "--",
+                            "--profile", "small", "exec", "--skip-git-repo-check",
+                            "--dangerously-bypass-approvals-and-sandbox", "say hi"],
+                           env=env, cwd=work, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        self.assertIn("small model fast", p.stderr)
+        with open(log, errors="replace") as f:
+            f.seek(before)
+            self.assertRegex(f.read(), r"route=\w+ .*\bevaluated=\d+",
+                             "Codex's turn did not reach the small model")
+        self.assertEqual(self.states()["main"], "unloaded")
 
     def test_refusals(self):
         # An unknown name: exit 1, listing the registry's names.
