@@ -17,7 +17,8 @@ up` without --model) with two registry models. The configuration toki
 writes for each agent that takes --small is used the way the agent uses it
 (its base URL, its key, the model its small/fast setting names), and the
 request reaches the endpoint and is answered by the small model, which
-/v1/models then shows loaded while the main one was never started."""
+/v1/models then shows loaded while the main one was never started; Codex
+itself runs a turn on its `small` profile."""
 import json
 import os
 import re
