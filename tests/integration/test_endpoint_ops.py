@@ -3,7 +3,8 @@ TOKI_MAX_LOADED=1 a conversation on a, then b (a swapped out, its slots
 saved), then a again (b swapped out, a started on its slot files):
 /toki/stats, /metrics (a `model` label) and `toki status` count each
 model's loads, unloads, exits, swap seconds and slot bytes saved and
-restored."""
+restored, and so does `toki web`'s models table (headless Chromium, as
+test_web.py drives it)."""
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toki_harness as th
+from test_web import Web, browse
 
 
 class EndpointOps(unittest.TestCase):
@@ -106,6 +108,25 @@ class EndpointOps(unittest.TestCase):
         self.assertNotEqual(line_a.group(1), "0 B", r.stdout)
         self.assertNotEqual(line_a.group(2), "0 B", r.stdout)
         self.assertRegex(r.stdout, r"(?m)^  model +b unloaded: loads 1, unloads 1, ")
+
+        # toki web in front of the endpoint: its models table, a row each.
+        web = Web("http://127.0.0.1:%d/v1" % self.port, env=self.env)
+        try:
+            seen = browse({"scenario": "models", "url": web.url})
+        finally:
+            web.kill()
+            web.proc.stdout.close()
+            web.log.close()
+        self.assertEqual(seen["errors"], [], seen["console"])
+        rows = {m["name"]: m for m in seen["models"]}
+        self.assertEqual(sorted(rows), ["a", "b"], seen["models"])
+        self.assertEqual((rows["a"]["state"], rows["a"]["loads"], rows["a"]["unloads"]),
+                         ("loaded", "2", "1"), rows)
+        self.assertEqual((rows["b"]["state"], rows["b"]["loads"], rows["b"]["unloads"]),
+                         ("unloaded", "1", "1"), rows)
+        self.assertNotEqual(rows["a"]["saved"], "0 B", rows)
+        self.assertNotEqual(rows["a"]["restored"], "0 B", rows)
+        self.assertEqual(rows["b"]["restored"], "0 B", rows)
 
 
 if __name__ == "__main__":
