@@ -43,24 +43,48 @@ static json_t *status_of(const struct run_info *ri)
 	return o;
 }
 
+/* Bytes as an operator reads them: B, KiB or MiB. */
+static void put_bytes(char *out, size_t n, long long b)
+{
+	if (b >= 1048576)
+		snprintf(out, n, "%.1f MiB", (double)b / 1048576.0);
+	else if (b >= 1024)
+		snprintf(out, n, "%.1f KiB", (double)b / 1024.0);
+	else
+		snprintf(out, n, "%lld B", b);
+}
+
 /* The endpoint for the registry (toki up without --model): its models and
  * what each is doing; each running model is listed as a run of its own. */
 static void print_endpoint(json_t *o, json_t *stats)
 {
 	printf("  registry     %s\n", json_string_value(json_object_get(o, "model")));
 	long long cap = json_integer_value(json_object_get(stats, "max_loaded"));
-	printf("  models       ");
 	size_t i;
 	json_t *m;
+	/* A line per model: its state, and what its swaps did so far. */
 	json_array_foreach(json_object_get(stats, "models"), i, m)
 	{
-		printf("%s%s %s", i ? ", " : "", json_string_value(json_object_get(m, "name")),
+		printf("  model        %s %s", json_string_value(json_object_get(m, "name")),
 		       json_string_value(json_object_get(m, "state")));
 		if (json_integer_value(json_object_get(m, "in_flight")))
 			printf(" (%lld in flight)",
 			       json_integer_value(json_object_get(m, "in_flight")));
+		printf(": loads %lld, unloads %lld",
+		       json_integer_value(json_object_get(m, "loads")),
+		       json_integer_value(json_object_get(m, "unloads")));
+		if (json_integer_value(json_object_get(m, "exits")))
+			printf(", exits %lld", json_integer_value(json_object_get(m, "exits")));
+		char saved[32], restored[32];
+		put_bytes(saved, sizeof saved,
+		          json_integer_value(json_object_get(m, "saved_bytes")));
+		put_bytes(restored, sizeof restored,
+		          json_integer_value(json_object_get(m, "restored_bytes")));
+		printf(", last start %.1f s, last stop %.1f s, saved %s, restored %s\n",
+		       json_number_value(json_object_get(m, "last_start_s")),
+		       json_number_value(json_object_get(m, "last_stop_s")), saved, restored);
 	}
-	printf("\n  waiting      %lld requests\n",
+	printf("  waiting      %lld requests\n",
 	       json_integer_value(json_object_get(stats, "waiting")));
 	if (cap > 0)
 		printf("  max loaded   %lld\n", cap);

@@ -4,6 +4,7 @@
  * run/NAME/slots, and its next start restores them), and its exit: why it
  * did not start, and the llama-server it may leave behind. What starts and
  * stops whom is pool.c's (pool_pump). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -59,6 +61,39 @@ static struct pool_model *model_by_pid(struct pool *p, pid_t pid)
 	return NULL;
 }
 
+/* The bytes of m's slot files (run/NAME/slots, where its toki serve saves
+ * them: the data files, not their small index) written at or after since;
+ * every one when since is NULL. */
+static uint64_t slot_bytes(const char *name, const struct timespec *since)
+{
+	char dir[4200], path[4600];
+	if (run_file_path(name, "slots", dir, sizeof dir) != 0)
+		return 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return 0;
+	uint64_t sum = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		size_t l = strlen(de->d_name);
+		if (strncmp(de->d_name, "toki-", 5) != 0 || l < 9 ||
+		    (strcmp(de->d_name + l - 4, ".bin") != 0 &&
+		     strcmp(de->d_name + l - 4, ".zst") != 0))
+			continue;
+		struct stat st;
+		snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+		if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+			continue;
+		if (since &&
+		    (st.st_mtim.tv_sec < since->tv_sec ||
+		     (st.st_mtim.tv_sec == since->tv_sec && st.st_mtim.tv_nsec < since->tv_nsec)))
+			continue;
+		sum += (uint64_t)st.st_size;
+	}
+	closedir(d);
+	return sum;
+}
+
 void pool_model_reset(struct pool_model *m)
 {
 	if (m->poll) {
@@ -94,6 +129,10 @@ void pool_model_stop(struct pool *p, struct pool_model *m, const char *why)
 		event_free(m->poll);
 		m->poll = NULL;
 	}
+	/* Only a ready child's stop is an unload (a start given up on is not);
+	 * its time runs to the exit, the slot save included. */
+	m->stop_unloads = m->state == PM_LOADED;
+	m->stop_began_us = clock_now_us();
 	m->state = PM_STOPPING;
 	kill(m->pid, SIGTERM);
 }
@@ -107,6 +146,9 @@ static void on_probe_done(struct backend_call *call, int status, const char *bod
 		return; /* the next poll asks again */
 	m->state = PM_LOADED;
 	m->last_used = clock_now_us();
+	m->loads++;
+	m->last_start_s = (double)(m->last_used - m->started_us) / 1e6;
+	m->total_start_s += m->last_start_s;
 	if (m->poll) {
 		event_free(m->poll);
 		m->poll = NULL;
@@ -349,6 +391,14 @@ int pool_model_start(struct pool *p, struct pool_model *m, const struct registry
 	m->max_output = rm->max_output;
 	m->state = PM_STARTING;
 	m->started_us = clock_now_us();
+	/* Restored bytes are the slot files this child finds: what it restores
+	 * returning conversations from. Counted here rather than from the
+	 * child's own restores because those are known only to the child
+	 * (its /toki/stats, gone with it when it stops) and the endpoint must
+	 * not start or ask a model to answer its own stats; a file no
+	 * conversation comes back for is counted too. */
+	m->restored_bytes += slot_bytes(m->name, NULL);
+	clock_gettime(CLOCK_REALTIME, &m->start_wall);
 	m->starts++;
 	m->polls = 0;
 	m->error[0] = '\0';
@@ -369,6 +419,15 @@ void pool_on_child_exit(pid_t pid, int status, void *arg)
 	if (!m)
 		return;
 	enum pm_state was = m->state;
+	/* Its saves: the slot files written since its start, the last ones at
+	 * its SIGTERM (a killed child's saves before it died count too). */
+	m->saved_bytes += slot_bytes(m->name, &m->start_wall);
+	if (was == PM_STOPPING) {
+		m->last_stop_s = (double)(clock_now_us() - m->stop_began_us) / 1e6;
+		m->unloads += m->stop_unloads;
+	} else {
+		m->exits++;
+	}
 	log_info("pool: %s (pid %d) exited (%s %d)%s", m->name, (int)pid,
 	         WIFSIGNALED(status) ? "signal" : "status",
 	         WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),

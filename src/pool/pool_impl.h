@@ -61,6 +61,18 @@ struct pool_model {
 	struct event *poll;     /* while starting: is it listening and healthy yet */
 	struct backend_call *probe;
 	char error[1200]; /* why its last start failed, for the waiters */
+	/* What operators see of it (/toki/stats, /metrics, toki status): */
+	int loads;                  /* starts that became ready */
+	int unloads;                /* stops the pool asked of a ready child */
+	int exits;                  /* deaths nobody asked for */
+	double last_start_s;        /* its last start, to ready */
+	double total_start_s;       /* every start's, to ready */
+	double last_stop_s;         /* its last asked stop: SIGTERM to exit (the save) */
+	int64_t stop_began_us;      /* when its SIGTERM went */
+	int stop_unloads;           /* this stop is of a ready child: an unload */
+	struct timespec start_wall; /* when its start began, as file times say it */
+	uint64_t saved_bytes;       /* slot files its children wrote, over every run */
+	uint64_t restored_bytes;    /* slot files there at its starts, over every start */
 };
 
 struct pool_waiter;

@@ -89,6 +89,19 @@ static void handle_stats(struct pool *p, struct http_request *req)
 		                        ? json_real((double)(now - m->last_used) / 1e6)
 		                        : json_null());
 		json_object_set_new(e, "ttl", json_integer(pool_model_ttl(p, m)));
+		int queued = 0;
+		for (struct pool_waiter *w = p->head; w; w = w->next)
+			queued += w->m == m;
+		json_object_set_new(e, "queued", json_integer(queued));
+		json_object_set_new(e, "loads", json_integer(m->loads));
+		json_object_set_new(e, "unloads", json_integer(m->unloads));
+		json_object_set_new(e, "exits", json_integer(m->exits));
+		json_object_set_new(e, "last_start_s", json_real(m->last_start_s));
+		json_object_set_new(e, "total_start_s", json_real(m->total_start_s));
+		json_object_set_new(e, "last_stop_s", json_real(m->last_stop_s));
+		json_object_set_new(e, "saved_bytes", json_integer((json_int_t)m->saved_bytes));
+		json_object_set_new(e, "restored_bytes",
+		                    json_integer((json_int_t)m->restored_bytes));
 		if (m->error[0])
 			json_object_set_new(e, "error", json_string(m->error));
 		json_array_append_new(models, e);
@@ -103,27 +116,47 @@ static void handle_stats(struct pool *p, struct http_request *req)
  * for now); answered here, so that a scrape does not start a model. */
 static void handle_metrics(struct pool *p, struct http_request *req)
 {
-	size_t cap = 512 + (size_t)p->n_models * 600, len = 0;
+	size_t cap = 2048 + (size_t)p->n_models * 3600, len = 0;
 	char *out = malloc(cap);
 	if (!out) {
 		http_respond_error(req, 500, "out of memory");
 		return;
 	}
-#define PUT(...) len += (size_t)snprintf(out + len, cap - len, __VA_ARGS__)
-	PUT("# TYPE toki_endpoint_model_loaded gauge\n");
-	for (int i = 0; i < p->n_models; i++)
-		PUT("toki_endpoint_model_loaded{model=\"%s\"} %d\n", p->models[i]->name,
-		    p->models[i]->state == PM_LOADED);
-	PUT("# TYPE toki_endpoint_model_starts_total counter\n");
-	for (int i = 0; i < p->n_models; i++)
-		PUT("toki_endpoint_model_starts_total{model=\"%s\"} %d\n", p->models[i]->name,
-		    p->models[i]->starts);
-	PUT("# TYPE toki_endpoint_model_in_flight gauge\n");
-	for (int i = 0; i < p->n_models; i++)
-		PUT("toki_endpoint_model_in_flight{model=\"%s\"} %d\n", p->models[i]->name,
-		    p->models[i]->in_flight);
+	int *queued = calloc((size_t)p->n_models + 1, sizeof *queued);
+	if (!queued) {
+		free(out);
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	for (struct pool_waiter *w = p->head; w; w = w->next)
+		for (int i = 0; i < p->n_models; i++)
+			queued[i] += w->m == p->models[i];
+#define PUT(...) len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, __VA_ARGS__)
+/* One family: its TYPE line, then a line per model. */
+#define FAMILY(fam, type, fmt, expr)                                                               \
+	do {                                                                                       \
+		PUT("# TYPE toki_endpoint_model_" fam " " type "\n");                              \
+		for (int i = 0; i < p->n_models; i++) {                                            \
+			const struct pool_model *m = p->models[i];                                 \
+			PUT("toki_endpoint_model_" fam "{model=\"%s\"} " fmt "\n", m->name, expr); \
+		}                                                                                  \
+	} while (0)
+	FAMILY("loaded", "gauge", "%d", m->state == PM_LOADED);
+	FAMILY("starts_total", "counter", "%d", m->starts);
+	FAMILY("in_flight", "gauge", "%d", m->in_flight);
+	FAMILY("queued", "gauge", "%d", queued[i]);
+	FAMILY("loads_total", "counter", "%d", m->loads);
+	FAMILY("unloads_total", "counter", "%d", m->unloads);
+	FAMILY("exits_total", "counter", "%d", m->exits);
+	FAMILY("last_start_seconds", "gauge", "%.3f", m->last_start_s);
+	FAMILY("start_seconds_total", "counter", "%.3f", m->total_start_s);
+	FAMILY("last_stop_seconds", "gauge", "%.3f", m->last_stop_s);
+	FAMILY("saved_bytes_total", "counter", "%llu", (unsigned long long)m->saved_bytes);
+	FAMILY("restored_bytes_total", "counter", "%llu", (unsigned long long)m->restored_bytes);
+#undef FAMILY
 #undef PUT
 	http_respond(req, 200, "text/plain; version=0.0.4", out, len < cap ? len : cap - 1);
+	free(queued);
 	free(out);
 }
 

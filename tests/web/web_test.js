@@ -81,6 +81,12 @@ async function main() {
 				await page.waitForSelector('#daemon-dot.up');
 				out.daemonInfo = await page.textContent('#daemon-info');
 			}
+			if (cfg.scenario === 'models') {
+				// The endpoint's models table: each row's cells by key.
+				await page.waitForSelector('#models-box:not([hidden]) #models tbody tr');
+				out.models = await page.$$eval('#models tbody tr', (rows) => rows.map((r) =>
+					Object.fromEntries([...r.querySelectorAll('td')].map((td) => [td.dataset.k, td.textContent]))));
+			}
 			if (cfg.system != null) {
 				await page.click('#system-box summary');
 				await page.fill('#system', cfg.system);

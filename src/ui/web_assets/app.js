@@ -96,10 +96,53 @@
 			const name = (m.id || 'model').split('/').pop();
 			setDaemon(true, `${name}${ctx ? ' · ' + ctx + ' tokens context' : ''} · daemon ${info.daemon}`);
 			banner('');
+			refreshModels();
 		} catch (e) {
 			setDaemon(false, `daemon ${info.daemon} · down`);
 			banner(e.message);
 		}
+	}
+
+	/* ---- the endpoint's models ---- */
+
+	const fmtBytes = (b) =>
+		b >= 1048576 ? `${(b / 1048576).toFixed(1)} MiB` : b >= 1024 ? `${(b / 1024).toFixed(1)} KiB` : `${b} B`;
+	const fmtS = (v) => (v ? `${v.toFixed(1)} s` : '—');
+
+	/* The endpoint for the registry (toki up) says what each model did: its
+	 * state, loads and unloads, its last swap's seconds and the slot bytes
+	 * saved and restored across swaps. A single model's daemon has no such
+	 * list: the table stays hidden. Asked when the daemon is found and after
+	 * each turn (a turn may have swapped models). */
+	async function refreshModels() {
+		let s;
+		try {
+			const r = await api('/toki/stats');
+			if (!r.ok)
+				return;
+			s = await r.json();
+		} catch (e) {
+			return;
+		}
+		$('models-box').hidden = !s.endpoint;
+		if (!s.endpoint)
+			return;
+		const body = $('models').tBodies[0];
+		body.replaceChildren(...(s.models || []).map((m) => {
+			const tr = document.createElement('tr');
+			tr.dataset.model = m.name;
+			tr.dataset.state = m.state;
+			const cells = [['name', m.name], ['state', m.state], ['loads', String(m.loads)],
+				['unloads', String(m.unloads)], ['start', fmtS(m.last_start_s)], ['stop', fmtS(m.last_stop_s)],
+				['saved', fmtBytes(m.saved_bytes || 0)], ['restored', fmtBytes(m.restored_bytes || 0)]];
+			for (const [k, v] of cells) {
+				const td = document.createElement('td');
+				td.dataset.k = k;
+				td.textContent = v;
+				tr.append(td);
+			}
+			return tr;
+		}));
 	}
 
 	/* ---- one request, streamed ---- */
@@ -361,6 +404,7 @@
 			turns.push({n, mode, raw: res.raw || null, cached: res.cached || null, route: (res.cached || res.raw).route});
 			el.dataset.state = 'done';
 			redraw();
+			refreshModels();
 			$('composer').scrollIntoView({block: 'end'});
 		} catch (e) {
 			el.dataset.state = 'error';
