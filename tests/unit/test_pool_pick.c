@@ -179,18 +179,17 @@ static void test_group_ids_from_registry(void **state)
 		fail_msg("%s", err);
 	struct pool_view v[3] = {{0}};
 	for (int i = 0; i < 3; i++) {
-		v[i].running = i < 2;
+		v[i].running = i != 1;
 		v[i].stoppable = 1;
 		v[i].used = 100;
+		v[i].last_used = i * 10;
 		v[i].group = registry_group_of(&r, r.models[i].name) + 1;
 	}
 	assert_int_equal(v[0].group, 1);
 	assert_int_equal(v[1].group, 1);
 	assert_int_equal(v[2].group, 0);
-	/* c (in no group) stops whichever member is older. */
-	v[0].last_used = 10;
-	v[1].last_used = 5;
-	assert_int_equal(pool_pick(v, 3, 2, 100, 200, 0), 1);
+	/* b makes c stop, though a was used longer ago. */
+	assert_int_equal(pool_pick(v, 3, 1, 100, 200, 0), 2);
 	registry_free(&r);
 }
 
