@@ -206,6 +206,7 @@ void pool_pump(struct pool *p)
 		v[i].stoppable = o->state == PM_LOADED && o->in_flight == 0;
 		v[i].last_used = o->last_used;
 		v[i].used = o->used;
+		v[i].stopping = o->state == PM_STOPPING;
 		v[i].group = registry_group_of(&p->reg, o->name) + 1;
 		if (v[i].running && o != m)
 			held += o->used;

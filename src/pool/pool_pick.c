@@ -71,7 +71,9 @@ int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint6
 			continue;
 		held += v[i].used;
 		running++;
-		if (partner(v, i, target)) {
+		/* A member on its way out (its ttl, a re-read) is not kept: the
+		 * target waits for it to go rather than being refused. */
+		if (partner(v, i, target) && !v[i].stopping) {
 			kept += v[i].used;
 			kept_n++;
 		}

@@ -26,6 +26,7 @@ struct pool_view {
 	int stoppable;     /* running, ready, no request in flight or queued */
 	int64_t last_used; /* when its last request ended (any clock) */
 	uint64_t used;     /* the memory it holds */
+	int stopping;      /* running, and on its way out: a member's memory is freed soon */
 	/* its registry group, 1-based (registry_group_of + 1), so that a view
 	 * left zeroed is in none: 0 */
 	int group;

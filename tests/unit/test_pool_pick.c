@@ -1,6 +1,6 @@
 /* The endpoint's pure decisions (src/pool/pool_pick.c): names and aliases,
  * whom to stop, what an unknown name is told, in each API's error shape;
- * and the registry keys they read (aliases, ttl, max_loaded). */
+ * and the registry keys they read (aliases, ttl, max_loaded, groups). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -160,6 +160,13 @@ static void test_pick_groups(void **state)
 	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 2), POOL_NEVER_GROUP);
 	/* Too big alone is still the sizing refusal. */
 	assert_int_equal(pool_pick(v, 4, 3, 301, 300, 0), POOL_NEVER);
+	/* A member on its way out is waited for, not a reason to refuse. */
+	v[2].stoppable = 0;
+	v[1].stoppable = 0;
+	v[1].stopping = 1;
+	assert_int_equal(pool_pick(v, 4, 3, 101, 300, 0), POOL_WAIT);
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 2), POOL_WAIT);
+	v[1].stopping = 0;
 	/* A member that is not running holds nothing. */
 	v[1].running = v[1].stoppable = 0;
 	v[2].stoppable = 1;
