@@ -364,6 +364,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 	pool_pump(p);
 }
 
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	pool_conn_reap(arg);
+}
+
 static void on_shutdown_poll(evutil_socket_t fd, short what, void *arg)
 {
 	struct pool *p = arg;
@@ -470,6 +477,7 @@ int pool_serve(const struct pool_config *cfg)
 	p->sigterm = evsignal_new(p->base, SIGTERM, on_signal, p);
 	p->tick = event_new(p->base, -1, EV_PERSIST, on_tick, p);
 	p->shutdown_poll = event_new(p->base, -1, 0, on_shutdown_poll, p);
+	p->reap = event_new(p->base, -1, 0, on_reap, p);
 	struct timeval one_s = {1, 0};
 	event_add(p->sigint, NULL);
 	event_add(p->sigterm, NULL);
@@ -495,6 +503,8 @@ int pool_serve(const struct pool_config *cfg)
 	}
 	plat_child_watch_free(p->watch);
 	http_server_free(p->http);
+	pool_conn_reap(p); /* the clients the lines above released */
+	event_free(p->reap);
 	event_free(p->sigint);
 	event_free(p->sigterm);
 	event_free(p->tick);

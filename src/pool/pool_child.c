@@ -31,6 +31,21 @@
 void pool_conn_release(struct pool_conn *c)
 {
 	if (c && --c->users == 0 && c->retired) {
+		/* Not freed here: the last user is often a relay's end, called from
+		 * this client's own done or error callback, which frees its call
+		 * after the handler returns (backend_http_free would free it first:
+		 * a double free when a child dies under a request). */
+		c->next_dead = c->pool->dead;
+		c->pool->dead = c;
+		event_active(c->pool->reap, 0, 0);
+	}
+}
+
+void pool_conn_reap(struct pool *p)
+{
+	while (p->dead) {
+		struct pool_conn *c = p->dead;
+		p->dead = c->next_dead;
 		backend_http_free(c->http);
 		free(c);
 	}
@@ -172,10 +187,12 @@ static void on_start_poll(evutil_socket_t fd, short what, void *arg)
 			/* The child takes the same local token as the endpoint. */
 			snprintf(auth, sizeof auth, "Bearer %s", m->pool->cfg.token);
 			struct pool_conn *c = calloc(1, sizeof *c);
-			if (c)
+			if (c) {
+				c->pool = m->pool;
 				c->http = backend_http_new(event_get_base(m->poll), url,
 				                           m->pool->cfg.backend_timeout_s, err,
 				                           sizeof err);
+			}
 			if (c && c->http &&
 			    backend_http_set_header(c->http, "Authorization", auth) == 0) {
 				m->conn = c;

@@ -31,9 +31,11 @@ extern const char *const pool_state_names[];
  * child that exits under them leaves their calls to end on their own
  * (freeing it would free their calls without a word to them). */
 struct pool_conn {
+	struct pool *pool;
 	struct backend_http *http;
 	int users;   /* relays using it */
 	int retired; /* its child is gone: freed when the last relay ends */
+	struct pool_conn *next_dead;
 };
 
 /* One registry model, by name: kept across registry re-reads, so that a
@@ -75,6 +77,11 @@ struct pool {
 	int n_models;
 	struct pool_waiter *head, *tail; /* requests waiting for their model, in order */
 	struct plat_child_watch *watch;
+	/* Clients whose last relay ended, freed on the next loop turn: the last
+	 * release runs inside the client's own callback, which uses its call
+	 * after the handler returns. */
+	struct pool_conn *dead;
+	struct event *reap;
 	struct event *tick, *sigint, *sigterm, *shutdown_poll;
 	int shutting_down;
 	int64_t shutdown_deadline;
@@ -135,8 +142,12 @@ void pool_model_stop(struct pool *p, struct pool_model *m, const char *why);
 void pool_model_reset(struct pool_model *m);
 /* plat_child_watch's callback: a child exited. */
 void pool_on_child_exit(pid_t pid, int status, void *arg);
-/* One user fewer of a child's client: freed once retired and unused. */
+/* One user fewer of a child's client: once retired and unused, freed on
+ * the next loop turn (pool_conn_reap). */
 void pool_conn_release(struct pool_conn *c);
+/* Frees the clients released since the last turn (p->reap's callback, and
+ * once more when the endpoint stops). */
+void pool_conn_reap(struct pool *p);
 
 /* ---- pool_relay.c: what the client gets ---- */
 

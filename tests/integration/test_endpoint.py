@@ -4,11 +4,14 @@ route's own error shape), each model starts on its first request (once,
 however many requests race for it), models take turns under
 TOKI_MAX_LOADED=1, and a conversation whose model was swapped out and back
 comes back from its slot files (route "disk") evaluating what it would have
-without the swap, with exact mode's answer. `toki down` leaves nothing."""
+without the swap, with exact mode's answer. A model's server that dies under
+requests fails them (502, or an error event) and starts again on the next,
+the other model untouched. `toki down` leaves nothing."""
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -323,6 +326,65 @@ class Endpoint(unittest.TestCase):
                          ("loaded", "loaded", "unloaded"))
         self.assertIn("pool: stopping c", self.log_text())
         self.assertEqual(self.starts("a"), 1)
+
+    def in_flight(self, name):
+        st, stats = th.request(self.port, "GET", "/toki/stats")
+        return [m["in_flight"] for m in stats["models"] if m["name"] == name][0]
+
+    def test_a_server_that_dies_mid_request(self):
+        # Both loaded; a's toki serve is stopped (SIGSTOP) with two requests
+        # relayed to it, a whole one and a stream, then killed. Each gets an
+        # error (the stream's in its own shape once it began), b is not
+        # touched, and a's next request starts it again. Repeated: whether
+        # the child's exit or its connection's end comes first is the
+        # kernel's choice, and the endpoint freed the child's client under
+        # its own callback in one of the two orders.
+        self.env.pop("TOKI_MAX_LOADED")
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in ("a", "b"):
+            self.assertEqual(self.chat(name, [{"role": "user", "content": "hi"}])["model"],
+                             name)
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+        for round_ in range(1, 4):
+            pid = self.child_pid("a")
+            os.kill(pid, signal.SIGSTOP)
+            results = {}
+
+            def whole():
+                results["whole"] = th.request(self.port, "POST", "/v1/chat/completions",
+                                              {"model": "a", "messages": msgs,
+                                               "max_tokens": 8})
+
+            def streamed():
+                results["stream"] = th.stream(self.port, "/v1/chat/completions",
+                                              {"model": "a", "messages": msgs,
+                                               "max_tokens": 8, "stream": True})
+
+            threads = [threading.Thread(target=t) for t in (whole, streamed)]
+            for t in threads:
+                t.start()
+            deadline = time.time() + 20
+            while self.in_flight("a") < 2 and time.time() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(self.in_flight("a"), 2)
+            os.kill(pid, signal.SIGKILL)
+            for t in threads:
+                t.join(60)
+            st, e = results["whole"]
+            self.assertEqual(st, 502, e)
+            self.assertIn("error", e)
+            st, events = results["stream"]
+            self.assertIn(st, (200, 502), events)
+            if st == 200:
+                self.assertIn("error", th.event_json(events[-1]), events)
+            # b answers all along; a starts again on its next request.
+            self.assertEqual(self.chat("b", msgs)["model"], "b")
+            self.assertEqual(self.chat("a", msgs)["model"], "a")
+            self.assertEqual(self.starts("a"), 1 + round_)
+            self.assertEqual(self.starts("b"), 1)
+        self.assertEqual(self.toki("down").returncode, 0)
+        self.assertEqual(self.processes_with(self.tmp), [])
 
 
 if __name__ == "__main__":
