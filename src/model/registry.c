@@ -48,6 +48,15 @@ static void model_free(struct registry_model *m)
 	memset(m, 0, sizeof *m);
 }
 
+static void group_free(struct registry_group *g)
+{
+	free(g->name);
+	for (int i = 0; i < g->n_members; i++)
+		free(g->members[i]);
+	free(g->members);
+	memset(g, 0, sizeof *g);
+}
+
 void registry_free(struct registry *r)
 {
 	if (!r)
@@ -56,6 +65,9 @@ void registry_free(struct registry *r)
 		model_free(&r->models[i]);
 	free(r->models);
 	free(r->active);
+	for (int i = 0; i < r->n_groups; i++)
+		group_free(&r->groups[i]);
+	free(r->groups);
 	memset(r, 0, sizeof *r);
 }
 
@@ -67,6 +79,17 @@ const struct registry_model *registry_find(const struct registry *r, const char 
 		if (!strcmp(r->models[i].name, name))
 			return &r->models[i];
 	return NULL;
+}
+
+int registry_group_of(const struct registry *r, const char *name)
+{
+	if (!r || !name)
+		return -1;
+	for (int g = 0; g < r->n_groups; g++)
+		for (int i = 0; i < r->groups[g].n_members; i++)
+			if (!strcmp(r->groups[g].members[i], name))
+				return g;
+	return -1;
 }
 
 /* strdup that maps NULL to NULL, so optional fields copy in one line. Sets
@@ -507,6 +530,84 @@ static int walk_models(struct walk *w, const yaml_node_t *n, struct registry *r)
 	return check_aliases(w, n, r);
 }
 
+/* groups: {name: [model, ...]}. The members are checked against the
+ * models by check_groups(), once the whole file is read (groups: may come
+ * before models:). */
+static int walk_groups(struct walk *w, const yaml_node_t *n, struct registry *r)
+{
+	if (is_null(n))
+		return 0;
+	if (n->type != YAML_MAPPING_NODE)
+		return walk_fail(w, n, "groups: expected a mapping of group names, got %s",
+		                 node_kind(n));
+	size_t count = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+	if (count > 100000)
+		return walk_fail(w, n, "groups: more than 100000 groups");
+	if (count == 0)
+		return 0;
+	r->groups = calloc(count, sizeof *r->groups);
+	if (!r->groups)
+		return walk_fail(w, n, "out of memory");
+	for (size_t i = 0; i < count; i++) {
+		yaml_node_pair_t *p = &n->data.mapping.pairs.start[i];
+		yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
+		yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
+		if (!k || !v || k->type != YAML_SCALAR_NODE)
+			return walk_fail(w, k ? k : n, "groups: a group name must be a string");
+		const char *name = scalar(k);
+		if (strlen(name) != k->data.scalar.length || !paths_is_safe_name(name))
+			return walk_fail(w, k,
+			                 "groups: '%.40s' is not a valid group name (letters, "
+			                 "digits, '.', '_', '-'; at most 128)",
+			                 name);
+		for (int j = 0; j < r->n_groups; j++)
+			if (!strcmp(r->groups[j].name, name))
+				return walk_fail(w, k, "groups: '%s' is listed twice", name);
+		struct registry_group *g = &r->groups[r->n_groups];
+		g->name = strdup(name);
+		if (!g->name)
+			return walk_fail(w, k, "out of memory");
+		r->n_groups++; /* owned by r from here on, complete or not */
+		char what[192];
+		snprintf(what, sizeof what, "groups.%s", name);
+		if (want_list(w, v, what, &g->members, &g->n_members) != 0)
+			return -1;
+		if (g->n_members == 0)
+			return walk_fail(w, v, "%s: a group lists its models", what);
+	}
+	return 0;
+}
+
+/* Every member is a model of the registry, and a model is in one group: a
+ * typo in a member would otherwise leave its model free to be stopped. */
+static int check_groups(struct walk *w, const yaml_node_t *n, const struct registry *r)
+{
+	for (int g = 0; g < r->n_groups; g++) {
+		const yaml_node_pair_t *p = &n->data.mapping.pairs.start[g];
+		const yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
+		const struct registry_group *gr = &r->groups[g];
+		for (int i = 0; i < gr->n_members; i++) {
+			const char *m = gr->members[i];
+			if (!registry_find(r, m))
+				return walk_fail(
+				    w, v, "groups.%s: '%.40s' is not a model of the registry",
+				    gr->name, m);
+			for (int j = 0; j < i; j++)
+				if (!strcmp(gr->members[j], m))
+					return walk_fail(w, v, "groups.%s: '%.40s' is listed twice",
+					                 gr->name, m);
+			int other = registry_group_of(r, m);
+			if (other != g)
+				return walk_fail(
+				    w, v,
+				    "groups.%s: '%.40s' is already in group %s (a model "
+				    "is in one group at most)",
+				    gr->name, m, r->groups[other].name);
+		}
+	}
+	return 0;
+}
+
 static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r)
 {
 	if (is_null(root))
@@ -515,6 +616,7 @@ static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r
 		return walk_fail(w, root, "expected a mapping with 'models:' at the top, got %s",
 		                 node_kind(root));
 	int seen_models = 0, seen_active = 0, seen_max = 0, seen_ttl = 0;
+	const yaml_node_t *groups = NULL;
 	for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top;
 	     p++) {
 		yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
@@ -546,13 +648,20 @@ static int walk_root(struct walk *w, const yaml_node_t *root, struct registry *r
 				continue;
 			if (want_tokens(w, v, key, max ? &r->max_loaded : &r->ttl) != 0)
 				return -1;
+		} else if (!strcmp(key, "groups")) {
+			if (groups)
+				return walk_fail(w, k, "duplicate key 'groups'");
+			groups = v;
+			if (walk_groups(w, v, r) != 0)
+				return -1;
 		} else {
-			return walk_fail(
-			    w, k, "unknown key '%.40s' (known: models, active, max_loaded, ttl)",
-			    key);
+			return walk_fail(w, k,
+			                 "unknown key '%.40s' (known: models, active, max_loaded, "
+			                 "ttl, groups)",
+			                 key);
 		}
 	}
-	return 0;
+	return r->n_groups ? check_groups(w, groups, r) : 0;
 }
 
 static int parse_registry(const char *path, const char *buf, size_t len, struct registry *r,
@@ -765,8 +874,19 @@ static int emit_registry(FILE *f, const struct registry *r)
 		if (emit_model(&e, &r->models[i]))
 			goto out;
 	if (emit_map_end(&e) || emit_kv_str(&e, "active", r->active) ||
-	    emit_kv_long(&e, "max_loaded", r->max_loaded) || emit_kv_long(&e, "ttl", r->ttl) ||
-	    emit_map_end(&e))
+	    emit_kv_long(&e, "max_loaded", r->max_loaded) || emit_kv_long(&e, "ttl", r->ttl))
+		goto out;
+	if (r->n_groups > 0) {
+		if (emit_str(&e, "groups", 0) || emit_map_start(&e))
+			goto out;
+		for (int g = 0; g < r->n_groups; g++)
+			if (emit_list(&e, r->groups[g].name, r->groups[g].members,
+			              r->groups[g].n_members))
+				goto out;
+		if (emit_map_end(&e))
+			goto out;
+	}
+	if (emit_map_end(&e))
 		goto out;
 	if (!yaml_document_end_event_initialize(&ev, 1) || emit(&e, &ev))
 		goto out;
@@ -997,6 +1117,26 @@ static int mutate_remove(struct registry *r, const char *path, const void *arg, 
 		if (r->active && !strcmp(r->active, name)) {
 			free(r->active);
 			r->active = NULL;
+		}
+		/* A member left behind would make the registry unreadable. */
+		int g = registry_group_of(r, name);
+		if (g >= 0) {
+			struct registry_group *gr = &r->groups[g];
+			for (int j = 0; j < gr->n_members; j++)
+				if (!strcmp(gr->members[j], name)) {
+					free(gr->members[j]);
+					memmove(&gr->members[j], &gr->members[j + 1],
+					        (size_t)(gr->n_members - j - 1) *
+					            sizeof *gr->members);
+					gr->n_members--;
+					break;
+				}
+			if (gr->n_members == 0) {
+				group_free(gr);
+				memmove(gr, gr + 1,
+				        (size_t)(r->n_groups - g - 1) * sizeof *r->groups);
+				r->n_groups--;
+			}
 		}
 		return 0;
 	}

@@ -16,6 +16,8 @@
  *   active: qwen3-4b                            # optional
  *   max_loaded: 2                               # optional: models the endpoint runs at once
  *   ttl: 1800                                   # optional: every model's default ttl
+ *   groups:                                     # optional: models that run together
+ *     coding: [qwen3-4b, qwen3-0.6b]            # loading one never stops another
  *
  * The file is at paths_registry_file(). A missing file is an empty registry.
  * Reading is strict: a key this version does not know, a value of the wrong
@@ -56,12 +58,23 @@ struct registry_model {
 	long ttl; /* seconds idle before the endpoint stops it; 0 when absent */
 };
 
+/* Models that run together (a coding model and its small fast model): the
+ * endpoint never stops one member to make room for another. Every member is
+ * a model of the registry, and no model is in two groups. */
+struct registry_group {
+	char *name;     /* the key under groups: */
+	char **members; /* n_members model names, at least one */
+	int n_members;
+};
+
 struct registry {
 	struct registry_model *models; /* in file order */
 	int n;
-	char *active;    /* NULL when absent */
-	long max_loaded; /* models the endpoint runs at once; 0 when absent */
-	long ttl;        /* the models' default ttl; 0 when absent */
+	char *active;                  /* NULL when absent */
+	long max_loaded;               /* models the endpoint runs at once; 0 when absent */
+	long ttl;                      /* the models' default ttl; 0 when absent */
+	struct registry_group *groups; /* in file order; NULL when n_groups is 0 */
+	int n_groups;
 };
 
 /* Reads the registry at paths_registry_file(). Returns 0 (a missing file
@@ -76,12 +89,16 @@ void registry_free(struct registry *r);
 /* The model of that name, or NULL. Valid until registry_free(). */
 const struct registry_model *registry_find(const struct registry *r, const char *name);
 
+/* The index in r->groups of the group the model `name` is in, or -1. */
+int registry_group_of(const struct registry *r, const char *name);
+
 /* Inserts or replaces the model `name` (m->name is ignored) in the registry
  * file, keeping the other models and their order; a new model goes last.
  * m->path must be non-empty, ctx and max_output >= 0, args non-NULL strings.
  * Creates the registry's directory if needed. 0, or -1 with a message. */
 int registry_set_model(const char *name, const struct registry_model *m, char *err, size_t errlen);
-/* Removes the model `name`; clears `active` if it named that model. -1 with a
+/* Removes the model `name`; clears `active` if it named that model, and
+ * takes it out of its group (a group left empty goes). -1 with a
  * message if there is no such model. */
 int registry_remove_model(const char *name, char *err, size_t errlen);
 /* Sets `active` to a registered model, or removes it when name is NULL. */

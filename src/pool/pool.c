@@ -206,6 +206,8 @@ void pool_pump(struct pool *p)
 		v[i].stoppable = o->state == PM_LOADED && o->in_flight == 0;
 		v[i].last_used = o->last_used;
 		v[i].used = o->used;
+		v[i].stopping = o->state == PM_STOPPING;
+		v[i].group = registry_group_of(&p->reg, o->name) + 1;
 		if (v[i].running && o != m)
 			held += o->used;
 	}
@@ -231,6 +233,7 @@ void pool_pump(struct pool *p)
 	}
 	int pick =
 	    pool_pick(v, p->n_models, target, plan->used, plan->capacity, pool_max_loaded(p));
+	int group = v[target].group - 1;
 	free(v);
 	if (pick == POOL_FITS) {
 		if (pool_model_start(p, m, rm, plan) != 0) {
@@ -249,6 +252,35 @@ void pool_pump(struct pool *p)
 		free(plan);
 		pool_pump(p);
 		return;
+	} else if (pick == POOL_NEVER_GROUP) {
+		/* Stopping a member would break the group, so it is refused
+		 * rather than left waiting for room that never comes. */
+		const struct registry_group *g = &p->reg.groups[group];
+		int off = snprintf(err, sizeof err,
+		                   "refused: %s does not fit beside the running models of its "
+		                   "group %s (",
+		                   m->name, g->name);
+		long k = 0;
+		for (int i = 0; i < p->n_models && off > 0 && off < (int)sizeof err; i++) {
+			struct pool_model *c = p->models[i];
+			if (c != m && c->state != PM_UNLOADED &&
+			    registry_group_of(&p->reg, c->name) == group)
+				off += snprintf(err + off, sizeof err - (size_t)off, "%s%s",
+				                k++ ? ", " : "", c->name);
+		}
+		long max = pool_max_loaded(p);
+		char why[600];
+		if (max > 0 && k >= max)
+			snprintf(why, sizeof why, "max_loaded is %ld", max);
+		else
+			snprintf(why, sizeof why, "%s", plan->why);
+		if (off > 0 && off < (int)sizeof err)
+			snprintf(err + off, sizeof err - (size_t)off,
+			         "): the group does not fit together: %s", why);
+		pool_fail_waiters(p, m, 503, err);
+		free(plan);
+		pool_pump(p);
+		return;
 	} else {
 		/* Every running model is busy: the least recently used takes no
 		 * new requests, and stops once its last one ends. */
@@ -256,6 +288,7 @@ void pool_pump(struct pool *p)
 		for (int i = 0; i < p->n_models; i++) {
 			struct pool_model *c = p->models[i];
 			if (c != m && c->state == PM_LOADED &&
+			    (group < 0 || registry_group_of(&p->reg, c->name) != group) &&
 			    (!lru || c->last_used < lru->last_used))
 				lru = c;
 		}

@@ -55,24 +55,38 @@ int pool_unknown_message(const struct registry *r, const char *model, char *buf,
 	return (int)off;
 }
 
+/* Whether v[i] is in the target's group (never stopped to make room for it). */
+static int partner(const struct pool_view *v, int i, int target)
+{
+	return i != target && v[target].group > 0 && v[i].group == v[target].group;
+}
+
 int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint64_t capacity,
               long max_loaded)
 {
-	uint64_t held = 0;
-	long running = 0;
+	uint64_t held = 0, kept = 0;
+	long running = 0, kept_n = 0;
 	for (int i = 0; i < n; i++) {
 		if (i == target || !v[i].running)
 			continue;
 		held += v[i].used;
 		running++;
+		/* A member on its way out (its ttl, a re-read) is not kept: the
+		 * target waits for it to go rather than being refused. */
+		if (partner(v, i, target) && !v[i].stopping) {
+			kept += v[i].used;
+			kept_n++;
+		}
 	}
 	if (need > capacity)
 		return POOL_NEVER;
+	if (kept + need > capacity || (max_loaded > 0 && kept_n >= max_loaded))
+		return POOL_NEVER_GROUP;
 	if (held + need <= capacity && (max_loaded <= 0 || running < max_loaded))
 		return POOL_FITS;
 	int lru = -1;
 	for (int i = 0; i < n; i++)
-		if (i != target && v[i].running && v[i].stoppable &&
+		if (i != target && v[i].running && v[i].stoppable && !partner(v, i, target) &&
 		    (lru < 0 || v[i].last_used < v[lru].last_used))
 			lru = i;
 	return lru >= 0 ? lru : POOL_WAIT;

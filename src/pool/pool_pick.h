@@ -26,17 +26,24 @@ struct pool_view {
 	int stoppable;     /* running, ready, no request in flight or queued */
 	int64_t last_used; /* when its last request ended (any clock) */
 	uint64_t used;     /* the memory it holds */
+	int stopping;      /* running, and on its way out: a member's memory is freed soon */
+	/* its registry group, 1-based (registry_group_of + 1), so that a view
+	 * left zeroed is in none: 0 */
+	int group;
 };
 
 enum {
 	POOL_FITS = -1,  /* the model fits beside the running ones: start it */
 	POOL_WAIT = -2,  /* it does not, and no running one can stop now */
 	POOL_NEVER = -3, /* it does not even with every other model stopped */
+	/* it fits alone, not beside its group's running members, which are
+	 * never stopped for it: the group does not fit together */
+	POOL_NEVER_GROUP = -4,
 };
 /* Whether model `target` (not running) can start beside the others within
  * capacity bytes and max_loaded models (0: no cap): POOL_FITS; else the
- * index of the least recently used stoppable model to stop first; else
- * POOL_WAIT or POOL_NEVER. */
+ * index of the least recently used stoppable model to stop first, never one
+ * of the target's group; else POOL_WAIT, POOL_NEVER or POOL_NEVER_GROUP. */
 int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint64_t capacity,
               long max_loaded);
 

@@ -284,6 +284,49 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(st, 503, e)
         self.assertIn("refused: a does not fit this machine", e["error"]["message"])
 
+    def test_groups_run_together(self):
+        # a and b are a group; c is in none. The cap comes from the registry
+        # (no TOKI_MAX_LOADED) so that it can change while the endpoint runs.
+        self.env.pop("TOKI_MAX_LOADED")
+        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
+        reg = self.env["TOKI_MODEL_REGISTRY"]
+        with open(reg) as f:
+            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
+                                    "active:" % self.tmp)
+        with open(reg, "w") as f:
+            f.write(text + "groups:\n  pair: [a, b]\nmax_loaded: 1\n")
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+        def tokenize(name):
+            return th.request(self.port, "POST", "/tokenize", {"model": name, "content": "hi"})
+
+        self.assertEqual(tokenize("a")[0], 200)
+        # One model at a time cannot hold the pair: b is refused, a stays.
+        st, e = tokenize("b")
+        self.assertEqual(st, 503, e)
+        self.assertIn("b does not fit beside the running models of its group pair (a): "
+                      "the group does not fit together: max_loaded is 1",
+                      e["error"]["message"])
+        m = self.models()
+        self.assertEqual((m["a"]["state"], m["b"]["state"]), ("loaded", "unloaded"))
+        # Two at a time: a, then c; b makes c stop, though a was used
+        # longer ago (without the group, a would go).
+        reads = self.log_text().count("pool: registry read again")
+        with open(reg, "w") as f:
+            f.write(text + "groups:\n  pair: [a, b]\nmax_loaded: 2\n")
+        deadline = time.time() + 20
+        while self.log_text().count("pool: registry read again") == reads:
+            self.assertLess(time.time(), deadline, "the registry was not read again")
+            time.sleep(0.05)
+        self.assertEqual(tokenize("c")[0], 200)
+        self.assertEqual(tokenize("b")[0], 200)
+        m = self.models()
+        self.assertEqual((m["a"]["state"], m["b"]["state"], m["c"]["state"]),
+                         ("loaded", "loaded", "unloaded"))
+        self.assertIn("pool: stopping c", self.log_text())
+        self.assertEqual(self.starts("a"), 1)
+
     def in_flight(self, name):
         st, stats = th.request(self.port, "GET", "/toki/stats")
         return [m["in_flight"] for m in stats["models"] if m["name"] == name][0]

@@ -1,6 +1,6 @@
 /* The endpoint's pure decisions (src/pool/pool_pick.c): names and aliases,
  * whom to stop, what an unknown name is told, in each API's error shape;
- * and the registry keys they read (aliases, ttl, max_loaded). */
+ * and the registry keys they read (aliases, ttl, max_loaded, groups). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -134,6 +134,72 @@ static void test_pick(void **state)
 	assert_int_equal(pool_pick(v, 3, 2, 301, 300, 0), POOL_NEVER);
 }
 
+static void test_pick_groups(void **state)
+{
+	/* a and b are a group (1), c is in none, d is the one to start. */
+	struct pool_view v[4] = {
+	    {.running = 1, .stoppable = 1, .last_used = 10, .used = 100, .group = 1},
+	    {.running = 1, .stoppable = 1, .last_used = 20, .used = 100, .group = 1},
+	    {.running = 1, .stoppable = 1, .last_used = 30, .used = 100},
+	    {.running = 0, .group = 1},
+	};
+	/* b is older than c, but a member: c goes, never a or b. */
+	assert_int_equal(pool_pick(v, 4, 3, 100, 300, 0), 2);
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 3), 2);
+	/* Outside the group, the least recently used goes (a), as without one. */
+	v[3].group = 0;
+	assert_int_equal(pool_pick(v, 4, 3, 100, 300, 0), 0);
+	v[3].group = 2;
+	assert_int_equal(pool_pick(v, 4, 3, 100, 300, 0), 0);
+	v[3].group = 1;
+	/* c busy: wait, rather than stop a member. */
+	v[2].stoppable = 0;
+	assert_int_equal(pool_pick(v, 4, 3, 100, 300, 0), POOL_WAIT);
+	/* It fits alone, not beside a and b even with c stopped: never. */
+	assert_int_equal(pool_pick(v, 4, 3, 101, 300, 0), POOL_NEVER_GROUP);
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 2), POOL_NEVER_GROUP);
+	/* Too big alone is still the sizing refusal. */
+	assert_int_equal(pool_pick(v, 4, 3, 301, 300, 0), POOL_NEVER);
+	/* A member on its way out is waited for, not a reason to refuse. */
+	v[2].stoppable = 0;
+	v[1].stoppable = 0;
+	v[1].stopping = 1;
+	assert_int_equal(pool_pick(v, 4, 3, 101, 300, 0), POOL_WAIT);
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 2), POOL_WAIT);
+	v[1].stopping = 0;
+	/* A member that is not running holds nothing. */
+	v[1].running = v[1].stoppable = 0;
+	v[2].stoppable = 1;
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 2), 2);
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 1), POOL_NEVER_GROUP);
+	assert_int_equal(pool_pick(v, 4, 3, 10, 1000, 3), POOL_FITS);
+}
+
+/* The registry's groups become the views' group ids as pool.c fills them. */
+static void test_group_ids_from_registry(void **state)
+{
+	struct registry r;
+	char err[512] = "";
+	if (load("models:\n  a:\n    path: /a\n  b:\n    path: /b\n  c:\n    path: /c\n"
+	         "groups:\n  coding: [b, a]\n",
+	         &r, err, sizeof err) != 0)
+		fail_msg("%s", err);
+	struct pool_view v[3] = {{0}};
+	for (int i = 0; i < 3; i++) {
+		v[i].running = i != 1;
+		v[i].stoppable = 1;
+		v[i].used = 100;
+		v[i].last_used = i * 10;
+		v[i].group = registry_group_of(&r, r.models[i].name) + 1;
+	}
+	assert_int_equal(v[0].group, 1);
+	assert_int_equal(v[1].group, 1);
+	assert_int_equal(v[2].group, 0);
+	/* b makes c stop, though a was used longer ago. */
+	assert_int_equal(pool_pick(v, 3, 1, 100, 200, 0), 2);
+	registry_free(&r);
+}
+
 static void test_error_shapes(void **state)
 {
 	/* The endpoint answers an unknown name with http_respond_error, which
@@ -161,6 +227,8 @@ int main(void)
 	    cmocka_unit_test(test_keys_survive_a_write),
 	    cmocka_unit_test(test_bad_aliases_are_refused),
 	    cmocka_unit_test(test_pick),
+	    cmocka_unit_test(test_pick_groups),
+	    cmocka_unit_test(test_group_ids_from_registry),
 	    cmocka_unit_test(test_error_shapes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

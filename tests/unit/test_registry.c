@@ -331,6 +331,69 @@ static void test_read_errors(void **state)
 	setenv("TOKI_MODEL_REGISTRY", regfile, 1);
 }
 
+/* groups: read, refused when a member is unknown or in two groups, kept
+ * across a write, and a removed model leaves its group. */
+static void test_groups(void **state)
+{
+	const char *models = "models:\n  a:\n    path: /a\n  b:\n    path: /b\n"
+	                     "  c:\n    path: /c\n";
+	char text[512];
+	struct registry r;
+	char err[512] = "";
+	/* groups: before models: is fine; a model in none is in none. */
+	snprintf(text, sizeof text, "groups:\n  coding: [a, b]\n%s", models);
+	if (load_text(text, &r, err, sizeof err) != 0)
+		fail_msg("%s", err);
+	assert_int_equal(r.n_groups, 1);
+	assert_string_equal(r.groups[0].name, "coding");
+	assert_int_equal(r.groups[0].n_members, 2);
+	assert_string_equal(r.groups[0].members[1], "b");
+	assert_int_equal(registry_group_of(&r, "a"), 0);
+	assert_int_equal(registry_group_of(&r, "b"), 0);
+	assert_int_equal(registry_group_of(&r, "c"), -1);
+	assert_int_equal(registry_group_of(&r, NULL), -1);
+	registry_free(&r);
+	assert_null(r.groups);
+
+	snprintf(text, sizeof text, "%sgroups:\n  coding: [a, bb]\n", models);
+	expect_error_at(text, 9, "groups.coding: 'bb' is not a model of the registry");
+	snprintf(text, sizeof text, "%sgroups:\n  x: [a, b]\n  y: [c, a]\n", models);
+	expect_error_at(text, 10, "groups.y: 'a' is already in group x");
+	snprintf(text, sizeof text, "%sgroups:\n  x: [a, a]\n", models);
+	expect_error_at(text, 9, "groups.x: 'a' is listed twice");
+	snprintf(text, sizeof text, "%sgroups:\n  x: []\n", models);
+	expect_error_at(text, 9, "groups.x: a group lists its models");
+	snprintf(text, sizeof text, "%sgroups:\n  x: a\n", models);
+	expect_error_at(text, 9, "groups.x: expected a list of strings");
+	snprintf(text, sizeof text, "%sgroups:\n  x: [a]\n  x: [b]\n", models);
+	expect_error_at(text, 10, "groups: 'x' is listed twice");
+	snprintf(text, sizeof text, "%sgroups: [a, b]\n", models);
+	expect_error_at(text, 8, "groups: expected a mapping of group names");
+	snprintf(text, sizeof text, "%sgroups: {}\ngroups: {}\n", models);
+	expect_error_at(text, 9, "duplicate key 'groups'");
+
+	/* A `toki model` write keeps the groups; removing a member takes it out
+	 * of its group, and a group left empty goes. */
+	snprintf(text, sizeof text, "%sgroups:\n  x: [a, b]\n  y: [c]\n", models);
+	write_file(regfile, text);
+	struct registry_model d = model("/d");
+	assert_int_equal(registry_set_model("d", &d, err, sizeof err), 0);
+	assert_int_equal(registry_remove_model("a", err, sizeof err), 0);
+	assert_int_equal(registry_remove_model("c", err, sizeof err), 0);
+	if (registry_load(&r, err, sizeof err) != 0)
+		fail_msg("%s", err);
+	assert_int_equal(r.n, 2);
+	assert_int_equal(r.n_groups, 1);
+	assert_string_equal(r.groups[0].name, "x");
+	assert_int_equal(r.groups[0].n_members, 1);
+	assert_string_equal(r.groups[0].members[0], "b");
+	registry_free(&r);
+	char *written = read_file(regfile);
+	assert_non_null(written);
+	assert_non_null(strstr(written, "\ngroups:\n  x: [\"b\"]\n"));
+	free(written);
+}
+
 /* --- Writing --------------------------------------------------------------- */
 
 static void test_round_trip(void **state)
@@ -817,6 +880,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_unknown_keys, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_unsafe_names_in_file, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_groups, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_remove_and_active, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_refuse_broken, setup, teardown),
