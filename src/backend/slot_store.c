@@ -759,9 +759,12 @@ static void idle_save_done(struct router_saved *e, void *arg)
 }
 
 /* A slot worth a file: long enough, not on disk already, idle. */
-static int worth_saving(struct daemon *d, struct router_slot *s)
+/* An idle save keeps what is long enough to cost more to recompute than to
+ * restore (the router's save_min_tokens); a shutdown keeps everything, since
+ * what it does not save is lost (a swap out of the endpoint, a restart). */
+static int worth_saving(struct daemon *d, struct router_slot *s, size_t min_tokens)
 {
-	return !s->busy && !s->saved && s->n_tokens >= d->router->save_min_tokens;
+	return !s->busy && !s->saved && s->n_tokens > 0 && s->n_tokens >= min_tokens;
 }
 
 void slot_store_tick(struct daemon *d)
@@ -778,7 +781,7 @@ void slot_store_tick(struct daemon *d)
 			continue;
 		for (int k = 0; k < b->rb->n_slots; k++) {
 			struct router_slot *s = &b->rb->slots[k];
-			if (!worth_saving(d, s) ||
+			if (!worth_saving(d, s, d->router->save_min_tokens) ||
 			    now - s->last_used_us < (int64_t)d->cfg.save_idle_ms * 1000)
 				continue;
 			struct idle_save *is = calloc(1, sizeof *is);
@@ -852,7 +855,7 @@ void slot_store_save_all(struct daemon *d, int timeout_s, void (*done)(void *arg
 			continue;
 		for (int k = 0; k < b->rb->n_slots; k++) {
 			struct router_slot *s = &b->rb->slots[k];
-			if (!worth_saving(d, s))
+			if (!worth_saving(d, s, 1))
 				continue;
 			sa->pending++;
 			if (slot_store_save(d, b, s, save_all_one_done, sa) != 0)
