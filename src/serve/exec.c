@@ -1089,7 +1089,12 @@ void exec_route(struct serve_req *r)
 		/* A client-pinned slot is on the backend it was pinned on. */
 		struct backend *b = r->run.slot ? r->run.backend : req_any_backend(r);
 		if (!b) {
-			if (r->state != RS_WAITING)
+			/* As below: a supervised llama-server comes back. */
+			if (r->state == RS_WAITING)
+				return;
+			if (d->supervisor)
+				wait_add(r);
+			else
 				req_fail(r, 503, "no backend is up");
 			return;
 		}

@@ -150,11 +150,25 @@ struct serve_req {
 
 TAILQ_HEAD(serve_req_list, serve_req);
 
+/* A route that only needs some backend up (a pass-through, /v1/models),
+ * parked while the supervised llama-server restarts: handled again once a
+ * backend is up (wait.c). */
+typedef void (*serve_route_fn)(struct daemon *d, struct http_request *req);
+struct serve_parked {
+	struct daemon *d;
+	struct http_request *client;
+	serve_route_fn handler;
+	int64_t t_start_us;
+	TAILQ_ENTRY(serve_parked) link;
+};
+TAILQ_HEAD(serve_parked_list, serve_parked);
+
 /* The queue of waiting requests and the list of those in flight; the daemon
  * holds it as an opaque pointer (daemon.h, serve). */
 struct serve_state {
 	struct serve_req_list waiting;
 	struct serve_req_list active;
+	struct serve_parked_list parked;
 	/* Shutdown: run when the last request in flight has ended. */
 	void (*drained)(void *arg);
 	void *drained_arg;
@@ -243,6 +257,9 @@ void reply_new_attempt(struct serve_req *r);
 /* ---- wait.c: the queue ---- */
 void wait_add(struct serve_req *r);
 void wait_remove(struct serve_req *r);
+/* Parks req until a backend is up, then runs handler(d, req) again; it
+ * counts as waiting, under the same deadline as the queue's requests. */
+void wait_park(struct daemon *d, struct http_request *req, serve_route_fn handler);
 void active_add(struct serve_req *r);
 void active_remove(struct serve_req *r);
 

@@ -61,6 +61,12 @@ static const struct backend_call_handlers pass_handlers = {
 static void pass_through(struct daemon *d, struct http_request *req)
 {
 	struct backend *b = backend_any_up(d);
+	if (!b && d->supervisor) {
+		/* The managed llama-server is restarting: the request waits for
+		 * it, as a routed one does, rather than being lost. */
+		wait_park(d, req, pass_through);
+		return;
+	}
 	if (!b) {
 		http_respond_error(req, 503, "no backend is up");
 		return;
@@ -217,6 +223,10 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 static void handle_models(struct daemon *d, struct http_request *req)
 {
 	struct backend *b = backend_any_up(d);
+	if (!b && d->supervisor) {
+		wait_park(d, req, handle_models); /* restarting, as above */
+		return;
+	}
 	if (!b || !b->models) {
 		http_respond_error(req, 503, "no backend is up");
 		return;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 
 #include "daemon.h"
+#include "http/http_server.h"
+#include "util/clock.h"
 #include "serve/req.h"
 #include "serve/serve.h"
 
@@ -30,6 +32,65 @@ void wait_remove(struct serve_req *r)
 	 * (routed after the prompt probes, its backend busy in exact mode),
 	 * and hung. */
 	r->state = RS_TOKENIZE;
+}
+
+static void unpark(struct serve_parked *p)
+{
+	TAILQ_REMOVE(&p->d->serve->parked, p, link);
+	p->d->n_waiting--;
+}
+
+/* The client left while its route was parked: nothing was sent anywhere. */
+static void on_parked_close(struct http_request *req, void *arg)
+{
+	struct serve_parked *p = arg;
+	unpark(p);
+	free(p);
+}
+
+void wait_park(struct daemon *d, struct http_request *req, serve_route_fn handler)
+{
+	struct serve_parked *p = calloc(1, sizeof *p);
+	if (!p) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	p->d = d;
+	p->client = req;
+	p->handler = handler;
+	p->t_start_us = clock_now_us();
+	TAILQ_INSERT_TAIL(&d->serve->parked, p, link);
+	d->n_waiting++;
+	http_request_on_close(req, on_parked_close, p);
+}
+
+/* Ends a parked route with an error answer (the deadline, a shutdown). */
+static void parked_fail(struct serve_parked *p, int status, const char *message)
+{
+	unpark(p);
+	http_request_on_close(p->client, NULL, NULL);
+	http_respond_error(p->client, status, message);
+	free(p);
+}
+
+/* Once a backend is up, every parked route runs again, in the order they
+ * came; the handler owns the request from there (and may park it again). */
+static void retry_parked(struct daemon *d)
+{
+	if (TAILQ_EMPTY(&d->serve->parked) || !backend_any_up(d))
+		return;
+	struct serve_parked_list ready = TAILQ_HEAD_INITIALIZER(ready);
+	TAILQ_CONCAT(&ready, &d->serve->parked, link);
+	struct serve_parked *p;
+	while ((p = TAILQ_FIRST(&ready))) {
+		TAILQ_REMOVE(&ready, p, link);
+		d->n_waiting--;
+		struct http_request *req = p->client;
+		serve_route_fn handler = p->handler;
+		http_request_on_close(req, NULL, NULL);
+		free(p);
+		handler(d, req);
+	}
 }
 
 void active_add(struct serve_req *r)
@@ -65,6 +126,7 @@ void active_remove(struct serve_req *r)
  * up to the last waiter there was. */
 static void retry_waiting(struct daemon *d, uint64_t changed)
 {
+	retry_parked(d);
 	struct serve_req *r = TAILQ_FIRST(&d->serve->waiting);
 	struct serve_req *stop = TAILQ_LAST(&d->serve->waiting, serve_req_list);
 	while (r) {
@@ -95,14 +157,24 @@ int serve_init(struct daemon *d)
 		return -1;
 	TAILQ_INIT(&d->serve->waiting);
 	TAILQ_INIT(&d->serve->active);
+	TAILQ_INIT(&d->serve->parked);
 	d->on_slots_changed = retry_waiting;
 	return 0;
 }
 
 void serve_free(struct daemon *d)
 {
-	if (d->serve && d->serve->drain_timeout)
+	if (!d->serve)
+		return;
+	if (d->serve->drain_timeout)
 		event_free(d->serve->drain_timeout);
+	/* The HTTP server, freed first, closed their clients: none are left;
+	 * any that are have no client to answer. */
+	struct serve_parked *p;
+	while ((p = TAILQ_FIRST(&d->serve->parked))) {
+		unpark(p);
+		free(p);
+	}
 	free(d->serve);
 	d->serve = NULL;
 	d->on_slots_changed = NULL;
@@ -119,6 +191,12 @@ void serve_expire_waiting(struct daemon *d, int64_t now_us)
 			req_fail(r, 504, "no slot or backend became free in time");
 		}
 		r = next;
+	}
+	struct serve_parked *p, *pnext;
+	for (p = TAILQ_FIRST(&d->serve->parked); p; p = pnext) {
+		pnext = TAILQ_NEXT(p, link);
+		if (now_us - p->t_start_us > limit)
+			parked_fail(p, 504, "no slot or backend became free in time");
 	}
 }
 
@@ -145,6 +223,9 @@ void serve_drain(struct daemon *d, const char *why, int timeout_ms, void (*done)
 		if (r->reply.client || (r->state != RS_TAILCUT && r->state != RS_SETTLE))
 			req_fail(r, 503, why);
 	}
+	struct serve_parked *p;
+	while ((p = TAILQ_FIRST(&ss->parked)))
+		parked_fail(p, 503, why);
 	ss->drained = done;
 	ss->drained_arg = arg;
 	if (TAILQ_EMPTY(&ss->active)) {

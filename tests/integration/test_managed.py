@@ -3,9 +3,11 @@ dies (reported in the log and /toki/stats), and stops it on exit."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -40,7 +42,60 @@ class ManagedBackend(unittest.TestCase):
             self.assertEqual(models["data"][0]["context_length"], 1024)
             self.assertEqual(models["data"][0]["max_output"], 32)
 
+            st, tok = th.request(port, "POST", "/tokenize", {"content": "Once upon a time"})
+            self.assertEqual(st, 200, tok)
+            self.assertTrue(tok["tokens"])
+            st, detok = th.request(port, "POST", "/detokenize", {"tokens": tok["tokens"]})
+            self.assertEqual(st, 200, detok)
+
             os.kill(info["llama_pid"], signal.SIGKILL)
+            # Pass-through routes sent while the server is down (toki saw it
+            # die; the restart waits >= 1 s) wait for it, as chat routes do,
+            # rather than getting a 503.
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                st, stats = th.request(port, "GET", "/toki/stats")
+                if stats["llama_restarts"] >= 1 and not stats["backends"][0]["up"]:
+                    break
+                time.sleep(0.05)
+            self.assertFalse(stats["backends"][0]["up"])
+
+            def waiting_reaches(n):
+                deadline = time.time() + 5
+                while time.time() < deadline:
+                    st, stats = th.request(port, "GET", "/toki/stats")
+                    if stats["waiting"] == n:
+                        return True
+                    time.sleep(0.02)
+                return False
+
+            # A client that leaves while its pass-through waits is forgotten.
+            data = json.dumps({"content": "gone"}).encode()
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                      th.TEST_TOKEN.encode() + b"\r\nContent-Length: " +
+                      str(len(data)).encode() + b"\r\n\r\n" + data)
+            self.assertTrue(waiting_reaches(1))
+            s.close()
+            self.assertTrue(waiting_reaches(0))
+            answers = {}
+
+            def send(path, body):
+                answers[path] = th.request(port, "POST" if body else "GET", path, body,
+                                           timeout=60)
+
+            threads = [threading.Thread(target=send, args=a) for a in
+                       (("/tokenize", {"content": "Once upon a time"}),
+                        ("/detokenize", {"tokens": tok["tokens"]}),
+                        ("/v1/models", None))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(70)
+            self.assertEqual(answers["/tokenize"], (200, tok))
+            self.assertEqual(answers["/detokenize"], (200, detok))
+            self.assertEqual(answers["/v1/models"][0], 200, answers["/v1/models"])
+            self.assertEqual(answers["/v1/models"][1]["data"][0]["context_length"], 1024)
             # Toki notices, restarts it, and serves again.
             deadline = time.time() + 60
             restarts = 0
