@@ -391,7 +391,9 @@ def bench_soak(args, models3, res):
                         out = cl.stream_chat({"model": m, "max_tokens": 8, "messages": [
                             {"role": "user", "content": "stream %d" % k}]})
                         st = out["status"]
-                        ok = st == 200 and out["usage"] is not None
+                        # The last chunk carries llama-server's timings (an
+                        # error event does not).
+                        ok = st == 200 and out["timings"] is not None
                 except Exception as e:  # a broken connection: failed
                     st, ok = repr(e)[:80], False
                     cl.close()
