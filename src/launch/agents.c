@@ -890,31 +890,89 @@ static int build_cline(struct agent_pin *c)
 	return arg_unless_user(c, "--model", "-m", t->model_id);
 }
 
+/* --small for Hermes: its auxiliary side tasks, each an auxiliary.<task>
+ * block with the small model at the same endpoint (a base_url makes the
+ * task use that endpoint directly, whatever its provider). Not vision
+ * (it needs a multimodal model) nor compression: Hermes drops the middle
+ * turns unsummarized when the summary model's window is smaller than the
+ * main one's, which a small model's may well be. NULL on OOM. */
+static char *hermes_auxiliary(const char *small, const char *base, const char *key)
+{
+	static const char *const tasks[] = {"web_extract", "session_search", "title_generation"};
+	char *yaml = strdup("auxiliary:\n");
+	for (size_t i = 0; yaml && i < sizeof tasks / sizeof tasks[0]; i++) {
+		char *more = xasprintf("%s  %s:\n"
+		                       "    provider: \"custom\"\n"
+		                       "    model: %s\n"
+		                       "    base_url: %s\n"
+		                       "    api_key: %s\n",
+		                       yaml, tasks[i], small, base, key);
+		free(yaml);
+		yaml = more;
+	}
+	return yaml;
+}
+
 /* Hermes Agent: a private HERMES_HOME with a config.yaml whose model block
- * is a custom endpoint (provider: custom, base_url, api_key, default). */
+ * is a custom endpoint (provider: custom, base_url, api_key, default); with
+ * --small, the auxiliary tasks on the small model. */
 static int build_hermes(struct agent_pin *c)
 {
 	const struct agent_target *t = c->t;
 	char *model = agents_yaml_string(t->model_id);
 	char *base = agents_yaml_string(c->v1);
 	char *key = agents_yaml_string(t->token);
+	char *small = t->small_model_id ? agents_yaml_string(t->small_model_id) : NULL;
+	char *aux = small && base && key ? hermes_auxiliary(small, base, key) : NULL;
 	char ctx[64] = "";
 	if (t->context_length > 0)
 		snprintf(ctx, sizeof ctx, "  context_length: %ld\n", t->context_length);
-	char *yaml = model && base && key ? xasprintf("# Written by toki launch: Hermes pinned to "
-	                                              "the local model.\n"
-	                                              "model:\n"
-	                                              "  default: %s\n"
-	                                              "  provider: \"custom\"\n"
-	                                              "  base_url: %s\n"
-	                                              "  api_key: %s\n"
-	                                              "%s",
-	                                              model, base, key, ctx)
-	                                  : NULL;
+	char *yaml = model && base && key && (!t->small_model_id || aux)
+	                 ? xasprintf("# Written by toki launch: Hermes pinned to "
+	                             "the local model.\n"
+	                             "model:\n"
+	                             "  default: %s\n"
+	                             "  provider: \"custom\"\n"
+	                             "  base_url: %s\n"
+	                             "  api_key: %s\n"
+	                             "%s%s",
+	                             model, base, key, ctx, aux ? aux : "")
+	                 : NULL;
 	free(model);
 	free(base);
 	free(key);
+	free(small);
+	free(aux);
 	return write_home(c, "config.yaml", yaml, "HERMES_HOME");
+}
+
+/* --small for OpenClaw: agents.defaults.subagents.model, the model its
+ * sub-agents run on unless a spawn names one (the same {primary} shape as
+ * agents.defaults.model), the small model added to the "toki" provider
+ * beside the main one. */
+static int openclaw_small(json_t *doc, const struct agent_target *t)
+{
+	const char *small = t->small_model_id;
+	json_t *list = json_object_get(
+	    json_object_get(json_object_get(json_object_get(doc, "models"), "providers"), "toki"),
+	    "models");
+	if (strcmp(small, t->model_id)) {
+		json_t *m = json_pack("{s:s, s:s}", "id", small, "name", small);
+		if (m && t->small_context_length > 0)
+			json_object_set_new(m, "contextWindow",
+			                    json_integer(t->small_context_length));
+		if (m && t->small_max_output > 0)
+			json_object_set_new(m, "maxTokens", json_integer(t->small_max_output));
+		if (!m || json_array_append_new(list, m) != 0)
+			return -1;
+	}
+	char *ref = xasprintf("toki/%s", small);
+	json_t *sub = ref ? json_pack("{s:{s:s}}", "model", "primary", ref) : NULL;
+	free(ref);
+	return sub ? json_object_set_new(
+	                 json_object_get(json_object_get(doc, "agents"), "defaults"), "subagents",
+	                 sub)
+	           : -1;
 }
 
 /* OpenClaw: OPENCLAW_CONFIG_PATH names a config file with a "toki" provider
@@ -946,6 +1004,10 @@ static int build_openclaw(struct agent_pin *c)
 	else
 		json_decref(model);
 	free(ref);
+	if (doc && t->small_model_id && openclaw_small(doc, t) != 0) {
+		json_decref(doc);
+		doc = NULL;
+	}
 	if (doc && timeout > 0)
 		json_object_set_new(
 		    json_object_get(json_object_get(json_object_get(doc, "models"), "providers"),
@@ -1255,11 +1317,12 @@ static const struct agent_def agents[] = {
      "curl -fsSL https://raw.githubusercontent.com/NousResearch/hermes-agent/main/scripts/"
      "install.sh | bash",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED,
-     "private HERMES_HOME, config.yaml model.provider custom", NULL, build_hermes},
+     "private HERMES_HOME, config.yaml model.provider custom",
+     "auxiliary.{web_extract,session_search,title_generation}", build_hermes},
     {"openclaw", "OpenClaw", openclaw_aliases, "openclaw",
      "npm install -g openclaw@latest (needs Node >=24.16 <25 or >=26.1)", AGENT_API_OPENAI_CHAT,
-     AGENT_DOC_DOCUMENTED, "OPENCLAW_CONFIG_PATH file, models.providers.toki", NULL,
-     build_openclaw},
+     AGENT_DOC_DOCUMENTED, "OPENCLAW_CONFIG_PATH file, models.providers.toki",
+     "agents.defaults.subagents.model", build_openclaw},
     {"droid", "Factory Droid", droid_aliases, "droid", "npm install -g droid",
      AGENT_API_OPENAI_CHAT, AGENT_DOC_DOCUMENTED, "--settings file, customModels (BYOK)", NULL,
      build_droid},

@@ -686,6 +686,45 @@ static void test_small_model(void **ctx)
 	assert_string_equal(p.args[arg_at(&p, "--model") + 1], "toki/" MODEL);
 	agent_plan_free(&p);
 
+	/* Hermes: its text side tasks on the small model at the endpoint; the
+	 * main model block unchanged, no vision or compression block. */
+	build("hermes", &t, NULL, 0, &p);
+	const char *hc = file_of(&p, "/home/config.yaml");
+	assert_true(has_line(hc, "  default: \"qwen3-4b \\\"q4\\\"\""));
+	assert_true(has_line(hc, "auxiliary:"));
+	static const char *const aux[] = {"web_extract", "session_search", "title_generation"};
+	for (size_t i = 0; i < 3; i++) {
+		char head[64];
+		snprintf(head, sizeof head, "  %s:", aux[i]);
+		const char *at = strstr(slurp(hc), head);
+		assert_non_null(at);
+		assert_non_null(strstr(at, "    provider: \"custom\"\n"
+		                           "    model: \"tiny \\\"fast\\\"\"\n"
+		                           "    base_url: \"" EP "/v1\"\n"
+		                           "    api_key: \"" TOKEN "\"\n"));
+	}
+	assert_null(strstr(slurp(hc), "  vision:"));
+	assert_null(strstr(slurp(hc), "  compression:"));
+	agent_plan_free(&p);
+
+	/* OpenClaw: sub-agents on the small model, listed in the provider. */
+	build("openclaw", &t, NULL, 0, &p);
+	j = load_json(file_of(&p, "/openclaw.json"));
+	assert_string_equal(jstr(j, "agents.defaults.model.primary"), "toki/" MODEL);
+	assert_non_null(jstr(j, "agents.defaults.subagents.model.primary"));
+	assert_string_equal(jstr(j, "agents.defaults.subagents.model.primary"), "toki/" SMALL);
+	assert_string_equal(jstr(j, "models.providers.toki.models.0.id"), MODEL);
+	assert_string_equal(jstr(j, "models.providers.toki.models.1.id"), SMALL);
+	json_t *sm = json_array_get(
+	    json_object_get(
+	        json_object_get(json_object_get(json_object_get(j, "models"), "providers"), "toki"),
+	        "models"),
+	    1);
+	assert_int_equal(json_integer_value(json_object_get(sm, "contextWindow")), 8192);
+	assert_int_equal(json_integer_value(json_object_get(sm, "maxTokens")), 512);
+	json_decref(j);
+	agent_plan_free(&p);
+
 	/* Without --small, Qwen Code gets no settings file and OMP no role. */
 	t.small_model_id = NULL;
 	build("qwen", &t, NULL, 0, &p);
@@ -695,12 +734,19 @@ static void test_small_model(void **ctx)
 	build("omp", &t, NULL, 0, &p);
 	assert_null(strstr(slurp(file_of(&p, "/agent/config.yml")), "modelRoles"));
 	agent_plan_free(&p);
+	build("hermes", &t, NULL, 0, &p);
+	assert_null(strstr(slurp(file_of(&p, "/home/config.yaml")), "auxiliary"));
+	agent_plan_free(&p);
+	build("openclaw", &t, NULL, 0, &p);
+	assert_null(strstr(slurp(file_of(&p, "/openclaw.json")), "subagents"));
+	agent_plan_free(&p);
 
 	/* The rest have no second-model setting: the build refuses, naming the
 	 * agents that take --small. */
 	char names[256];
 	agents_small_names(names, sizeof names);
-	assert_string_equal(names, "claude, codex, opencode, qwen, mimo, kilo, omp");
+	assert_string_equal(names,
+	                    "claude, codex, opencode, qwen, mimo, hermes, openclaw, kilo, omp");
 	t.small_model_id = SMALL;
 	size_t n;
 	const struct agent_def *all = agents_all(&n);
@@ -715,7 +761,7 @@ static void test_small_model(void **ctx)
 		assert_int_equal(p.n_files, 0);
 		refused++;
 	}
-	assert_int_equal(refused, n - 7);
+	assert_int_equal(refused, n - 9);
 }
 
 static void test_droid(void **ctx)
