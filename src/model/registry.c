@@ -490,33 +490,65 @@ static int check_aliases(struct walk *w, const yaml_node_t *n, const struct regi
 	return 0;
 }
 
+/* A top-level mapping of names (models:, groups:): its size, checked, and
+ * an array of that many elements for it (*out; NULL when empty or null). 0,
+ * or -1 with the walk's error. */
+static int walk_map_alloc(struct walk *w, const yaml_node_t *n, const char *key, size_t elem,
+                          void **out, size_t *count)
+{
+	*out = NULL;
+	*count = 0;
+	if (is_null(n))
+		return 0; /* `key:` with nothing under it */
+	if (n->type != YAML_MAPPING_NODE)
+		return walk_fail(w, n, "%s: expected a mapping of %s names, got %s", key,
+		                 !strcmp(key, "models") ? "model" : "group", node_kind(n));
+	*count = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+	if (*count > 100000)
+		return walk_fail(w, n, "%s: more than 100000 %s", key, key);
+	if (*count && !(*out = calloc(*count, elem)))
+		return walk_fail(w, n, "out of memory");
+	return 0;
+}
+
+/* The i-th name of such a mapping, checked (a string, a safe name), and its
+ * value; NULL with the walk's error. */
+static const char *walk_map_name(struct walk *w, const yaml_node_t *n, size_t i, const char *key,
+                                 yaml_node_t **k, yaml_node_t **v)
+{
+	const char *noun = !strcmp(key, "models") ? "model" : "group";
+	yaml_node_pair_t *p = &n->data.mapping.pairs.start[i];
+	*k = yaml_document_get_node(w->doc, p->key);
+	*v = yaml_document_get_node(w->doc, p->value);
+	if (!*k || !*v || (*k)->type != YAML_SCALAR_NODE) {
+		walk_fail(w, *k ? *k : n, "%s: a %s name must be a string", key, noun);
+		return NULL;
+	}
+	const char *name = scalar(*k);
+	if (strlen(name) != (*k)->data.scalar.length || !paths_is_safe_name(name)) {
+		walk_fail(w, *k,
+		          "%s: '%.40s' is not a valid %s name (letters, digits, '.', '_', '-'; at "
+		          "most 128)",
+		          key, name, noun);
+		return NULL;
+	}
+	return name;
+}
+
 static int walk_models(struct walk *w, const yaml_node_t *n, struct registry *r)
 {
-	if (is_null(n))
-		return 0; /* `models:` with nothing under it */
-	if (n->type != YAML_MAPPING_NODE)
-		return walk_fail(w, n, "models: expected a mapping of model names, got %s",
-		                 node_kind(n));
-	size_t count = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
-	if (count > 100000)
-		return walk_fail(w, n, "models: more than 100000 models");
-	if (count == 0)
+	size_t count;
+	void *arr;
+	if (walk_map_alloc(w, n, "models", sizeof *r->models, &arr, &count) != 0)
+		return -1;
+	if (!count)
 		return 0;
-	r->models = calloc(count, sizeof *r->models);
-	if (!r->models)
-		return walk_fail(w, n, "out of memory");
+	r->models = arr;
 	for (size_t i = 0; i < count; i++) {
-		yaml_node_pair_t *p = &n->data.mapping.pairs.start[i];
-		yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
-		yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
-		if (!k || !v || k->type != YAML_SCALAR_NODE)
-			return walk_fail(w, k ? k : n, "models: a model name must be a string");
-		const char *name = scalar(k);
-		if (strlen(name) != k->data.scalar.length || !paths_is_safe_name(name))
-			return walk_fail(w, k,
-			                 "models: '%.40s' is not a valid model name (letters, "
-			                 "digits, '.', '_', '-'; at most 128)",
-			                 name);
+		yaml_node_t *k, *v;
+		const char *name = walk_map_name(w, n, i, "models", &k, &v);
+		if (!name)
+			return -1;
 		if (registry_find(r, name))
 			return walk_fail(w, k, "models: '%s' is listed twice", name);
 		struct registry_model *m = &r->models[r->n];
@@ -535,31 +567,18 @@ static int walk_models(struct walk *w, const yaml_node_t *n, struct registry *r)
  * before models:). */
 static int walk_groups(struct walk *w, const yaml_node_t *n, struct registry *r)
 {
-	if (is_null(n))
+	size_t count;
+	void *arr;
+	if (walk_map_alloc(w, n, "groups", sizeof *r->groups, &arr, &count) != 0)
+		return -1;
+	if (!count)
 		return 0;
-	if (n->type != YAML_MAPPING_NODE)
-		return walk_fail(w, n, "groups: expected a mapping of group names, got %s",
-		                 node_kind(n));
-	size_t count = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
-	if (count > 100000)
-		return walk_fail(w, n, "groups: more than 100000 groups");
-	if (count == 0)
-		return 0;
-	r->groups = calloc(count, sizeof *r->groups);
-	if (!r->groups)
-		return walk_fail(w, n, "out of memory");
+	r->groups = arr;
 	for (size_t i = 0; i < count; i++) {
-		yaml_node_pair_t *p = &n->data.mapping.pairs.start[i];
-		yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
-		yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
-		if (!k || !v || k->type != YAML_SCALAR_NODE)
-			return walk_fail(w, k ? k : n, "groups: a group name must be a string");
-		const char *name = scalar(k);
-		if (strlen(name) != k->data.scalar.length || !paths_is_safe_name(name))
-			return walk_fail(w, k,
-			                 "groups: '%.40s' is not a valid group name (letters, "
-			                 "digits, '.', '_', '-'; at most 128)",
-			                 name);
+		yaml_node_t *k, *v;
+		const char *name = walk_map_name(w, n, i, "groups", &k, &v);
+		if (!name)
+			return -1;
 		for (int j = 0; j < r->n_groups; j++)
 			if (!strcmp(r->groups[j].name, name))
 				return walk_fail(w, k, "groups: '%s' is listed twice", name);
