@@ -207,6 +207,7 @@ void pool_pump(struct pool *p)
 		v[i].last_used = o->last_used;
 		v[i].used = o->used;
 		v[i].stopping = o->state == PM_STOPPING;
+		v[i].ready = o->state == PM_LOADED;
 		v[i].group = registry_group_of(&p->reg, o->name) + 1;
 		if (v[i].running && o != m)
 			held += o->used;
@@ -233,13 +234,12 @@ void pool_pump(struct pool *p)
 	}
 	int pick =
 	    pool_pick(v, p->n_models, target, plan->used, plan->capacity, pool_max_loaded(p));
-	int group = v[target].group - 1;
-	free(v);
 	if (pick == POOL_FITS) {
 		if (pool_model_start(p, m, rm, plan) != 0) {
 			log_error("pool: %s", m->error);
 			pool_fail_waiters(p, m, 503, m->error);
 			free(plan);
+			free(v);
 			pool_pump(p);
 			return;
 		}
@@ -250,24 +250,22 @@ void pool_pump(struct pool *p)
 		         plan->why);
 		pool_fail_waiters(p, m, 503, err);
 		free(plan);
+		free(v);
 		pool_pump(p);
 		return;
 	} else if (pick == POOL_NEVER_GROUP) {
 		/* Stopping a member would break the group, so it is refused
 		 * rather than left waiting for room that never comes. */
-		const struct registry_group *g = &p->reg.groups[group];
+		const struct registry_group *g = &p->reg.groups[v[target].group - 1];
 		int off = snprintf(err, sizeof err,
 		                   "refused: %s does not fit beside the running models of its "
 		                   "group %s (",
 		                   m->name, g->name);
 		long k = 0;
-		for (int i = 0; i < p->n_models && off > 0 && off < (int)sizeof err; i++) {
-			struct pool_model *c = p->models[i];
-			if (c != m && c->state != PM_UNLOADED &&
-			    registry_group_of(&p->reg, c->name) == group)
+		for (int i = 0; i < p->n_models && off > 0 && off < (int)sizeof err; i++)
+			if (i != target && v[i].running && v[i].group == v[target].group)
 				off += snprintf(err + off, sizeof err - (size_t)off, "%s%s",
-				                k++ ? ", " : "", c->name);
-		}
+				                k++ ? ", " : "", p->models[i]->name);
 		long max = pool_max_loaded(p);
 		char why[600];
 		if (max > 0 && k >= max)
@@ -279,19 +277,14 @@ void pool_pump(struct pool *p)
 			         "): the group does not fit together: %s", why);
 		pool_fail_waiters(p, m, 503, err);
 		free(plan);
+		free(v);
 		pool_pump(p);
 		return;
 	} else {
 		/* Every running model is busy: the least recently used takes no
 		 * new requests, and stops once its last one ends. */
-		struct pool_model *lru = NULL;
-		for (int i = 0; i < p->n_models; i++) {
-			struct pool_model *c = p->models[i];
-			if (c != m && c->state == PM_LOADED &&
-			    (group < 0 || registry_group_of(&p->reg, c->name) != group) &&
-			    (!lru || c->last_used < lru->last_used))
-				lru = c;
-		}
+		int drain = pool_pick_drain(v, p->n_models, target);
+		struct pool_model *lru = drain >= 0 ? p->models[drain] : NULL;
 		if (lru && !lru->draining) {
 			lru->draining = 1;
 			log_info("pool: %s waits for %s to finish its requests", m->name,
@@ -299,6 +292,7 @@ void pool_pump(struct pool *p)
 		}
 	}
 	free(plan);
+	free(v);
 }
 
 /* ---- the registry ---- */

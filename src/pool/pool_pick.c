@@ -91,3 +91,13 @@ int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint6
 			lru = i;
 	return lru >= 0 ? lru : POOL_WAIT;
 }
+
+int pool_pick_drain(const struct pool_view *v, int n, int target)
+{
+	int lru = -1;
+	for (int i = 0; i < n; i++)
+		if (i != target && v[i].ready && !partner(v, i, target) &&
+		    (lru < 0 || v[i].last_used < v[lru].last_used))
+			lru = i;
+	return lru;
+}

@@ -27,6 +27,7 @@ struct pool_view {
 	int64_t last_used; /* when its last request ended (any clock) */
 	uint64_t used;     /* the memory it holds */
 	int stopping;      /* running, and on its way out: a member's memory is freed soon */
+	int ready;         /* running and serving (in flight or not) */
 	/* its registry group, 1-based (registry_group_of + 1), so that a view
 	 * left zeroed is in none: 0 */
 	int group;
@@ -46,5 +47,10 @@ enum {
  * of the target's group; else POOL_WAIT, POOL_NEVER or POOL_NEVER_GROUP. */
 int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint64_t capacity,
               long max_loaded);
+
+/* When pool_pick says POOL_WAIT (every other model busy): the least
+ * recently used ready model, never one of the target's group, to take no
+ * new requests and stop once its last one ends; -1 when there is none. */
+int pool_pick_drain(const struct pool_view *v, int n, int target);
 
 #endif

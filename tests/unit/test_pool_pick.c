@@ -134,6 +134,27 @@ static void test_pick(void **state)
 	assert_int_equal(pool_pick(v, 3, 2, 301, 300, 0), POOL_NEVER);
 }
 
+static void test_pick_drain(void **state)
+{
+	/* a and b are a group (1), c is in none, d is the one to start; all busy. */
+	struct pool_view v[4] = {
+	    {.running = 1, .ready = 1, .last_used = 10, .group = 1},
+	    {.running = 1, .ready = 1, .last_used = 20, .group = 1},
+	    {.running = 1, .ready = 1, .last_used = 30},
+	    {.running = 0, .group = 1},
+	};
+	/* The least recently used outside d's group drains: c, not a. */
+	assert_int_equal(pool_pick_drain(v, 4, 3), 2);
+	v[3].group = 0;
+	assert_int_equal(pool_pick_drain(v, 4, 3), 0);
+	/* Only ready ones: a starting or stopping model is not drained. */
+	v[0].ready = 0;
+	assert_int_equal(pool_pick_drain(v, 4, 3), 1);
+	v[3].group = 1;
+	v[2].ready = 0;
+	assert_int_equal(pool_pick_drain(v, 4, 3), -1);
+}
+
 static void test_pick_groups(void **state)
 {
 	/* a and b are a group (1), c is in none, d is the one to start. */
@@ -228,6 +249,7 @@ int main(void)
 	    cmocka_unit_test(test_bad_aliases_are_refused),
 	    cmocka_unit_test(test_pick),
 	    cmocka_unit_test(test_pick_groups),
+	    cmocka_unit_test(test_pick_drain),
 	    cmocka_unit_test(test_group_ids_from_registry),
 	    cmocka_unit_test(test_error_shapes),
 	};
