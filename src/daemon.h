@@ -46,6 +46,9 @@ struct daemon_stats {
 	 * they evaluated (one each), which no request's cache block counts:
 	 * /toki/stats evaluated_tokens does. */
 	uint64_t tail_cuts, tail_cut_tokens;
+	/* ... of which keeps: answers whose rows stay in their slot for the
+	 * next turn, and how many rows (exec.c, the keep after an answer). */
+	uint64_t answers_kept, answer_rows_kept;
 };
 
 struct daemon {

@@ -375,6 +375,12 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	       (double)s->prefill_steps);
 	global(o, "toki_tail_cuts_total", "counter",
 	       "Exact mode's cuts of a slot's tail after an answer.", (double)s->tail_cuts);
+	global(o, "toki_answers_kept_total", "counter",
+	       "Exact mode's answers whose rows stayed in their slot for the next turn.",
+	       (double)s->answers_kept);
+	global(o, "toki_answer_rows_kept_total", "counter",
+	       "Rows of answers kept in their slot for the next turn.",
+	       (double)s->answer_rows_kept);
 	global(o, "toki_saved_files", "gauge", "Saved slot states toki keeps.",
 	       (double)d->router->n_saved);
 	global(o, "toki_saved_bytes", "gauge", "Bytes of the saved slot states.",

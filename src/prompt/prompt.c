@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "model/gguf.h"
+#include "router/sched.h"
 #include "template/jinja.h"
 
 /* Fragments shorter than this are tokenized every time: a lookup would cost
@@ -339,6 +340,75 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
 	return tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
 }
 
+/* Step regions: the tokens of an earlier answer, each its own chunk.
+ * llama-server computes an answer's rows one token at a time as it
+ * generates them; a schedule that evaluates them one at a time too gives
+ * the same bits (../shared/proto/decode_steps.py: on CPU and Vulkan, dense,
+ * hybrid and sliding-window models), so the slot that generated the answer
+ * already holds the next turn's rows and nothing is recomputed. An
+ * assistant message gets a region when its tokens begin with this
+ * request's own generation prompt (tokens [g, n)): what follows is where
+ * generation began. The region ends at the first special token (the end of
+ * the turn, which generation samples but never evaluates) or at the next
+ * start; a start at its end begins the rest of the message. All of it is
+ * read off the request, so the schedule is still a function of the request
+ * alone. Returns 0 or -1 (out of memory; the starts are unchanged). */
+static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
+                            struct prompt_starts *st)
+{
+	if (!st->header || st->n < 2)
+		return 0;
+	size_t g = st->pos[st->n - 1], h = n - g, extra = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		size_t *pos = NULL, k = 0;
+		unsigned char *kind = NULL;
+		if (pass) {
+			if (!extra)
+				return 0;
+			pos = malloc((st->n + extra) * sizeof *pos);
+			kind = malloc(st->n + extra);
+			if (!pos || !kind) {
+				free(pos);
+				free(kind);
+				return -1;
+			}
+		}
+		for (size_t i = 0; i < st->n; i++) {
+			if (pass) {
+				pos[k] = st->pos[i];
+				kind[k++] = st->kind[i];
+			}
+			size_t a = st->pos[i], next = i + 1 < st->n ? st->pos[i + 1] : n;
+			if (i + 1 == st->n || st->kind[i] != SCHED_START_ANSWER || next - a <= h ||
+			    memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
+				continue;
+			size_t e = a + h;
+			while (e < next && !vocab_token_is_special(v, tok[e]))
+				e++;
+			/* The next start ends the last step's chunk: kept, whatever
+			 * it starts. */
+			if (e == next && i + 1 < st->n)
+				st->kind[i + 1] = SCHED_START_STEP;
+			for (size_t p = a + h; p <= e && p < next; p++) {
+				if (pass) {
+					pos[k] = p;
+					kind[k++] = SCHED_START_STEP;
+				} else {
+					extra++;
+				}
+			}
+		}
+		if (pass) {
+			free(st->pos);
+			free(st->kind);
+			st->pos = pos;
+			st->kind = kind;
+			st->n = k;
+		}
+	}
+	return 0;
+}
+
 int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, size_t len,
                                   size_t *cuts, unsigned char *kind, size_t n_cuts, int header,
                                   struct token_list *out, struct prompt_starts *starts)
@@ -369,6 +439,8 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 		starts->n = k;
 		starts->messages = n_cuts;
 		pos = NULL;
+		if (add_step_regions(pe->vocab, out->v, out->n, starts) != 0)
+			rc = -1;
 	}
 	free(pos);
 	free(cuts);

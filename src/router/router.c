@@ -563,7 +563,7 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				 * follow the prompt in the KV); exact mode cuts it back
 				 * whenever it could exceed the grid-aligned reuse. */
 				best.must_trim = reuse_mode_is_exact(r->mode) && reuse > 0 &&
-				                 (m > reuse || m == s->n_tokens);
+				                 (m > reuse || (m == s->n_tokens && !s->whole));
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
 				best.kind = m == 0 ? "miss"
 				            : m + (size_t)(s->junk_tail != 0) >= s->n_tokens
@@ -690,6 +690,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->bounds = NULL;
 	s->n_bounds = 0;
 	s->junk_tail = 0;
+	s->whole = 0;
 	s->generated = 0;
 	s->hits = 0;
 	s->think_s = 0;
@@ -732,6 +733,7 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 	s->n_tokens = n;
 	s->saved = NULL;
 	s->junk_tail = 0;
+	s->whole = 0;
 	/* Only whole micro-batches of what was computed stay reusable. */
 	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, n, s->backend->n_ubatch);
 	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
@@ -818,6 +820,7 @@ static int slot_set(struct router *r, struct router_slot *s, const token_t *toke
 	if (s->n_tokens)
 		radix_remove(r->tree, s->tokens, s->n_tokens, s);
 	s->n_tokens = 0;
+	s->whole = 0;
 	if (total > s->cap) {
 		token_t *t = malloc(total * sizeof *t);
 		if (!t) {
@@ -874,6 +877,18 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 	}
 	s->aligned = aligned < n ? aligned : n;
 	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
+	return 0;
+}
+
+int router_slot_kept(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
+                     int junk_tail, const size_t *bounds, size_t nb, size_t aligned, int64_t now_us)
+{
+	if (s->retired)
+		return 0;
+	if (router_slot_commit_sched(r, s, tokens, n, bounds, nb, aligned, now_us) != 0)
+		return -1;
+	s->junk_tail = junk_tail && n > 0;
+	s->whole = 1;
 	return 0;
 }
 

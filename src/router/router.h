@@ -58,6 +58,10 @@ struct router_slot {
 	/* The last token is a cut's throw-away one (router_slot_cut): a
 	 * request that matches all before it reuses all the slot can lend. */
 	int junk_tail;
+	/* The server holds exactly tokens[0..n_tokens), nothing after them
+	 * (router_slot_kept): a request that matches all of them needs no cut
+	 * first. Otherwise an answer's tokens may follow. */
+	int whole;
 	size_t generated; /* tokens the last answer added after the prompt */
 	int busy;
 	int64_t last_used_us;
@@ -260,6 +264,12 @@ int router_slot_commit(struct router *r, struct router_slot *s, const token_t *t
 int router_slot_commit_sched(struct router *r, struct router_slot *s, const token_t *tokens,
                              size_t n, const size_t *bounds, size_t nb, size_t aligned,
                              int64_t now_us);
+/* Exact mode kept an answer's rows (serve/exec.c): the slot holds exactly
+ * tokens[0..n) (the prompt, the answer's tokens, and a throw-away token
+ * when junk_tail), rows [0, aligned) on the schedule bounds[0..nb). */
+int router_slot_kept(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
+                     int junk_tail, const size_t *bounds, size_t nb, size_t aligned,
+                     int64_t now_us);
 /* The slot was cut back: it holds tokens[0..keep) then one throw-away token
  * `junk` (what a cut request leaves), and those rows keep what they were
  * computed on. tokens may be the slot's own. */

@@ -75,7 +75,7 @@ size_t sched_chunks(size_t *b, const unsigned char *kind, size_t n)
 		int keep;
 		if (b[i] <= prev)
 			keep = 0; /* not increasing: never a chunk of no rows */
-		else if (kind[i] == SCHED_START_ANSWER)
+		else if (kind[i] == SCHED_START_ANSWER || kind[i] == SCHED_START_STEP)
 			keep = 1;
 		else if (kind[i] == SCHED_START_SECTION)
 			keep = first && b[i] - prev >= SCHED_MIN_SECTION;

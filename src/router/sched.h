@@ -68,6 +68,9 @@ enum sched_start {
 	SCHED_START_MESSAGE = 0, /* a message: the first one's end, or a user turn or tool output */
 	SCHED_START_ANSWER = 1,  /* an assistant message, or the generation prompt */
 	SCHED_START_SECTION = 2, /* a paragraph (after an empty line) of the first message */
+	/* A token of an earlier answer, evaluated alone: its own chunk of one
+	 * row, as generation computed it (prompt/prompt.h, step regions). */
+	SCHED_START_STEP = 3,
 };
 
 /* The first message's end is a chunk start when the chunk it ends has at
@@ -89,8 +92,9 @@ enum sched_start {
  * SCHED_START_ANSWER; the first message's end (its first
  * SCHED_START_MESSAGE) and the section starts before it, each where the
  * chunk it ends has at least SCHED_MIN_CHUNK or SCHED_MIN_SECTION tokens.
- * Later message starts (user turns, tool outputs) are not chunk starts: an
- * agent's next turn appends to its conversation and reuses everything before
+ * Every SCHED_START_STEP is kept too (a chunk of one token of an earlier
+ * answer). Later message starts (user turns, tool outputs) are not chunk
+ * starts: an agent's next turn appends to its conversation and reuses everything before
  * the answer it continues (a SCHED_START_ANSWER), whatever lies between, and
  * every start costs a decode call when a prompt is evaluated cold. Each
  * decision looks only at what comes before the start, so a longer prompt

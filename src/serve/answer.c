@@ -488,6 +488,29 @@ void answer_end_turn_at_cap(json_t *chat)
 	}
 }
 
+int answer_text_of(const json_t *obj, struct strbuf *out)
+{
+	json_t *choice = json_array_get(json_object_get(obj, "choices"), 0);
+	const json_t *msg = obj, *text;
+	if (choice) {
+		msg = json_object_get(choice, "delta");
+		if (!msg)
+			msg = json_object_get(choice, "message");
+		text = msg ? json_object_get(msg, "content") : json_object_get(choice, "text");
+	} else {
+		text = json_object_get(obj, "content");
+	}
+	if (msg) {
+		json_t *calls = json_object_get(msg, "tool_calls");
+		json_t *reasoning = json_object_get(msg, "reasoning_content");
+		if (json_array_size(calls) || json_string_length(reasoning))
+			return 1;
+	}
+	if (json_is_string(text))
+		strbuf_append(out, json_string_value(text), json_string_length(text));
+	return 0;
+}
+
 enum answer_event answer_event_kind(const char *data)
 {
 	if (!data)

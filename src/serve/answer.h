@@ -96,6 +96,14 @@ char *answer_progress_event(json_t *event, long long cache, long long processed,
  * "length"): Claude Code treats a hit max_tokens as an error. */
 void answer_end_turn_at_cap(json_t *chat);
 
+/* The text one answer (or one stream event) adds: a chat message's or
+ * delta's content, a completion's text, /completion's content; appended to
+ * out. Returns 1 when it carries more than text (tool calls, reasoning),
+ * which a next turn renders in ways the text does not tell; else 0. Exact
+ * mode keeps an answer's rows for the next turn by its text's tokens
+ * (serve/exec.c, the keep after an answer). */
+int answer_text_of(const json_t *obj, struct strbuf *out);
+
 /* The kinds of a stream's events that matter to toki. */
 enum answer_event {
 	ANSWER_EVENT_OTHER,

@@ -23,6 +23,7 @@
 #include "backend/prompt_probe.h"
 #include "backend/slot_store.h"
 #include "daemon.h"
+#include "prompt/prompt.h"
 #include "serve/req.h"
 #include "util/clock.h"
 #include "util/json_body.h"
@@ -36,6 +37,7 @@ static void run_step(struct serve_req *r);
 static int start_tail_cut(struct serve_req *r);
 static int start_error_cut(struct serve_req *r);
 static int start_settle(struct serve_req *r);
+static int start_keep(struct serve_req *r);
 
 /* ---- the step table ---- */
 
@@ -140,7 +142,30 @@ enum slot_fact_kind {
 	SLOT_RESTORED,    /* the saved state restored into it */
 	SLOT_LOADED,  /* a cut loaded a state of the server's RAM cache: the cut's kept prefix */
 	SLOT_UNKNOWN, /* nothing known: forgotten */
+	SLOT_KEPT,    /* the keep after an answer: run.kept[0..n), the answer's rows to n */
 };
+
+/* After a keep: the slot holds exactly the prompt and the answer's tokens
+ * (run.kept, with a throw-away token when run.kept_junk), the prompt's rows
+ * on its schedule and the answer's up to aligned one at a time, as
+ * generation computed them: each its own chunk (a step, router/sched.h). */
+static void settle_kept(struct daemon *d, struct router_slot *s, const struct serve_req *r,
+                        size_t aligned, int64_t now)
+{
+	size_t n = r->prompt.n_tokens, nb = r->prompt.n_bounds;
+	size_t steps = aligned > n ? aligned - n : 0;
+	size_t *b = malloc((nb + steps) * sizeof *b);
+	if (!b) {
+		router_slot_forget(d->router, s);
+		return;
+	}
+	memcpy(b, r->prompt.bounds, nb * sizeof *b);
+	for (size_t i = 0; i < steps; i++)
+		b[nb + i] = n + i;
+	router_slot_kept(d->router, s, r->run.kept, r->run.n_kept + (size_t)r->run.kept_junk,
+	                 r->run.kept_junk, b, nb + steps, aligned, now);
+	free(b);
+}
 
 /* The one writer of what a slot holds on the request path: every outcome of
  * every step ends here. r gives the prompt (NULL for SLOT_UNKNOWN). */
@@ -171,6 +196,9 @@ static void settle_slot(struct daemon *d, struct router_slot *s, const struct se
 		break;
 	case SLOT_UNKNOWN:
 		router_slot_forget(d->router, s);
+		break;
+	case SLOT_KEPT:
+		settle_kept(d, s, r, n, now);
 		break;
 	}
 }
@@ -369,7 +397,7 @@ void exec_answered(struct serve_req *r, int success)
 		record_answer(r, success);
 		struct router_slot *s = r->run.slot;
 		if (req_exact(r) && success && s->n_tokens && !s->retired && r->run.backend &&
-		    backend_is_up(r->run.backend) && start_tail_cut(r))
+		    backend_is_up(r->run.backend) && (start_keep(r) || start_tail_cut(r)))
 			return;
 		if (!success && start_error_cut(r))
 			return;
@@ -1035,6 +1063,116 @@ static const struct backend_call_handlers tail_cut_handlers = {
     .on_done = on_tail_cut_done,
     .on_error = on_after_answer_error,
 };
+
+/* ---- after the answer (exact mode): the answer's rows kept ----
+ *
+ * Generation computed the answer's rows one token at a time, as exact
+ * mode's schedule evaluates an earlier answer's tokens (its steps,
+ * prompt/prompt.c): the next turn of the conversation can reuse them as
+ * they are, and then evaluates what llama-server alone would. toki knows
+ * the answer's text, not its tokens; the keep sends the prompt and the
+ * text's tokens (n_predict 0), and the server's own counts say how many
+ * of them the slot held: it reuses the common prefix and evaluates the
+ * rest. The slot holds the prompt and all but the last generated token
+ * (sampled, never evaluated). When the text's tokens are more than that
+ * (the answer hit its length), the keep evaluates the last one alone, a
+ * step as generation's own; when they are not (it ended on an end of turn,
+ * not in the text), it evaluates a throw-away token after them, which
+ * needs no cut back (a recurrent state cannot be cut back but to a
+ * checkpoint). Where the tokens differ (text that re-tokenizes another
+ * way) the rows from the first difference on are a batch, and only those
+ * before it are kept. One token evaluated, as the tail cut it replaces,
+ * off the next request's path. */
+
+static void on_keep_done(struct backend_call *call, int status, const char *body, size_t len,
+                         void *arg)
+{
+	struct serve_req *r = arg;
+	struct daemon *d = r->d;
+	r->run.call = NULL;
+	long long cache_n = -1, prompt_n = 0;
+	double ms;
+	size_t n = r->prompt.n_tokens, end = r->run.n_kept;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
+		r->run.slot->backend->evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.tail_cuts++;
+		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
+	}
+	if (cache_n < 0 || prompt_n < 1 ||
+	    cache_n + prompt_n != (long long)(end + (size_t)r->run.kept_junk)) {
+		settle(r, SLOT_UNKNOWN, 0, 0);
+	} else {
+		/* Rows before cache_n are the slot's; one evaluated alone is a
+		 * step too; a batch is not. */
+		size_t c = (size_t)cache_n, aligned = prompt_n == 1 && c < end ? c + 1 : c;
+		if (aligned > end)
+			aligned = end;
+		if (c < n)
+			aligned = sched_floor(r->prompt.bounds, r->prompt.n_bounds, n, c,
+			                      r->run.slot->backend->n_ubatch);
+		if (aligned > n) {
+			d->stats.answers_kept++;
+			d->stats.answer_rows_kept += aligned - n;
+		}
+		settle(r, SLOT_KEPT, aligned, 0);
+	}
+	slot_free(r);
+	req_finish(r);
+}
+
+static const struct backend_call_handlers keep_handlers = {
+    .on_done = on_keep_done,
+    .on_error = on_after_answer_error,
+};
+
+/* Returns 1 when the keep is out (it ends the slot and the request), 0 when
+ * there is nothing to keep (the tail cut goes instead). */
+static int start_keep(struct serve_req *r)
+{
+	struct router_slot *s = r->run.slot;
+	struct req_reply *p = &r->reply;
+	size_t n = r->prompt.n_tokens, nb = r->prompt.n_bounds;
+	struct backend *eb = r->prompt.engine_backend;
+	if (!r->prompt.routable || !nb || s->n_tokens != n || s->aligned != n || !s->generated ||
+	    !p->text.len || p->text.failed || p->text_other || !eb || !eb->prompt)
+		return 0;
+	/* The rows of the prompt's last chunk were computed as an open chunk
+	 * (the grid from its start); kept answer rows after it close it, and
+	 * a closed chunk whose tail splits would mean other rows. */
+	if (sched_tail_split(r->prompt.bounds[nb - 1], n, s->backend->n_ubatch))
+		return 0;
+	const struct vocab *v = prompt_engine_vocab(eb->prompt);
+	struct token_list t = {0};
+	if (token_list_append(&t, r->prompt.tokens, n) != 0 ||
+	    vocab_tokenize_fragment(v, p->text.p, p->text.len, 0, &t) != 0 || t.n == n) {
+		token_list_free(&t);
+		return 0;
+	}
+	/* What the slot holds: the prompt and the generated tokens but the
+	 * last. */
+	size_t held = n + s->generated - 1;
+	token_t last = t.v[t.n - 1], bos = vocab_bos(v);
+	token_t junk = bos >= 0 && bos != last ? bos : last > 0 ? last - 1 : last + 1;
+	r->run.kept_junk = t.n <= held;
+	if (r->run.kept_junk && token_list_push(&t, junk) != 0) {
+		token_list_free(&t);
+		return 0;
+	}
+	free(r->run.kept);
+	r->run.kept = t.v;
+	r->run.n_kept = t.n - (size_t)r->run.kept_junk;
+	ram_task(r, n, t.n);
+	char *body = prefill_body(t.v, t.n, 0, 0, s->id, 1);
+	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
+	                                        strlen(body), &keep_handlers, r)
+	                   : NULL;
+	free(body);
+	if (!r->run.call)
+		return 0;
+	r->state = RS_TAILCUT;
+	return 1;
+}
 
 /* Returns 1 when the cut is out (it ends the slot and the request), 0 when
  * there is nothing to cut or it could not be sent. */

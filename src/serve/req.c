@@ -74,6 +74,7 @@ struct backend *req_any_backend(struct serve_req *r)
 void req_free(struct serve_req *r)
 {
 	free(r->prompt.bounds);
+	free(r->run.kept);
 	plan_free(&r->run.plan);
 	json_decref(r->ask.body);
 	json_decref(r->ask.template_body);

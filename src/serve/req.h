@@ -98,8 +98,11 @@ struct req_run {
 	int steps;                /* backend calls before GENERATE that evaluated tokens */
 	long long steps_prompt_n; /* ... and what they evaluated */
 	double steps_prompt_ms;
-	token_t cut_junk;    /* the token a cut leaves after the kept prefix */
-	size_t cut_keep;     /* ... and how much of the prompt it keeps */
+	token_t cut_junk; /* the token a cut leaves after the kept prefix */
+	size_t cut_keep;  /* ... and how much of the prompt it keeps */
+	token_t *kept;    /* exact mode's keep after an answer: the prompt, the answer */
+	size_t n_kept;    /* ... (then a throw-away token, when kept_junk) */
+	int kept_junk;
 	int counted;         /* its evaluated tokens are in the stats */
 	int abandoned;       /* the client went away during a prefill step, left to end */
 	size_t abandoned_at; /* where the step in flight then began */
@@ -128,6 +131,10 @@ struct req_reply {
 	int progress_started;
 	long long progress_sent;
 	struct answer_timings t;
+	/* Exact mode: the answer's text, whose tokens the slot's rows may be
+	 * kept for (exec.c); text_other: it had more than text. */
+	struct strbuf text;
+	int text_other;
 	struct evbuffer *errbuf; /* a non-200 backend body during a stream */
 	struct event *keepalive;
 	struct event *begin_timer; /* begins a streamed answer if the backend is slow to */

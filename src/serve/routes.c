@@ -208,6 +208,8 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	N("prefill_steps", s->prefill_steps);
 	N("tail_cuts", s->tail_cuts);
 	N("tail_cut_tokens", s->tail_cut_tokens);
+	N("answers_kept", s->answers_kept);
+	N("answer_rows_kept", s->answer_rows_kept);
 	json_t *bs = json_array();
 	for (int i = 0; i < d->n_backends; i++)
 		json_array_append_new(bs, backend_stats(d->backends[i]));

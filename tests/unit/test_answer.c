@@ -293,6 +293,45 @@ static void test_hold_back(void **state)
 	answer_hold_free(&h);
 }
 
+/* The answer's text, from every shape an answer comes in; one with tool
+ * calls or reasoning says so. */
+static void test_text_of(void **state)
+{
+	(void)state;
+	const char *shapes[] = {
+	    "{\"choices\":[{\"delta\":{\"content\":\"Once \"}}]}",
+	    "{\"choices\":[{\"delta\":{}}],\"timings\":{}}",
+	    "{\"choices\":[{\"message\":{\"content\":\"upon \"}}]}",
+	    "{\"choices\":[{\"text\":\"a \"}]}",
+	    "{\"content\":\"time\",\"stop\":false}",
+	};
+	struct strbuf b = {0};
+	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+		json_t *o = json_loads(shapes[i], 0, NULL);
+		assert_non_null(o);
+		assert_int_equal(answer_text_of(o, &b), 0);
+		json_decref(o);
+	}
+	assert_string_equal(b.p, "Once upon a time");
+	const char *other[] = {
+	    "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}",
+	    "{\"choices\":[{\"message\":{\"content\":\"x\",\"reasoning_content\":\"y\"}}]}",
+	};
+	for (size_t i = 0; i < 2; i++) {
+		json_t *o = json_loads(other[i], 0, NULL);
+		assert_int_equal(answer_text_of(o, &b), 1);
+		json_decref(o);
+	}
+	/* Empty reasoning and no tool calls are plain text. */
+	json_t *o = json_loads("{\"choices\":[{\"message\":{\"content\":\"!\","
+	                       "\"reasoning_content\":\"\",\"tool_calls\":[]}}]}",
+	                       0, NULL);
+	assert_int_equal(answer_text_of(o, &b), 0);
+	json_decref(o);
+	assert_string_equal(b.p, "Once upon a time!");
+	strbuf_free(&b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -307,6 +346,7 @@ int main(void)
 	    cmocka_unit_test(test_end_turn_at_cap),
 	    cmocka_unit_test(test_event_kind),
 	    cmocka_unit_test(test_hold_back),
+	    cmocka_unit_test(test_text_of),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,7 +75,40 @@ static void test_floor(void **state)
 	assert_int_equal(sched_floor(NULL, 0, 1117, 10, 512), 0);
 }
 
-enum { M = SCHED_START_MESSAGE, A = SCHED_START_ANSWER, S = SCHED_START_SECTION };
+enum {
+	M = SCHED_START_MESSAGE,
+	A = SCHED_START_ANSWER,
+	S = SCHED_START_SECTION,
+	T = SCHED_START_STEP,
+};
+
+/* An earlier answer's tokens are one-token chunks (steps), all kept: a
+ * slot whose answer generation computed one token at a time (the prompt's
+ * starts, then one start per answer row) lends all of them to the next
+ * turn, whose own schedule has the same steps; a request without them
+ * reuses only what comes before the answer. */
+static void test_steps(void **state)
+{
+	(void)state;
+	/* The next turn: an answer at 300 whose header ends at 303, its
+	 * tokens 303..307 and its end of turn at 308; a user turn at 310;
+	 * the generation prompt at 340. */
+	size_t s[] = {200, 300, 303, 304, 305, 306, 307, 308, 310, 340};
+	unsigned char k[] = {M, A, T, T, T, T, T, T, M, A};
+	size_t n = sched_chunks(s, k, N(s));
+	size_t want[] = {200, 300, 303, 304, 305, 306, 307, 308, 340};
+	assert_int_equal(n, N(want));
+	assert_memory_equal(s, want, sizeof want);
+	/* The slot after the turn before (prompt 303 tokens, its last chunk
+	 * the generation prompt at 300) and its kept answer rows 303..307. */
+	size_t slot[] = {200, 300, 303, 304, 305, 306, 307};
+	assert_int_equal(sched_common(slot, N(slot), 308, s, n, 343, 343, 512), 308);
+	/* Without steps the answer's rows are no use to it: 300 is all. */
+	size_t grid[] = {200, 300, 340};
+	assert_int_equal(sched_common(slot, N(slot), 308, grid, N(grid), 343, 343, 512), 300);
+	/* Fewer rows kept (the text's tokens differed after 305): as far. */
+	assert_int_equal(sched_common(slot, 4, 305, s, n, 343, 343, 512), 305);
+}
 
 /* The rule is left to right and content-defined: a longer prompt with the
  * same beginning keeps the same starts there. */
@@ -329,6 +362,7 @@ int main(void)
 	    cmocka_unit_test(test_symmetric),
 	    cmocka_unit_test(test_floor),
 	    cmocka_unit_test(test_chunks_left_to_right),
+	    cmocka_unit_test(test_steps),
 	    cmocka_unit_test(test_plan),
 	    cmocka_unit_test(test_tail_split),
 	    cmocka_unit_test(test_plan_makes_the_schedule),

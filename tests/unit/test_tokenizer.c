@@ -17,6 +17,7 @@
 #include "gguf_craft.h"
 #include "model/gguf.h"
 #include "prompt/prompt.h"
+#include "router/sched.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab.h"
@@ -571,6 +572,80 @@ static void test_fragment_cache(void **state)
 	prompt_engine_free(pe);
 }
 
+/* Step regions (prompt.c): an earlier answer that begins with the
+ * request's own generation prompt gets a one-token chunk for each token
+ * after it, up to its first special token (the end of its turn); one that
+ * does not, none. */
+static size_t step_starts(struct prompt_engine *pe, const char *text, const char *answer,
+                          const char *user, const char *gen, struct token_list *t,
+                          struct prompt_starts *st)
+{
+	size_t n_cuts = 3;
+	size_t *cuts = malloc(n_cuts * sizeof *cuts);
+	unsigned char *kind = malloc(n_cuts);
+	assert_non_null(cuts);
+	assert_non_null(kind);
+	cuts[0] = (size_t)(strstr(text, answer) - text);
+	cuts[1] = (size_t)(strstr(text, user) - text);
+	cuts[2] = strlen(text) - strlen(gen); /* the generation prompt ends the text */
+	kind[0] = SCHED_START_ANSWER;
+	kind[1] = SCHED_START_MESSAGE;
+	kind[2] = SCHED_START_ANSWER;
+	assert_int_equal(
+	    prompt_engine_tokenize_starts(pe, text, strlen(text), cuts, kind, n_cuts, 1, t, st), 0);
+	size_t steps = 0;
+	for (size_t i = 0; i < st->n; i++)
+		steps += st->kind[i] == SCHED_START_STEP;
+	return steps;
+}
+
+static void test_step_regions(void **state)
+{
+	(void)state;
+	struct prompt_engine_config cfg = {.model_path = spm_model.path};
+	char err[256];
+	struct prompt_engine *pe = prompt_engine_new(&cfg, err, sizeof err);
+	if (!pe)
+		fail_msg("engine: %s", err);
+	token_t eos = vocab_eos(prompt_engine_vocab(pe));
+	const char *text = "Hi</s>B:Once upon a time</s>C: more</s>B:";
+	struct token_list t = {0};
+	struct prompt_starts st = {0};
+	size_t steps = step_starts(pe, text, "B:Once", "C: more", "B:", &t, &st);
+	assert_true(st.header);
+	/* The generation prompt: the last start to the end. */
+	size_t g = st.pos[st.n - 1], h = t.n - g, a = st.pos[0];
+	assert_memory_equal(t.v + a, t.v + g, h * sizeof *t.v);
+	/* Steps from the answer's first token after that prompt to its end of
+	 * turn, which starts the rest of the message. */
+	size_t e = a + h;
+	while (t.v[e] != eos)
+		e++;
+	assert_int_equal(steps, e - (a + h) + 1);
+	assert_int_equal(st.pos[1], a + h);
+	assert_int_equal(st.kind[1], SCHED_START_STEP);
+	assert_int_equal(st.pos[steps], e);
+	/* sched_chunks keeps every step: one-token chunks. */
+	size_t n = sched_chunks(st.pos, st.kind, st.n);
+	assert_int_equal(n, steps + 2);
+	for (size_t i = 1; i < steps; i++)
+		assert_int_equal(st.pos[i + 1] - st.pos[i], 1);
+	free(st.pos);
+	free(st.kind);
+	token_list_free(&t);
+
+	/* An answer that does not begin with this request's generation
+	 * prompt: no steps (where its generation began is not known). */
+	text = "Hi</s>Z:Once upon a time</s>C: more</s>B:";
+	st = (struct prompt_starts){0};
+	assert_int_equal(step_starts(pe, text, "Z:Once", "C: more", "B:", &t, &st), 0);
+	assert_int_equal(st.n, 3);
+	free(st.pos);
+	free(st.kind);
+	token_list_free(&t);
+	prompt_engine_free(pe);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -578,7 +653,7 @@ int main(void)
 	    cmocka_unit_test(test_unicode_invalid), cmocka_unit_test(test_unicode_flags),
 	    cmocka_unit_test(test_pretokenizers),   cmocka_unit_test(test_bpe_merges_by_rank),
 	    cmocka_unit_test(test_vocab_refusals),  cmocka_unit_test(test_sentencepiece),
-	    cmocka_unit_test(test_fragment_cache),
+	    cmocka_unit_test(test_fragment_cache),  cmocka_unit_test(test_step_regions),
 	};
 	return cmocka_run_group_tests(tests, find_spm_model, remove_spm_model);
 }
