@@ -574,6 +574,11 @@ static void discovered(struct backend *b)
 		mark_shared_kv(b);
 	else
 		b->rb->shared_kv = b->rb->self_cached;
+	b->rb->steps = t->state == SELFTEST_VERIFIED && t->steps;
+	if (t->state == SELFTEST_VERIFIED && !t->steps)
+		log_warn("backend %s: exact: earlier answers are evaluated as batches here, and "
+		         "their rows not kept after them: %s (docs/exact.md, \"Steps\")",
+		         b->rb->url, t->steps_why);
 	char verdict[400];
 	selftest_verdict(t, verdict, sizeof verdict);
 	slot_store_backend_ready(b->d, b, b->model_path);

@@ -151,6 +151,49 @@ json_t *selftest_insert_request(const int32_t *toks, int slot)
 }
 
 /* The first place where a and b differ, as a path. */
+/* The steps check's requests (selftest.h). */
+enum { GEN_LAST = SELFTEST_GEN + 2 };
+
+int selftest_gen_expected_cache(int which)
+{
+	if (which == 0 || which == 2)
+		return 0;
+	if (which == 1 || which == GEN_LAST)
+		return SELFTEST_GEN_PROMPT + SELFTEST_GEN - 1;
+	return SELFTEST_GEN_PROMPT + which - 3;
+}
+
+json_t *selftest_gen_request(const int32_t *toks, const json_t *gen, int which, int slot)
+{
+	/* The prompt, then how many generated tokens, then the next ones. */
+	int n_gen = which == 1 || which == GEN_LAST ? SELFTEST_GEN - 1 : which >= 3 ? which - 2 : 0;
+	int n_next = which == 1 || which == GEN_LAST ? SELFTEST_GEN_NEXT : 0;
+	if (n_gen && json_array_size(gen) < (size_t)n_gen)
+		return NULL;
+	json_t *prompt = json_array();
+	for (int i = 0; prompt && i < SELFTEST_GEN_PROMPT + n_gen + n_next; i++) {
+		json_t *id =
+		    i < SELFTEST_GEN_PROMPT ? json_integer(toks[SELFTEST_HISTORY + i])
+		    : i < SELFTEST_GEN_PROMPT + n_gen
+		        ? json_incref(json_array_get(gen, (size_t)(i - SELFTEST_GEN_PROMPT)))
+		        : json_integer(toks[i - SELFTEST_GEN_PROMPT - n_gen]);
+		if (json_array_append_new(prompt, id) != 0) {
+			json_decref(prompt);
+			prompt = NULL;
+		}
+	}
+	if (!prompt)
+		return NULL;
+	int answer = which == 1 || which == GEN_LAST;
+	return json_pack("{s:o, s:i, s:i, s:b, s:i, s:f, s:b, s:b}", "prompt", prompt, "n_predict",
+	                 which == 0 ? SELFTEST_GEN
+	                 : answer   ? 1
+	                            : 0,
+	                 "id_slot", slot, "cache_prompt", which != 0 && which != 2, "n_probs",
+	                 answer ? 10 : 0, "temperature", 0.0, "ignore_eos", which == 0,
+	                 "return_tokens", which == 0);
+}
+
 static int differ(json_t *a, json_t *b, char *path, size_t cap, size_t used)
 {
 	if (json_typeof(a) != json_typeof(b) && !(json_is_number(a) && json_is_number(b))) {
@@ -235,6 +278,9 @@ void selftest_clear(struct selftest *t)
 {
 	free(t->tokens);
 	t->tokens = NULL;
+	json_decref(t->gen);
+	json_decref(t->gen_answer);
+	t->gen = t->gen_answer = NULL;
 	for (int i = 0; i < SELFTEST_RUNS; i++) {
 		json_decref(t->answer[i]);
 		t->answer[i] = NULL;
@@ -255,7 +301,8 @@ enum {
 	STEP_TOKENIZE = -1,
 	STEP_ERASE = SELFTEST_STEPS + 1,
 	STEP_INSERT = SELFTEST_STEPS + 2,
-	STEP_CLEAR = SELFTEST_STEPS + 3 /* after runs 2 and 3: erases every slot */
+	STEP_CLEAR = SELFTEST_STEPS + 3, /* after runs 2 and 3: erases every slot */
+	STEP_GEN = SELFTEST_STEPS + 4    /* the steps check's requests from here */
 };
 
 static void finish(struct backend *b, enum selftest_state state, const char *fmt, ...)
@@ -326,9 +373,16 @@ static int verdict_lookup(struct backend *b, const char *key)
 	char path[4096];
 	json_t *all = verdicts_load(path, sizeof path);
 	json_t *e = json_object_get(all, key);
-	int found = json_is_true(json_object_get(e, "verified"));
-	if (found)
+	/* One kept before the steps check existed has no "steps": asked again. */
+	int found = json_is_true(json_object_get(e, "verified")) &&
+	            json_is_boolean(json_object_get(e, "steps"));
+	if (found) {
 		b->selftest.shared_kv = json_is_true(json_object_get(e, "shared_kv"));
+		b->selftest.steps = json_is_true(json_object_get(e, "steps"));
+		snprintf(b->selftest.steps_why, sizeof b->selftest.steps_why, "%s",
+		         b->selftest.steps ? "verified at an earlier start"
+		                           : "not verified at an earlier start");
+	}
 	json_decref(all);
 	return found;
 }
@@ -344,8 +398,9 @@ static void verdict_record(struct backend *b, const char *key)
 		return;
 	}
 	json_object_set_new(all, key,
-	                    json_pack("{s:b, s:b, s:I}", "verified", 1, "shared_kv",
-	                              b->selftest.shared_kv, "at", (json_int_t)time(NULL)));
+	                    json_pack("{s:b, s:b, s:b, s:I}", "verified", 1, "shared_kv",
+	                              b->selftest.shared_kv, "steps", b->selftest.steps, "at",
+	                              (json_int_t)time(NULL)));
 	while (json_object_size(all) > VERDICTS_KEEP) {
 		const char *oldest = NULL, *k;
 		json_int_t at = INT64_MAX;
@@ -419,8 +474,86 @@ static int send_step(struct backend *b)
 		b->health_call = backend_call_start(b->http, "POST", path, "{}", 2, &handlers, b);
 		return b->health_call ? 0 : -1;
 	}
+	if (t->step >= STEP_GEN)
+		return post(
+		    b, "/completion",
+		    selftest_gen_request(t->tokens, t->gen, t->step - STEP_GEN, t->slot[0]));
 	return post(b, "/completion",
 	            selftest_request(t->tokens, t->run, t->step, t->slot[t->run]));
+}
+
+/* The run verified the schedule: the steps check follows, on the slot the
+ * run used (the first, where the slots share one KV cache), and the
+ * verdict is told when it ends. */
+static void verified(struct backend *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void verified(struct backend *b, const char *fmt, ...)
+{
+	struct selftest *t = &b->selftest;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(t->verified, sizeof t->verified, fmt, ap);
+	va_end(ap);
+	if (t->shared_kv)
+		t->slot[0] = 0;
+	t->step = STEP_GEN;
+	if (send_step(b) != 0)
+		finish(b, SELFTEST_UNKNOWN, "out of memory");
+}
+
+/* The steps check ended: steps verified or not, and why. */
+static void steps_checked(struct backend *b, int ok, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void steps_checked(struct backend *b, int ok, const char *fmt, ...)
+{
+	struct selftest *t = &b->selftest;
+	t->steps = ok;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(t->steps_why, sizeof t->steps_why, fmt, ap);
+	va_end(ap);
+	finish(b, SELFTEST_VERIFIED, "%s", t->verified);
+}
+
+/* One answer of the steps check (r, taken) came: 0 when the check goes
+ * on. */
+static void gen_step_done(struct backend *b, json_t *r)
+{
+	struct selftest *t = &b->selftest;
+	int which = t->step - STEP_GEN;
+	json_t *timings = json_object_get(r, "timings");
+	json_int_t cache_n = json_integer_value(json_object_get(timings, "cache_n"));
+	int want = selftest_gen_expected_cache(which);
+	json_t *probs = json_object_get(r, "completion_probabilities");
+	if (!json_is_object(timings) || cache_n != want) {
+		steps_checked(b, 0, "its request %d reused %lld tokens where the slot held %d",
+		              which, (long long)cache_n, want);
+	} else if (which == 0 && json_array_size(json_object_get(r, "tokens")) != SELFTEST_GEN) {
+		steps_checked(b, 0, "the generation gave %zu tokens, not %d",
+		              json_array_size(json_object_get(r, "tokens")), SELFTEST_GEN);
+	} else if ((which == 1 || which == GEN_LAST) && !json_array_size(probs)) {
+		steps_checked(b, 0, "an answer had no completion_probabilities");
+	} else if (which == GEN_LAST) {
+		char why[300];
+		if (selftest_compare(t->gen_answer, probs, why, sizeof why))
+			steps_checked(b, 0,
+			              "an answer's tokens evaluated one at a time gave other rows "
+			              "than its generation: %s",
+			              why);
+		else
+			steps_checked(b, 1,
+			              "%d generated tokens evaluated one at a time gave "
+			              "generation's rows",
+			              SELFTEST_GEN - 1);
+	} else {
+		if (which == 0)
+			t->gen = json_incref(json_object_get(r, "tokens"));
+		if (which == 1)
+			t->gen_answer = json_incref(probs);
+		t->step++;
+		if (send_step(b) != 0)
+			finish(b, SELFTEST_UNKNOWN, "out of memory");
+	}
+	json_decref(r);
 }
 
 static void next(struct backend *b)
@@ -429,10 +562,10 @@ static void next(struct backend *b)
 	int two_slots = t->slot[1] != t->slot[0];
 	if (t->step == SELFTEST_STEPS && t->run == 1) {
 		if (!selftest_compare(t->answer[0], t->answer[1], t->why, sizeof t->why)) {
-			finish(b, SELFTEST_VERIFIED,
-			       "a prompt in %d steps gave the same logprobs after two different "
-			       "earlier prompts",
-			       SELFTEST_STEPS);
+			verified(b,
+			         "a prompt in %d steps gave the same logprobs after two different "
+			         "earlier prompts",
+			         SELFTEST_STEPS);
 			return;
 		}
 		if (!two_slots) {
@@ -517,10 +650,10 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 				finish(b, SELFTEST_UNKNOWN, "out of memory");
 			return;
 		}
-		finish(b, SELFTEST_VERIFIED,
-		       "on its first slot, the others erased: %s when another slot's content "
-		       "changed, the same bits on one slot",
-		       t->why);
+		verified(b,
+		         "on its first slot, the others erased: %s when another slot's content "
+		         "changed, the same bits on one slot",
+		         t->why);
 		return;
 	}
 	if (t->step == STEP_ERASE) {
@@ -553,6 +686,10 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 	if (t->step == STEP_INSERT) {
 		json_decref(r);
 		next(b);
+		return;
+	}
+	if (t->step >= STEP_GEN) {
+		gen_step_done(b, r);
 		return;
 	}
 	if (t->step == STEP_TOKENIZE) {
@@ -629,6 +766,8 @@ void selftest_start(struct backend *b, void (*done)(struct backend *b))
 	selftest_clear(t);
 	t->shared_kv = 0;
 	t->kept = 0;
+	t->steps = 0;
+	snprintf(t->steps_why, sizeof t->steps_why, "not checked");
 	t->done = done;
 	t->t0_us = clock_now_us();
 	if (!reuse_mode_is_exact(b->d->router->mode)) {

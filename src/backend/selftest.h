@@ -69,6 +69,15 @@ struct selftest {
 	 * the first slot where the others were erased, failed where the server
 	 * cannot erase them. */
 	int shared_kv;
+	/* After a verified run, the steps check: an answer's rows as
+	 * generation computed them are the rows of its tokens evaluated one at
+	 * a time (exact mode's steps, router/sched.h). 1 verified, 0 not (or
+	 * not asked); steps_why says how it went. */
+	int steps;
+	char steps_why[200];
+	json_t *gen;        /* the check's generated tokens */
+	json_t *gen_answer; /* the answer after them, as generation left the slot */
+	char verified[320]; /* the verdict the run reached, told when the check ends */
 	/* The run in flight. */
 	int run, step, slot[SELFTEST_RUNS]; /* each run's slot: runs 0 and 1 on two
 	                                       where the server has them */
@@ -94,6 +103,25 @@ const char *selftest_state_name(enum selftest_state s);
 /* The verdict in words, as the cache block and the start-up line say it:
  * "verified on this backend", "not verified on this backend: ...". */
 void selftest_verdict(const struct selftest *t, char *out, size_t n);
+
+/* The steps check (after a verified run, on the run's slot): a prompt of
+ * SELFTEST_GEN_PROMPT tokens generates SELFTEST_GEN tokens; the next
+ * request (the prompt, all generated tokens but the last, and
+ * SELFTEST_GEN_NEXT more) reuses the slot as generation left it and
+ * answers with its top 10 logprobs. Then, from an empty slot, the prompt,
+ * each of those generated tokens alone (n_predict 0), and the same next
+ * request: the two answers must be the same bits. SELFTEST_GEN + 3
+ * requests, about 100 tokens. Where they differ exact mode evaluates no
+ * answer one token at a time on this backend, and keeps no answer's rows:
+ * its schedule is the one before steps (docs/exact.md). */
+enum { SELFTEST_GEN_PROMPT = 64, SELFTEST_GEN = 8, SELFTEST_GEN_NEXT = 3 };
+/* The body of the check's request `which`: 0 the generation, 1 the next
+ * request after it, 2 the prompt from an empty slot, 3 + i the prompt and
+ * gen[0..i] (i < SELFTEST_GEN - 1), SELFTEST_GEN + 2 the next request
+ * after those. NULL when out of memory. */
+json_t *selftest_gen_request(const int32_t *toks, const json_t *gen, int which, int slot);
+/* The cache_n request `which` must report. */
+int selftest_gen_expected_cache(int which);
 
 /* The pieces, pure, for tests. */
 enum { SELFTEST_HISTORY = 300, SELFTEST_PROMPT = 270, SELFTEST_STEPS = 4 };

@@ -386,8 +386,8 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 			while (e < next && !vocab_token_is_special(v, tok[e]))
 				e++;
 			/* The next start ends the last step's chunk: kept, whatever
-			 * it starts. */
-			if (e == next && i + 1 < st->n)
+			 * it starts (an answer's is anyway). */
+			if (e == next && i + 1 < st->n && st->kind[i + 1] != SCHED_START_ANSWER)
 				st->kind[i + 1] = SCHED_START_STEP;
 			for (size_t p = a + h; p <= e && p < next; p++) {
 				if (pass) {

@@ -296,6 +296,10 @@ static double loss_of(const struct router *r, const struct router_slot *s, size_
 	*save_first = 0;
 	if (s->n_tokens <= matched)
 		return 0;
+	/* A request that continues the prompt a kept answer followed: a resend,
+	 * the next turn, another answer in its place. */
+	if (s->answer_at && matched >= s->answer_at)
+		return 0;
 	double age_s = (double)(now_us - s->last_used_us) / 1e6;
 	/* Content never continued may be a one-off (a title request) or a
 	 * conversation's first turn, whose next turn, if it has one, comes
@@ -565,10 +569,11 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				best.must_trim = reuse_mode_is_exact(r->mode) && reuse > 0 &&
 				                 (m > reuse || (m == s->n_tokens && !s->whole));
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
-				best.kind = m == 0 ? "miss"
-				            : m + (size_t)(s->junk_tail != 0) >= s->n_tokens
-				                ? "hit"
-				                : "partial";
+				/* A hit: the prompt continues all the slot held, or
+				 * the prompt a kept answer followed (a resend). */
+				int hit = m + (size_t)(s->junk_tail != 0) >= s->n_tokens ||
+				          (s->answer_at && m >= s->answer_at);
+				best.kind = m == 0 ? "miss" : hit ? "hit" : "partial";
 			}
 			/* ...or with a saved state restored into it. */
 			for (size_t k = 0; k < mc.n_saved; k++) {
@@ -691,6 +696,7 @@ void router_slot_forget(struct router *r, struct router_slot *s)
 	s->n_bounds = 0;
 	s->junk_tail = 0;
 	s->whole = 0;
+	s->answer_at = 0;
 	s->generated = 0;
 	s->hits = 0;
 	s->think_s = 0;
@@ -734,6 +740,7 @@ void router_slot_truncate(struct router *r, struct router_slot *s, size_t n)
 	s->saved = NULL;
 	s->junk_tail = 0;
 	s->whole = 0;
+	s->answer_at = 0;
 	/* Only whole micro-batches of what was computed stay reusable. */
 	s->aligned = sched_floor(s->bounds, s->n_bounds, s->aligned, n, s->backend->n_ubatch);
 	bounds_keep_upto(s->bounds, &s->n_bounds, s->aligned);
@@ -821,6 +828,7 @@ static int slot_set(struct router *r, struct router_slot *s, const token_t *toke
 		radix_remove(r->tree, s->tokens, s->n_tokens, s);
 	s->n_tokens = 0;
 	s->whole = 0;
+	s->answer_at = 0;
 	if (total > s->cap) {
 		token_t *t = malloc(total * sizeof *t);
 		if (!t) {
@@ -881,7 +889,8 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
 }
 
 int router_slot_kept(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
-                     int junk_tail, const size_t *bounds, size_t nb, size_t aligned, int64_t now_us)
+                     size_t n_prompt, int junk_tail, const size_t *bounds, size_t nb,
+                     size_t aligned, int64_t now_us)
 {
 	if (s->retired)
 		return 0;
@@ -889,6 +898,7 @@ int router_slot_kept(struct router *r, struct router_slot *s, const token_t *tok
 		return -1;
 	s->junk_tail = junk_tail && n > 0;
 	s->whole = 1;
+	s->answer_at = n_prompt < n ? n_prompt : 0;
 	return 0;
 }
 

@@ -62,6 +62,10 @@ struct router_slot {
 	 * (router_slot_kept): a request that matches all of them needs no cut
 	 * first. Otherwise an answer's tokens may follow. */
 	int whole;
+	/* Where the kept answer after a prompt begins (router_slot_kept; 0:
+	 * none): a request that holds all before it continues that prompt, and
+	 * whatever it generates stands where the answer stood. */
+	size_t answer_at;
 	size_t generated; /* tokens the last answer added after the prompt */
 	int busy;
 	int64_t last_used_us;
@@ -147,6 +151,11 @@ struct router_backend {
 	 * continues with other logprobs than the live slot's, so exact mode
 	 * restores nothing there and keeps nothing of a cancelled request. */
 	int restore_inexact;
+	/* Exact mode's self-test found that an answer's tokens evaluated one
+	 * at a time give the rows generation gave them (backend/selftest.h,
+	 * the steps check): exact mode's schedule evaluates earlier answers so
+	 * here (steps, router/sched.h), and keeps an answer's rows after it. */
+	int steps;
 	/* The server empties its idle slots into its own RAM cache at every
 	 * new task (a unified KV cache with --cache-idle-slots: llama-server's
 	 * default without -np), and loads from that cache only into a slot it
@@ -265,11 +274,12 @@ int router_slot_commit_sched(struct router *r, struct router_slot *s, const toke
                              size_t n, const size_t *bounds, size_t nb, size_t aligned,
                              int64_t now_us);
 /* Exact mode kept an answer's rows (serve/exec.c): the slot holds exactly
- * tokens[0..n) (the prompt, the answer's tokens, and a throw-away token
- * when junk_tail), rows [0, aligned) on the schedule bounds[0..nb). */
+ * tokens[0..n) (the prompt's n_prompt, the answer's tokens, and a
+ * throw-away token when junk_tail), rows [0, aligned) on the schedule
+ * bounds[0..nb). */
 int router_slot_kept(struct router *r, struct router_slot *s, const token_t *tokens, size_t n,
-                     int junk_tail, const size_t *bounds, size_t nb, size_t aligned,
-                     int64_t now_us);
+                     size_t n_prompt, int junk_tail, const size_t *bounds, size_t nb,
+                     size_t aligned, int64_t now_us);
 /* The slot was cut back: it holds tokens[0..keep) then one throw-away token
  * `junk` (what a cut request leaves), and those rows keep what they were
  * computed on. tokens may be the slot's own. */

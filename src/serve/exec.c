@@ -162,7 +162,7 @@ static void settle_kept(struct daemon *d, struct router_slot *s, const struct se
 	memcpy(b, r->prompt.bounds, nb * sizeof *b);
 	for (size_t i = 0; i < steps; i++)
 		b[nb + i] = n + i;
-	router_slot_kept(d->router, s, r->run.kept, r->run.n_kept + (size_t)r->run.kept_junk,
+	router_slot_kept(d->router, s, r->run.kept, r->run.n_kept + (size_t)r->run.kept_junk, n,
 	                 r->run.kept_junk, b, nb + steps, aligned, now);
 	free(b);
 }
@@ -1099,6 +1099,10 @@ static void on_keep_done(struct backend_call *call, int status, const char *body
 		d->stats.tail_cuts++;
 		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
 	}
+	log_debug("slot %d: the keep after an answer: prompt %zu, answer %zu tokens%s; the server "
+	          "reused %lld, evaluated %lld",
+	          r->run.slot->id, n, end - n, r->run.kept_junk ? " and a throw-away one" : "",
+	          cache_n, prompt_n);
 	if (cache_n < 0 || prompt_n < 1 ||
 	    cache_n + prompt_n != (long long)(end + (size_t)r->run.kept_junk)) {
 		settle(r, SLOT_UNKNOWN, 0, 0);
@@ -1134,8 +1138,9 @@ static int start_keep(struct serve_req *r)
 	struct req_reply *p = &r->reply;
 	size_t n = r->prompt.n_tokens, nb = r->prompt.n_bounds;
 	struct backend *eb = r->prompt.engine_backend;
-	if (!r->prompt.routable || !nb || s->n_tokens != n || s->aligned != n || !s->generated ||
-	    !p->text.len || p->text.failed || p->text_other || !eb || !eb->prompt)
+	if (!r->prompt.routable || !nb || !s->backend->steps || s->n_tokens != n ||
+	    s->aligned != n || !s->generated || !p->text.len || p->text.failed || p->text_other ||
+	    !eb || !eb->prompt)
 		return 0;
 	/* The rows of the prompt's last chunk were computed as an open chunk
 	 * (the grid from its start); kept answer rows after it close it, and
@@ -1218,6 +1223,30 @@ static int start_error_cut(struct serve_req *r)
 
 /* ---- routing ---- */
 
+/* Exact mode's schedule evaluates earlier answers one token at a time
+ * (steps) only where the self-test found that this gives generation's
+ * rows (router.h, steps). Where a backend the request may go to did not,
+ * the request takes its schedule without steps, whichever backend it
+ * lands on: one schedule for the request, as its uncached reference. */
+static void without_steps_where_they_fail(struct serve_req *r)
+{
+	struct daemon *d = r->d;
+	if (!r->prompt.plain_bounds)
+		return;
+	uint64_t allowed = r->ask.allowed & ~r->tries.excluded;
+	for (int i = 0; i < d->n_backends; i++) {
+		const struct router_backend *rb = d->backends[i]->rb;
+		if (!rb->up || rb->steps || (i < 64 && !(allowed >> i & 1)))
+			continue;
+		free(r->prompt.bounds);
+		r->prompt.bounds = r->prompt.plain_bounds;
+		r->prompt.n_bounds = r->prompt.n_plain_bounds;
+		r->prompt.plain_bounds = NULL;
+		r->prompt.n_plain_bounds = 0;
+		return;
+	}
+}
+
 /* Routes the request (or queues it), takes its slot, plans, and runs the
  * first step. */
 void exec_route(struct serve_req *r)
@@ -1245,6 +1274,8 @@ void exec_route(struct serve_req *r)
 	int64_t now_us = clock_now_us();
 	if (!r->run.t_route_us)
 		r->run.t_route_us = now_us;
+	if (req_exact(r))
+		without_steps_where_they_fail(r);
 	enum route_status st = router_choose_sched(d->router, r->prompt.tokens, r->prompt.n_tokens,
 	                                           r->prompt.bounds, r->prompt.n_bounds, now_us,
 	                                           r->ask.allowed & ~r->tries.excluded, &ch);

@@ -74,6 +74,7 @@ struct backend *req_any_backend(struct serve_req *r)
 void req_free(struct serve_req *r)
 {
 	free(r->prompt.bounds);
+	free(r->prompt.plain_bounds);
 	free(r->run.kept);
 	plan_free(&r->run.plan);
 	json_decref(r->ask.body);
@@ -178,6 +179,9 @@ static void replan_now(evutil_socket_t fd, short what, void *arg)
 		free(r->prompt.bounds);
 		r->prompt.bounds = NULL;
 		r->prompt.n_bounds = 0;
+		free(r->prompt.plain_bounds);
+		r->prompt.plain_bounds = NULL;
+		r->prompt.n_plain_bounds = 0;
 		r->prompt.routable = 0;
 		r->prompt.local = 0;
 		r->prompt.local_template = 0;
@@ -520,6 +524,35 @@ static void take_tokens(struct serve_req *r, struct backend *b, struct token_lis
 static void chat_tokens_ready(struct serve_req *r, struct backend *b, struct token_list *t,
                               struct prompt_starts *st, const char *by)
 {
+	/* Without steps: the same starts but those (prompt.c, step regions). */
+	size_t k = 0;
+	for (size_t i = 0; i < st->n; i++)
+		k += st->kind[i] == SCHED_START_STEP;
+	free(r->prompt.plain_bounds);
+	r->prompt.plain_bounds = NULL;
+	r->prompt.n_plain_bounds = 0;
+	if (k) {
+		size_t *plain = malloc((st->n - k) * sizeof *plain + 1);
+		unsigned char *kind = malloc(st->n - k + 1);
+		if (!plain || !kind) {
+			free(plain);
+			free(kind);
+			free(st->pos);
+			free(st->kind);
+			token_list_free(t);
+			req_fail(r, 500, "out of memory");
+			return;
+		}
+		k = 0;
+		for (size_t i = 0; i < st->n; i++)
+			if (st->kind[i] != SCHED_START_STEP) {
+				plain[k] = st->pos[i];
+				kind[k++] = st->kind[i];
+			}
+		r->prompt.n_plain_bounds = sched_chunks(plain, kind, k);
+		r->prompt.plain_bounds = plain;
+		free(kind);
+	}
 	free(r->prompt.bounds);
 	r->prompt.n_bounds = sched_chunks(st->pos, st->kind, st->n);
 	r->prompt.bounds = st->pos;

@@ -63,6 +63,9 @@ struct req_prompt {
 	/* Exact mode: the chunk starts of the request's schedule (none: the
 	 * grid; router/sched.h). */
 	size_t *bounds, n_bounds;
+	/* ... and the same without steps (router/sched.h), for a backend
+	 * where they do not give generation's rows (NULL: the same). */
+	size_t *plain_bounds, n_plain_bounds;
 	int local;                      /* toki tokenized the prompt itself */
 	int local_template;             /* ... and applied the chat template too */
 	int force_server;               /* ... and then found it wrong: the server does it now */

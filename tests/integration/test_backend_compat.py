@@ -408,15 +408,19 @@ class RamCacheProbe(unittest.TestCase):
                 self.assertIn("exact mode loads its own states back from there", log)
             # Exact mode's self-test pins its slot for its own 11 requests (two
             # runs of a history and four steps, and the prompt that replaces
-            # the first run's slot in the middle of the second); the RAM
-            # probe pins 4.
-            pinned = 15 if mode == "exact" else 0
+            # the first run's slot in the middle of the second), then 11 for
+            # the steps check (a generation, the request after it, the
+            # prompt again, 7 tokens one at a time, the request after
+            # them); the RAM probe pins 4.
+            pinned = 15 + 11 if mode == "exact" else 0
             self.assertEqual(server_log.count("selected slot by id"), pinned, server_log)
             # And the self-test holds with the server's RAM cache on
             # (--cache-ram 8192 here): each run in a slot of its own, nothing
             # loaded back.
             self.assertEqual(b["exact"]["selftest"], "verified" if mode == "exact" else "off",
                              b["exact"])
+            # The steps check held too (with the RAM cache on).
+            self.assertEqual(b["exact"]["steps"], mode == "exact", b["exact"])
             # -np 2: slots of their own, which the self-test tells.
             self.assertFalse(b["shared_kv"], b)
 

@@ -273,10 +273,13 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
             n = c["prompt_tokens"]
             self.assertEqual(a["cached"], start + (n - start - 1) // UBATCH * UBATCH,
                              f"{what}, resent (last chunk from {start}): {a}")
-            self.assertEqual(a["cached"] + a["evaluated"], n, a)
+            # (After a one-token cut where the slot kept the answer's rows.)
+            self.assertEqual(a["cached"] + a["evaluated"], n + a["trimmed"], a)
             if reused is not None:
-                # The next turn reuses what the turn before's resend did.
-                self.assertEqual(c["cached"], reused, f"{what}: {c}")
+                # The next turn reuses what the turn before's resend did, and
+                # the rows of its answer that the slot kept (their text's
+                # tokens as generated, exact mode's steps).
+                self.assertGreaterEqual(c["cached"], reused, f"{what}: {c}")
             reused = a["cached"]
             log.append((t, c["schedule"], c["chunks"], c["prompt_tokens"], c["evaluated"],
                         a["evaluated"]))

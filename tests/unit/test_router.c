@@ -977,6 +977,51 @@ static void test_turn_after_a_tail_cut_is_a_hit(void **state)
 	router_free(r);
 }
 
+/* A slot whose answer's rows exact mode kept (router_slot_kept): it holds
+ * exactly what the router knows, so the next turn, which matches all of it,
+ * needs no cut first; a resend of its prompt is a hit there, and weighs
+ * nothing of the answer it would replace, even with an empty slot beside. */
+static void test_kept_answer(void **state)
+{
+	(void)state;
+	struct router_backend *be;
+	struct router *r = mkrouter(REUSE_EXACT, 1, 2, UB, &be);
+	struct router_slot *s = slot_of(be, 0);
+	const token_t *a = conv(3, 4000);
+	/* The prompt's last chunk starts at 1000; its 1010 tokens, then an
+	 * answer of 20 kept as steps. */
+	size_t b[22] = {1000};
+	for (int i = 0; i < 20; i++)
+		b[1 + i] = 1010 + (size_t)i;
+	assert_int_equal(router_slot_kept(r, s, a, 1030, 1010, 0, b, 21, 1030, SEC(1)), 0);
+	assert_int_equal(s->whole, 1);
+	assert_int_equal(s->answer_at, 1010);
+	/* The next turn: the answer's steps, its end at 1030, more. */
+	size_t nb[] = {1000, 1010, 1011, 1012, 1013, 1014, 1015, 1016, 1017, 1018, 1019, 1020,
+	               1021, 1022, 1023, 1024, 1025, 1026, 1027, 1028, 1029, 1030, 1100};
+	struct route_choice c;
+	assert_int_equal(
+	    router_choose_sched(r, a, 1105, nb, sizeof nb / sizeof *nb, SEC(2), ~0ULL, &c),
+	    ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, s);
+	assert_int_equal(c.matched, 1030);
+	assert_int_equal(c.reuse, 1030);
+	assert_int_equal(c.must_trim, 0);
+	/* The same prompt again: the generation prompt's chunk is evaluated
+	 * again, after a cut, on this slot. */
+	size_t rb[] = {1000};
+	assert_int_equal(router_choose_sched(r, a, 1010, rb, 1, SEC(3), ~0ULL, &c), ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, s);
+	assert_string_equal(c.kind, "hit");
+	assert_int_equal(c.reuse, 1000);
+	assert_int_equal(c.must_trim, 1);
+	/* Any other record of the slot is not whole. */
+	assert_int_equal(router_slot_commit_sched(r, s, a, 1010, rb, 1, 1010, SEC(4)), 0);
+	assert_int_equal(s->whole, 0);
+	assert_int_equal(s->answer_at, 0);
+	router_free(r);
+}
+
 static void test_must_trim(void **state)
 {
 	struct router *r;
@@ -1508,6 +1553,7 @@ int main(void)
 	    cmocka_unit_test_teardown(test_commit_other_grids, teardown_seqs),
 	    cmocka_unit_test_teardown(test_commit_hits, teardown_seqs),
 	    cmocka_unit_test_teardown(test_must_trim, teardown_seqs),
+	    cmocka_unit_test_teardown(test_kept_answer, teardown_seqs),
 	    cmocka_unit_test_teardown(test_self_cached_begin_forgets_the_others, teardown_seqs),
 	    cmocka_unit_test_teardown(test_shared_kv_exact_keeps_to_the_first_slot, teardown_seqs),
 	    cmocka_unit_test_teardown(test_truncate, teardown_seqs),

@@ -178,6 +178,58 @@ static void test_compare_other_token(void **state)
 	json_decref(b);
 }
 
+/* The steps check: the generation, then the next request on what it left;
+ * from an empty slot the prompt, each generated token but the last alone,
+ * and the same next request. Each request reuses exactly what the one
+ * before left in the slot. */
+static void test_steps_check(void **state)
+{
+	(void)state;
+	json_t *gen = json_array();
+	for (int i = 0; i < SELFTEST_GEN; i++)
+		json_array_append_new(gen, json_integer(7 + i));
+	assert_null(selftest_gen_request(toks, NULL, 1, 0)); /* nothing generated yet */
+	json_t *g = selftest_gen_request(toks, NULL, 0, 2);
+	assert_int_equal(json_array_size(prompt_of(g)), SELFTEST_GEN_PROMPT);
+	assert_int_equal(json_integer_value(json_object_get(g, "n_predict")), SELFTEST_GEN);
+	assert_true(json_is_true(json_object_get(g, "ignore_eos")));
+	assert_true(json_is_false(json_object_get(g, "cache_prompt")));
+	assert_int_equal(json_integer_value(json_object_get(g, "id_slot")), 2);
+	assert_int_equal(selftest_gen_expected_cache(0), 0);
+	json_decref(g);
+	int last = SELFTEST_GEN + 2;
+	size_t next = SELFTEST_GEN_PROMPT + SELFTEST_GEN - 1 + SELFTEST_GEN_NEXT;
+	json_t *hot = selftest_gen_request(toks, gen, 1, 2);
+	json_t *step = selftest_gen_request(toks, gen, last, 2);
+	assert_int_equal(json_array_size(prompt_of(hot)), next);
+	assert_true(json_equal(prompt_of(hot), prompt_of(step)));
+	assert_int_equal(json_integer_value(json_object_get(hot, "n_probs")), 10);
+	assert_int_equal(json_integer_value(json_array_get(prompt_of(hot), SELFTEST_GEN_PROMPT)),
+	                 7);
+	/* The generated tokens but the last, then the next ones. */
+	assert_int_equal(json_integer_value(json_array_get(prompt_of(hot),
+	                                                   SELFTEST_GEN_PROMPT + SELFTEST_GEN - 1)),
+	                 toks[0]);
+	assert_int_equal(selftest_gen_expected_cache(1), SELFTEST_GEN_PROMPT + SELFTEST_GEN - 1);
+	assert_int_equal(selftest_gen_expected_cache(last), SELFTEST_GEN_PROMPT + SELFTEST_GEN - 1);
+	json_decref(hot);
+	json_decref(step);
+	json_t *cold = selftest_gen_request(toks, gen, 2, 2);
+	assert_true(json_is_false(json_object_get(cold, "cache_prompt")));
+	assert_int_equal(json_array_size(prompt_of(cold)), SELFTEST_GEN_PROMPT);
+	json_decref(cold);
+	for (int w = 3; w < last; w++) {
+		json_t *one = selftest_gen_request(toks, gen, w, 2);
+		assert_int_equal(json_array_size(prompt_of(one)), SELFTEST_GEN_PROMPT + w - 2);
+		assert_int_equal(json_integer_value(json_object_get(one, "n_predict")), 0);
+		assert_true(json_is_true(json_object_get(one, "cache_prompt")));
+		/* It evaluates one token: the one before it is in the slot. */
+		assert_int_equal(selftest_gen_expected_cache(w), SELFTEST_GEN_PROMPT + w - 3);
+		json_decref(one);
+	}
+	json_decref(gen);
+}
+
 static void test_verdicts(void **state)
 {
 	(void)state;
@@ -218,6 +270,7 @@ int main(void)
 	    cmocka_unit_test(test_compare_last_bit),
 	    cmocka_unit_test(test_compare_other_token),
 	    cmocka_unit_test(test_verdicts),
+	    cmocka_unit_test(test_steps_check),
 	};
 	return cmocka_run_group_tests(tests, setup, NULL);
 }
