@@ -11,7 +11,10 @@ and the server's default. Evaluated: the server's own count
 mode's answers are checked against toki's uncached answers, text and
 logprobs, every turn.
 
-  python3 bench/bench_turns.py [--toki BIN] [--think-ms 250]
+  python3 bench/bench_turns.py [--toki BIN] [--base-toki BIN] [--think-ms 250]
+
+--base-toki adds a column: exact mode on another toki binary (an earlier
+commit's, to compare schedules side by side in one run).
 
 Standard library only; tests/integration/toki_harness.py starts the
 processes (build/toki, or $TOKI_BIN / --toki)."""
@@ -88,8 +91,14 @@ def run(th, path, slot_files, cache_ram, think_s):
     toki = None
     try:
         if path != "alone":
-            toki = th.Toki([llama], mode=path,
-                           extra=(["--slot-dir", slot_dir] if slot_files else []))
+            own = th.TOKI_BIN
+            if path == "exact-base":
+                th.TOKI_BIN = BASE_TOKI
+            try:
+                toki = th.Toki([llama], mode="exact" if path == "exact-base" else path,
+                               extra=(["--slot-dir", slot_dir] if slot_files else []))
+            finally:
+                th.TOKI_BIN = own
         port, auth = (toki.port, True) if toki else (llama.port, False)
         before = server_prompt_tokens(th, llama)
         history = {k: [{"role": "system", "content": v["system"]}] for k, v in convs.items()}
@@ -109,7 +118,8 @@ def run(th, path, slot_files, cache_ram, think_s):
         if toki:
             wait_slots_free(toki)
         evaluated = server_prompt_tokens(th, llama) - before
-        identical = uncached_identical(th, port, auth, sent) if path == "exact" else None
+        identical = (uncached_identical(th, port, auth, sent) if path.startswith("exact")
+                     else None)
         return {"evaluated": int(evaluated), "identical": identical, "requests": len(order)}
     finally:
         if toki:
@@ -117,13 +127,20 @@ def run(th, path, slot_files, cache_ram, think_s):
         llama.kill()
 
 
+BASE_TOKI = None
+
+
 def main():
-    global MODEL
+    global MODEL, BASE_TOKI
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--toki", help="the toki binary (default build/toki or $TOKI_BIN)")
     ap.add_argument("--think-ms", type=float, default=250)
     ap.add_argument("--paths", default="alone,fast,exact")
+    ap.add_argument("--base-toki", help="also exact mode on this toki binary (exact-base)")
     args = ap.parse_args()
+    if args.base_toki:
+        BASE_TOKI = os.path.abspath(args.base_toki)
+        args.paths += ",exact-base"
     if args.toki:
         os.environ["TOKI_BIN"] = os.path.abspath(args.toki)
     os.environ.setdefault("TOKI_BIN", os.path.join(HERE, "..", "build", "toki"))
@@ -131,8 +148,10 @@ def main():
     MODEL = th.generated_model("turns", params="4M", ctx=8192)
     paths = args.paths.split(",")
     print(f"toki {os.environ['TOKI_BIN']}, think {args.think_ms:.0f} ms, -np 2, 4M model")
-    print("| slot files | --cache-ram | " + " | ".join(paths) + " | exact identical |")
-    print("|---|---|" + "---|" * len(paths) + "---|")
+    exacts = [p for p in paths if p.startswith("exact")]
+    print("| slot files | --cache-ram | " + " | ".join(paths) + " | " +
+          " | ".join(f"{p} identical" for p in exacts) + " |")
+    print("|---|---|" + "---|" * (len(paths) + len(exacts)))
     for slot_files in (False, True):
         for cram in (0, 8192):
             res = {p: run(th, p, slot_files, cram, args.think_ms / 1000) for p in paths}
@@ -141,10 +160,9 @@ def main():
             for p in paths:
                 e = res[p]["evaluated"]
                 cells.append(f"{e}" + (f" ({e / alone:.2f})" if alone and p != "alone" else ""))
-            ex = res.get("exact")
-            idn = f"{ex['identical']}/{ex['requests']}" if ex else ""
+            idn = [f"{res[p]['identical']}/{res[p]['requests']}" for p in exacts]
             print(f"| {'yes' if slot_files else 'no'} | {cram} | " + " | ".join(cells) +
-                  f" | {idn} |", flush=True)
+                  " | " + " | ".join(idn) + " |", flush=True)
 
 
 if __name__ == "__main__":

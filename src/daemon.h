@@ -49,6 +49,7 @@ struct daemon_stats {
 	/* ... of which keeps: answers whose rows stay in their slot for the
 	 * next turn, and how many rows (exec.c, the keep after an answer). */
 	uint64_t answers_kept, answer_rows_kept;
+	uint64_t replayed_tokens; /* prefill steps of one token: earlier answers' steps */
 };
 
 struct daemon {

@@ -381,6 +381,9 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	global(o, "toki_answer_rows_kept_total", "counter",
 	       "Rows of answers kept in their slot for the next turn.",
 	       (double)s->answer_rows_kept);
+	global(o, "toki_replayed_tokens_total", "counter",
+	       "Tokens of earlier answers evaluated one at a time (exact mode's steps).",
+	       (double)s->replayed_tokens);
 	global(o, "toki_saved_files", "gauge", "Saved slot states toki keeps.",
 	       (double)d->router->n_saved);
 	global(o, "toki_saved_bytes", "gauge", "Bytes of the saved slot states.",

@@ -122,6 +122,7 @@ char *answer_cache_text(const struct cache_facts *f)
 			text_key_string(&t, "schedule_why", f->schedule_why);
 		text_key_int(&t, "chunks", f->chunks);
 		text_key_int(&t, "steps", f->steps);
+		text_key_int(&t, "replayed", f->replayed);
 		if (f->verdict) /* whether the promise holds on this backend */
 			text_key_string(&t, "exact", f->verdict);
 	}

@@ -42,6 +42,7 @@ struct cache_facts {
 	const char *schedule;     /* messages or grid */
 	const char *schedule_why; /* who rendered the messages, or why the grid */
 	long long chunks, steps;
+	long long replayed;  /* tokens evaluated one at a time (an earlier answer's steps) */
 	const char *verdict; /* the backend's self-test verdict (NULL: none) */
 	int trimmed;
 	long max_tokens;

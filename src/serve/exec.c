@@ -805,6 +805,12 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 		return;
 	}
 	note_step(r, prompt_n, ms);
+	if (upto == r->run.done_upto + 1 && prompt_n == 1) {
+		/* A chunk of one token: an earlier answer's, evaluated as its
+		 * generation did (router/sched.h, steps). */
+		r->run.replayed++;
+		r->d->stats.replayed_tokens++;
+	}
 	if ((size_t)cache_n != r->run.done_upto || (size_t)(cache_n + prompt_n) != upto) {
 		char why[160];
 		snprintf(why, sizeof why,

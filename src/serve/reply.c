@@ -144,6 +144,7 @@ void reply_cache_facts(const struct serve_req *r, struct cache_facts *f, char *v
 	    .schedule_why = schedule_why(r),
 	    .chunks = (long long)r->prompt.n_bounds + 1,
 	    .steps = (long long)r->run.steps + 1,
+	    .replayed = (long long)r->run.replayed,
 	    .trimmed = ch->must_trim,
 	    .max_tokens = r->tries.max_tokens,
 	    .max_tokens_clamped = r->tries.output_clamped,

@@ -210,6 +210,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	N("tail_cut_tokens", s->tail_cut_tokens);
 	N("answers_kept", s->answers_kept);
 	N("answer_rows_kept", s->answer_rows_kept);
+	N("replayed_tokens", s->replayed_tokens);
 	json_t *bs = json_array();
 	for (int i = 0; i < d->n_backends; i++)
 		json_array_append_new(bs, backend_stats(d->backends[i]));

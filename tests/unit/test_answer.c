@@ -31,6 +31,7 @@ static struct cache_facts facts(void)
 	    .schedule = "messages",
 	    .chunks = 4,
 	    .steps = 3,
+	    .replayed = 2,
 	    .verdict = "verified",
 	    .trimmed = 1,
 	    .max_tokens = 128,
@@ -47,12 +48,13 @@ static void test_cache_text_has_every_fact_in_order(void **state)
 	char *t = answer_cache_text(&f);
 	assert_non_null(t);
 	assert_string_equal(
-	    t, "{\"backend\":\"http://127.0.0.1:8080\",\"slot\":1,\"route\":\"partial\","
-	       "\"mode\":\"exact\",\"prompt_tokens\":900,\"matched\":640,\"reuse\":600,"
-	       "\"cached\":600,\"evaluated\":300,\"schedule\":\"messages\",\"chunks\":4,"
-	       "\"steps\":3,\"exact\":\"verified\",\"trimmed\":true,\"max_tokens\":128,"
-	       "\"est_prefill_ms\":12.5,\"tokenized\":\"toki\",\"templated\":\"toki\","
-	       "\"tokenize_ms\":0.25}");
+	    t,
+	    "{\"backend\":\"http://127.0.0.1:8080\",\"slot\":1,\"route\":\"partial\","
+	    "\"mode\":\"exact\",\"prompt_tokens\":900,\"matched\":640,\"reuse\":600,"
+	    "\"cached\":600,\"evaluated\":300,\"schedule\":\"messages\",\"chunks\":4,"
+	    "\"steps\":3,\"replayed\":2,\"exact\":\"verified\",\"trimmed\":true,\"max_tokens\":128,"
+	    "\"est_prefill_ms\":12.5,\"tokenized\":\"toki\",\"templated\":\"toki\","
+	    "\"tokenize_ms\":0.25}");
 	free(t);
 }
 
