@@ -92,7 +92,8 @@ def main():
                 if st != 200:
                     raise RuntimeError(f"{name}: {st} {r}")
                 c = r.get("cache", {})
-                rows[name].append((wall, r["timings"]["prompt_n"], c.get("steps", 1)))
+                rows[name].append((wall, r["timings"]["prompt_n"], c.get("steps", 1),
+                                   c.get("replayed", 0)))
                 answers.setdefault(name, []).append(
                     (r["choices"][0]["message"]["content"], r["choices"][0].get("logprobs")))
         n = rows["alone"][0][1]
@@ -100,14 +101,14 @@ def main():
               f"{args.answer_tokens} tokens; its next turn: {n} prompt tokens; "
               f"cache_prompt false, median of {args.reps}")
         print("| path | wall s | against exact (before) | requests to the server | evaluated |"
-              " repeatable |")
-        print("|---|---|---|---|---|---|")
-        base = statistics.median(w for w, _, _ in rows["exact (before)"])
+              " of which one at a time | repeatable |")
+        print("|---|---|---|---|---|---|---|")
+        base = statistics.median(r[0] for r in rows["exact (before)"])
         for name, rs in rows.items():
-            wall = statistics.median(w for w, _, _ in rs)
+            wall = statistics.median(r[0] for r in rs)
             same = all(a == answers[name][0] for a in answers[name])
             print(f"| {name} | {wall:.2f} | {wall / base:.2f}x | {rs[0][2]} | {rs[0][1]} | "
-                  f"{'yes' if same else 'no'} |")
+                  f"{rs[0][3]} | {'yes' if same else 'no'} |")
         # The turn after, hot: each path's slot holds the conversation and
         # the answer its last uncached run gave, which the turn carries.
         user = text(rng, 40)

@@ -26,7 +26,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-from bench_turns import server_prompt_tokens, uncached_identical, wait_slots_free  # noqa: E402
+from bench_turns import (forced_rows, server_prompt_tokens, uncached_identical,  # noqa: E402
+                         wait_slots_free)
 
 GRAMMAR = 'root ::= "<|channel|>final<|message|>" [a-z]+'
 
@@ -75,13 +76,13 @@ def run(th, model, path, binary, turns):
             msgs = history[conv] + [{"role": "user", "content": user_text(conv, t)}]
             body = {"messages": msgs, "max_tokens": 12, "temperature": 0, "logprobs": True,
                     "top_logprobs": 1, "grammar": GRAMMAR}
-            before = server_prompt_tokens(th, llama)
+            before = server_prompt_tokens(th, llama) + forced_rows(toki)
             st, r = th.request(port, "POST", "/v1/chat/completions", body, auth=auth)
             if st != 200:
                 raise RuntimeError(f"{path}: {st} {r}")
             if toki:  # exact mode's tail cut is the server's work too
                 wait_slots_free(toki)
-            evaluated = int(server_prompt_tokens(th, llama) - before)
+            evaluated = int(server_prompt_tokens(th, llama) + forced_rows(toki) - before)
             c = r["choices"][0]
             sent.append((body, c["message"]["content"], c.get("logprobs")))
             rows.append((f"{conv}{t}{' resend' if resend else ''}", evaluated,

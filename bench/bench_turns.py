@@ -7,7 +7,8 @@ each other while the finished one keeps the other slot). llama-server
 alone beside toki fast and exact in front of it (`toki serve --backend`),
 each on its own server, with and without slot files, with --cache-ram 0
 and the server's default. Evaluated: the server's own count
-(llamacpp:prompt_tokens_total, every step and tail cut included). Exact
+(llamacpp:prompt_tokens_total, every step and tail cut included, and the
+rows of exact mode's forced runs, which the server counts as predicted). Exact
 mode's answers are checked against toki's uncached answers, text and
 logprobs, every turn.
 
@@ -61,6 +62,14 @@ def server_prompt_tokens(th, llama):
     raise RuntimeError("no llamacpp:prompt_tokens_total")
 
 
+def forced_rows(toki):
+    """Rows exact mode's forced runs decoded (an earlier answer replayed one
+    token at a time, as one generation): the server counts them as
+    predicted tokens, not prompt tokens, so they are added. 0 without toki,
+    and on a binary from before forced runs."""
+    return toki.stats().get("replay_forced_tokens", 0) if toki else 0
+
+
 def wait_slots_free(toki):
     """Until toki's slots are free: exact mode's tail cuts are the server's
     work too, and its counter must include them."""
@@ -100,7 +109,7 @@ def run(th, path, slot_files, cache_ram, think_s):
             finally:
                 th.TOKI_BIN = own
         port, auth = (toki.port, True) if toki else (llama.port, False)
-        before = server_prompt_tokens(th, llama)
+        before = server_prompt_tokens(th, llama) + forced_rows(toki)
         history = {k: [{"role": "system", "content": v["system"]}] for k, v in convs.items()}
         sent = []
         for name, t in order:
@@ -117,7 +126,7 @@ def run(th, path, slot_files, cache_ram, think_s):
             time.sleep(think_s)  # the user's (or agent's) think time
         if toki:
             wait_slots_free(toki)
-        evaluated = server_prompt_tokens(th, llama) - before
+        evaluated = server_prompt_tokens(th, llama) + forced_rows(toki) - before
         identical = (uncached_identical(th, port, auth, sent) if path.startswith("exact")
                      else None)
         return {"evaluated": int(evaluated), "identical": identical, "requests": len(order)}

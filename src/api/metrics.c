@@ -384,6 +384,10 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	global(o, "toki_replayed_tokens_total", "counter",
 	       "Tokens of earlier answers evaluated one at a time (exact mode's steps).",
 	       (double)s->replayed_tokens);
+	global(
+	    o, "toki_replay_forced_tokens_total", "counter",
+	    "Of those, rows a forced generation decoded (llama-server counts them as predicted).",
+	    (double)s->replay_forced_tokens);
 	global(o, "toki_saved_files", "gauge", "Saved slot states toki keeps.",
 	       (double)d->router->n_saved);
 	global(o, "toki_saved_bytes", "gauge", "Bytes of the saved slot states.",

@@ -620,6 +620,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	json_decref(b->models);
 	b->models = models;
 	/* Before the backend takes requests: nothing else runs on it. */
+	b->forced_refused = 0;
 	selftest_start(b, discovered);
 }
 

@@ -61,6 +61,10 @@ struct backend {
 	uint64_t exact_schedule[2], exact_cold_replans;
 	/* Exact mode's self-test (backend/selftest.h), run at every discovery. */
 	struct selftest selftest;
+	/* The server answered a forced generation (serve/exec.c, forced_body)
+	 * otherwise than asked: an earlier answer's steps go one request each
+	 * until the next discovery. */
+	int forced_refused;
 	/* The llama-server behind it when toki started it (toki serve
 	 * --model): a failed self-test may restart it with a remedy. */
 	struct supervisor *managed;

@@ -42,7 +42,8 @@ static const char usage[] =
     "                      where exact mode's schedule starts a chunk (message starts,\n"
     "                      small chunks merged; the last is the generation prompt)\n"
     "                      and \"steps\", where each of a cold evaluation's requests\n"
-    "                      ends (chunk ends, tail splits, long chunks in parts)\n"
+    "                      ends (chunk ends, tail splits, long chunks in parts, an\n"
+    "                      earlier answer's tokens in forced runs of up to 64)\n"
     "  --ubatch N          the server's -ub, for \"steps\" (default 512)\n"
     "  --thinking on|off   the enable_thinking the server passes its template when\n"
     "                      the request does not say (default on; llama-server turns\n"
@@ -60,8 +61,14 @@ static json_t *steps_json(const size_t *b, size_t nb, size_t n, int ub)
 	if (plan_build(&p, b, nb, n, 0, 0, 0, 0, sched_max_step(ub), ub) != 0)
 		return NULL;
 	json_t *a = json_array();
-	for (size_t i = 0; i < p.n; i++)
-		json_array_append_new(a, json_integer((json_int_t)p.steps[i].upto));
+	size_t done = 0;
+	for (size_t i = 0; i < p.n; i++) {
+		size_t k = plan_forced_run(&p, i, done);
+		if (k)
+			i += k - 1; /* one request (serve/exec.c, forced_body) */
+		done = p.steps[i].upto;
+		json_array_append_new(a, json_integer((json_int_t)done));
+	}
 	plan_free(&p);
 	return a;
 }

@@ -153,6 +153,23 @@ int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reus
 	return 0;
 }
 
+size_t plan_ones_from(const struct plan *p, size_t i, size_t done, size_t max)
+{
+	size_t k = 0;
+	while (k < max && i + k < p->n && p->steps[i + k].kind == STEP_PREFILL &&
+	       p->steps[i + k].upto == done + k + 1)
+		k++;
+	return k;
+}
+
+size_t plan_forced_run(const struct plan *p, size_t i, size_t done)
+{
+	if (done == 0)
+		return 0;
+	size_t k = plan_ones_from(p, i, done, PLAN_RUN_MAX);
+	return k >= 2 ? k : 0;
+}
+
 void plan_free(struct plan *p)
 {
 	free(p->steps);

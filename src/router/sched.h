@@ -143,6 +143,22 @@ size_t sched_max_step(int ub);
  * or -1 when out of memory. */
 int plan_build(struct plan *p, const size_t *b, size_t nb, size_t n, size_t reuse, int save_first,
                int restore, int cut, size_t max_step, int ub);
+/* How many of p's steps from steps[i] on are one-token prefills in a row
+ * (an earlier answer's steps), the first evaluating the token at `done`:
+ * at most max. */
+size_t plan_ones_from(const struct plan *p, size_t i, size_t done, size_t max);
+
+/* The most one-token steps one request evaluates: a cancel lets the
+ * request in flight end, as it lets a prefill step end. */
+#define PLAN_RUN_MAX 64
+
+/* The run of one-token steps from steps[i] (the slot holding the prompt up
+ * to done) that one request evaluates: a generation forced to those
+ * tokens, which computes each row alone as the steps do (serve/exec.c,
+ * forced_body). Returns how many steps it covers (2 to PLAN_RUN_MAX), or 0
+ * where steps[i] goes alone: not a one-token step, a run of one, or one
+ * from an empty slot. */
+size_t plan_forced_run(const struct plan *p, size_t i, size_t done);
 void plan_free(struct plan *p);
 
 #endif

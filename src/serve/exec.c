@@ -521,6 +521,16 @@ static int step_timings(int status, const char *body, size_t len, long long *cac
 	return rc;
 }
 
+/* tokens[0..n) as a JSON array's elements, after `before` of them. */
+static void append_tokens(struct strbuf *b, const token_t *tokens, size_t n, size_t before)
+{
+	for (size_t i = 0; i < n; i++) {
+		char num[24];
+		int k = snprintf(num, sizeof num, "%s%d", i + before ? "," : "", tokens[i]);
+		strbuf_append(b, num, (size_t)k);
+	}
+}
+
 /* A /completion body that evaluates tokens[0..n) (then `junk`, when
  * with_junk) on the slot and generates nothing. Written as text: a long
  * prompt is resent for every chunk. */
@@ -529,15 +539,49 @@ static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_
 {
 	struct strbuf b = {0};
 	strbuf_append(&b, "{\"prompt\":[", 11);
-	for (size_t i = 0; i < n + (with_junk ? 1 : 0); i++) {
-		char num[24];
-		int k = snprintf(num, sizeof num, "%s%d", i ? "," : "", i < n ? tokens[i] : junk);
-		strbuf_append(&b, num, (size_t)k);
-	}
+	append_tokens(&b, tokens, n, 0);
+	if (with_junk)
+		append_tokens(&b, &junk, 1, n);
 	char tail[96];
 	int k = snprintf(tail, sizeof tail, "],\"n_predict\":0,\"cache_prompt\":%s,\"id_slot\":%d}",
 	                 cache_prompt ? "true" : "false", slot);
 	strbuf_append(&b, tail, (size_t)k);
+	if (b.failed) {
+		free(b.p);
+		return NULL;
+	}
+	return b.p;
+}
+
+/* A /completion body for a run of k one-token steps from `done` (router/
+ * sched.h, plan_forced_run): the prompt to tokens[done] inclusive, whose
+ * row alone is new, as a step's; then a generation of k tokens forced, by
+ * a grammar of token ids, to tokens[done+1 .. done+k), then to an end of
+ * generation (a complete grammar allows only those). Generation decodes
+ * each sampled token alone, as the steps would evaluate it and as the
+ * answer's own generation did; the last one it samples is not decoded, so
+ * it need not be the prompt's next (which may be a special token that a
+ * grammar does not allow before its end), and the rows are those of
+ * tokens[done .. done+k), the steps'. One request instead of k, and the
+ * prompt sent once. */
+static char *forced_body(const token_t *tokens, size_t done, size_t k, int slot)
+{
+	struct strbuf b = {0};
+	strbuf_append(&b, "{\"prompt\":[", 11);
+	append_tokens(&b, tokens, done + 1, 0);
+	char head[160];
+	int n = snprintf(head, sizeof head,
+	                 "],\"n_predict\":%zu,\"cache_prompt\":true,\"id_slot\":%d,"
+	                 "\"samplers\":[\"top_k\"],\"top_k\":1,\"return_tokens\":true,"
+	                 "\"grammar\":\"root ::=",
+	                 k, slot);
+	strbuf_append(&b, head, (size_t)n);
+	for (size_t j = 1; j < k; j++) {
+		char id[32];
+		n = snprintf(id, sizeof id, " <[%d]>", tokens[done + j]);
+		strbuf_append(&b, id, (size_t)n);
+	}
+	strbuf_append(&b, "\"}", 2);
 	if (b.failed) {
 		free(b.p);
 		return NULL;
@@ -843,10 +887,122 @@ static const struct backend_call_handlers prefill_handlers = {
     .on_error = on_step_error,
 };
 
+static void prefill_plain(struct serve_req *r, size_t upto);
+
+/* Where the forced run went otherwise than asked, the server cannot be
+ * trusted with one: the steps go one request each from here. */
+static void forced_refused(struct serve_req *r, const char *why)
+{
+	struct backend *b = r->run.backend;
+	if (!b->forced_refused)
+		log_warn(
+		    "slot %d: a forced generation of an earlier answer's tokens went wrong (%s): "
+		    "one request per token on this backend from now on",
+		    r->run.slot->id, why);
+	b->forced_refused = 1;
+}
+
+static void on_forced_done(struct backend_call *call, int status, const char *body, size_t len,
+                           void *arg)
+{
+	(void)call;
+	struct serve_req *r = arg;
+	r->run.call = NULL;
+	size_t k = r->run.forced, done = r->run.done_upto;
+	r->run.forced = 0;
+	json_t *o = json_body(status, body, len, -1, BACKEND_JSON);
+	json_t *t = json_object_get(o, "timings");
+	if (status != 200 || !json_is_object(t)) {
+		/* A server without grammars of token ids (older than the
+		 * pinned one) refuses the run: nothing of it ran. */
+		char msg[200], why[260];
+		json_body_error(body, len, "no timings", msg, sizeof msg);
+		snprintf(why, sizeof why, "%d: %s", status, msg);
+		json_decref(o);
+		forced_refused(r, why);
+		prefill_plain(r, done + 1);
+		return;
+	}
+	long long cache_n = json_integer_value(json_object_get(t, "cache_n"));
+	long long prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
+	long long predicted_n = json_integer_value(json_object_get(t, "predicted_n"));
+	double ms = json_number_value(json_object_get(t, "prompt_ms")) +
+	            json_number_value(json_object_get(t, "predicted_ms"));
+	/* The tokens decoded (all but the last sampled, which may be an end
+	 * of generation the answer does not list) must be the prompt's. */
+	json_t *got = json_object_get(o, "tokens");
+	int same = json_array_size(got) + 1 >= k;
+	for (size_t j = 0; same && j + 1 < k; j++)
+		same = json_integer_value(json_array_get(got, j)) == r->prompt.tokens[done + 1 + j];
+	json_decref(o);
+	/* The rows it decoded are evaluated tokens of this prompt like the
+	 * rest (cached + evaluated is the prompt), though the server counts
+	 * them as predicted: the stats say how many (replay_forced_tokens). */
+	long long decoded = predicted_n > 0 ? predicted_n - 1 : 0;
+	note_step(r, prompt_n + decoded, ms);
+	r->d->stats.replay_forced_tokens += (uint64_t)decoded;
+	if (!same || predicted_n != (long long)k || cache_n != (long long)done || prompt_n != 1) {
+		char why[200];
+		snprintf(
+		    why, sizeof why,
+		    "a forced run of %zu tokens from %zu reused %lld, evaluated %lld, generated "
+		    "%lld%s",
+		    k, done, cache_n, prompt_n, predicted_n, same ? "" : ", other tokens");
+		if (!same || predicted_n != (long long)k)
+			forced_refused(r, why);
+		step_went_wrong(r, why);
+		return;
+	}
+	r->run.replayed += k;
+	r->d->stats.replayed_tokens += k;
+	r->d->stats.prefill_steps++;
+	r->run.done_upto = done + k;
+	r->run.plan.next += k - 1;
+	if (r->run.abandoned) {
+		keep_abandoned(r);
+		return;
+	}
+	run_step(r);
+}
+
+static const struct backend_call_handlers forced_handlers = {
+    .on_done = on_forced_done,
+    .on_error = on_step_error,
+};
+
+/* Starts a run of one-token steps from the one to `upto` as one forced
+ * generation, where there is such a run of at least two and the server
+ * takes them. Returns 1 when it did. */
+static int start_forced(struct serve_req *r, size_t upto)
+{
+	size_t done = r->run.done_upto;
+	if (upto != done + 1 || r->run.backend->forced_refused)
+		return 0;
+	size_t k = plan_forced_run(&r->run.plan, r->run.plan.next - 1, done);
+	if (!k)
+		return 0;
+	ram_task(r, upto, upto);
+	char *body = forced_body(r->prompt.tokens, done, k, r->run.slot->id);
+	r->run.forced = k;
+	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
+	                                        strlen(body), &forced_handlers, r)
+	                   : NULL;
+	free(body);
+	if (!r->run.call)
+		req_fail(r, 500, "out of memory");
+	return 1;
+}
+
 /* Evaluates the prompt up to a chunk end. The first evaluation of a
  * request that reuses nothing starts from an empty slot (cache_prompt
  * false), as an uncached run does. */
 static void step_prefill(struct serve_req *r, size_t upto)
+{
+	if (!start_forced(r, upto))
+		prefill_plain(r, upto);
+}
+
+static void prefill_plain(struct serve_req *r, size_t upto)
 {
 	ram_task(r, upto, upto);
 	char *body =

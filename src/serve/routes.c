@@ -211,6 +211,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	N("answers_kept", s->answers_kept);
 	N("answer_rows_kept", s->answer_rows_kept);
 	N("replayed_tokens", s->replayed_tokens);
+	N("replay_forced_tokens", s->replay_forced_tokens);
 	json_t *bs = json_array();
 	for (int i = 0; i < d->n_backends; i++)
 		json_array_append_new(bs, backend_stats(d->backends[i]));

@@ -21,7 +21,16 @@ where it does what `mode` says:
   close          accept the request and close without a byte (before the
                  first byte)
 
-`mode` and `events` may be changed while it runs. `seen` lists the
+and two that only touch a POST /completion whose grammar forces token ids
+(`<[id]>`, exact mode's forced runs), passing everything else through:
+
+  no_token_grammar  answer 400, as a llama-server older than token-id
+                    grammars does
+  grammar_ignored   forward it without its grammar: the server generates
+                    what it likes, as one that ignores the field would
+
+`mode` and `events` may be changed while it runs. `grammar_runs` counts the
+requests those two touched. `seen` lists the
 (method, path) of every request; `fault_conns` counts connections that got a
 fault, and `closed_by_peer` how many of the stalled ones toki closed (it
 must: that is how a stalled backend request is cancelled).
@@ -38,6 +47,7 @@ import threading
 import time
 import urllib.parse
 
+GRAMMAR_MODES = ("no_token_grammar", "grammar_ignored")
 FAULT_PATHS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
                "/completion", "/v1/responses")
 
@@ -52,6 +62,7 @@ class SlowBackend:
         self.seen = []
         self.fault_conns = 0
         self.closed_by_peer = 0
+        self.grammar_runs = 0
         self.rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -107,7 +118,12 @@ class SlowBackend:
                 with self._lock:
                     self.seen.append((method, path))
                 route = path.split("?", 1)[0]
-                if method == "POST" and route in FAULT_PATHS and self.mode != "pass":
+                if method == "POST" and route == "/completion" and self.mode in GRAMMAR_MODES:
+                    body = self._token_grammar(c, body)
+                    if body is None:
+                        continue
+                elif (method == "POST" and route in FAULT_PATHS and self.mode != "pass" and
+                      self.mode not in GRAMMAR_MODES):
                     with self._lock:
                         self.fault_conns += 1
                     self._fault(c, route, body)
@@ -188,6 +204,22 @@ class SlowBackend:
         return True
 
     # ------------------------------------------------------------ faults
+
+    def _token_grammar(self, c, body):
+        """The body to forward, or None when answered here."""
+        req = json.loads(body or b"{}")
+        if "<[" not in req.get("grammar", ""):
+            return body
+        with self._lock:
+            self.grammar_runs += 1
+        if self.mode == "grammar_ignored":
+            del req["grammar"]
+            return json.dumps(req).encode()
+        msg = json.dumps({"error": {"code": 400, "message": "Failed to parse grammar",
+                                    "type": "invalid_request_error"}}).encode()
+        c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(msg) + msg)
+        return None
 
     def _stall(self, c):
         """Send nothing more; return when the peer closes (or we stop)."""

@@ -386,12 +386,92 @@ class Accounting(unittest.TestCase):
             grown = prompt_tokens_total(llama) - before
             self.assertGreater(st["prefill_steps"], 0)
             self.assertGreater(st["tail_cuts"], 0)
-            self.assertEqual(grown, evaluated + st["tail_cut_tokens"],
-                             f"server {grown}, cache blocks {evaluated}, tail cuts "
-                             f"{st['tail_cut_tokens']}")
-            self.assertEqual(st["evaluated_tokens"], grown)
+            # The uncached runs replayed the earlier answers one token at a
+            # time, each answer as one forced generation: the rows it
+            # decoded (all but its first) are evaluated tokens, which the
+            # server counts as predicted ones.
+            forced = st["replay_forced_tokens"]
+            self.assertGreater(forced, 0)
+            self.assertGreater(st["replayed_tokens"], forced)
+            self.assertEqual(grown + forced, evaluated + st["tail_cut_tokens"],
+                             f"server {grown}, forced {forced}, cache blocks {evaluated}, "
+                             f"tail cuts {st['tail_cut_tokens']}")
+            self.assertEqual(st["evaluated_tokens"], grown + forced)
         finally:
             toki.kill(signal.SIGTERM)
+            llama.kill()
+
+
+class ForcedRuns(unittest.TestCase):
+    """Cold, an earlier answer's tokens are one generation forced to them by
+    a grammar of token ids. A server that refuses such a grammar (older
+    than token-id grammars), or one that ignores it and generates what it
+    likes, costs one request per token from then on, with a warning, never
+    an answer: slow_backend.py in front of a real llama-server plays each,
+    since the real one cannot be made to on demand."""
+
+    def run_conversation(self, toki, turns=3, model=None):
+        """Each turn: its answer, then the same request cold, compared with
+        the hot resend (text and logprobs). Returns the cold cache blocks.
+        With model: the cold requests are those `toki tokenize --schedule`
+        says."""
+        sys_, users = conversations(5, count=1, turns=turns)[0]
+        history, colds = [{"role": "system", "content": sys_}], []
+        for t in range(turns):
+            msgs = history + [{"role": "user", "content": users[t]}]
+            st, r = toki.chat(msgs, max_tokens=8)
+            self.assertEqual(st, 200, r)
+            st, again = toki.chat(msgs, max_tokens=8, logprobs=True, top_logprobs=1)
+            self.assertEqual(st, 200, again)
+            st, raw = toki.chat(msgs, max_tokens=8, logprobs=True, top_logprobs=1,
+                                cache_prompt=False)
+            self.assertEqual(st, 200, raw)
+            self.assertEqual(raw["cache"]["evaluated"], raw["cache"]["prompt_tokens"])
+            self.assertEqual(answer(again), answer(raw), raw["cache"])
+            if model:
+                self.assertEqual(len(schedule(model, msgs, 64)["steps"]), raw["cache"]["steps"])
+            colds.append(raw["cache"])
+            history = msgs + [{"role": "assistant",
+                               "content": r["choices"][0]["message"]["content"]}]
+        return colds
+
+    def test_forced_refused_or_ignored_falls_back_to_one_request_a_token(self):
+        from slow_backend import SlowBackend
+        model = th.generated_model("identity", params="4M", ctx=8192)
+        llama = th.LlamaServer(model=model, slots=1, ctx=8192, ubatch=64)
+        try:
+            # The real server: each answer's replay is one forced request.
+            toki = th.Toki([llama], mode="exact", ubatch=64)
+            try:
+                colds = self.run_conversation(toki, model=model)
+                st = toki.stats()
+                self.assertGreater(st["replay_forced_tokens"], 0, st)
+                last = colds[-1]
+                # Two earlier answers of up to 8 tokens: far fewer requests
+                # than one a token.
+                self.assertGreater(last["replayed"], 4, last)
+                self.assertLess(last["steps"], last["chunks"] - last["replayed"] + 4, last)
+                self.assertNotIn("forced generation", toki.log_text())
+            finally:
+                toki.kill(signal.SIGTERM)
+            for mode in ("no_token_grammar", "grammar_ignored"):
+                with self.subTest(mode=mode):
+                    fake = SlowBackend(llama.url, mode=mode)
+                    toki = th.Toki([fake], mode="exact", ubatch=64)
+                    try:
+                        colds = self.run_conversation(toki)
+                        # Told once, then never asked again.
+                        self.assertEqual(fake.grammar_runs, 1)
+                        toki.wait_log("one request per token on this backend")
+                        last = colds[-1]
+                        self.assertGreater(last["replayed"], 4, last)
+                        self.assertEqual(last["steps"], last["chunks"], last)
+                        if mode == "no_token_grammar":
+                            self.assertEqual(toki.stats()["replay_forced_tokens"], 0)
+                    finally:
+                        toki.kill(signal.SIGTERM)
+                        fake.close()
+        finally:
             llama.kill()
 
 

@@ -108,6 +108,50 @@ static void test_steps(void **state)
 	assert_int_equal(sched_common(slot, N(slot), 308, grid, N(grid), 343, 343, 512), 300);
 	/* Fewer rows kept (the text's tokens differed after 305): as far. */
 	assert_int_equal(sched_common(slot, 4, 305, s, n, 343, 343, 512), 305);
+
+	/* Cold, the plan's one-token steps 304..308 are one run (the
+	 * executor's forced generation), and nothing else is. */
+	struct plan p;
+	assert_int_equal(plan_build(&p, s, n, 343, 0, 0, 0, 0, 0, 512), 0);
+	size_t at = p.n;
+	for (size_t i = 0; i < p.n; i++)
+		if (p.steps[i].kind == STEP_PREFILL && p.steps[i].upto == 304 && at == p.n)
+			at = i;
+	assert_true(at < p.n);
+	assert_int_equal(p.steps[at - 1].upto, 303);
+	assert_int_equal(plan_ones_from(&p, at, 303, 100), 5);
+	assert_int_equal(plan_ones_from(&p, at, 303, 3), 3);
+	assert_int_equal(plan_ones_from(&p, at + 1, 304, 100), 4);
+	assert_int_equal(plan_ones_from(&p, at - 1, 300, 100), 0);  /* 3 tokens */
+	assert_int_equal(plan_ones_from(&p, at, 302, 100), 0);      /* not where it starts */
+	assert_int_equal(plan_ones_from(&p, p.n - 1, 342, 100), 0); /* GENERATE */
+	/* One request each run: none for a run of one. */
+	assert_int_equal(plan_forced_run(&p, at, 303), 5);
+	assert_int_equal(plan_forced_run(&p, at + 3, 306), 2);
+	assert_int_equal(plan_forced_run(&p, at + 4, 307), 0);
+	assert_int_equal(plan_forced_run(&p, at - 1, 300), 0);
+	plan_free(&p);
+
+	/* A long answer: runs of PLAN_RUN_MAX, then the rest; none from an
+	 * empty slot. */
+	size_t l[200];
+	unsigned char lk[200];
+	size_t nl = 0;
+	l[nl] = 100, lk[nl++] = A;
+	for (size_t t = 103; t < 103 + 150; t++)
+		l[nl] = t, lk[nl++] = T;
+	l[nl] = 260, lk[nl++] = A;
+	nl = sched_chunks(l, lk, nl);
+	assert_int_equal(plan_build(&p, l, nl, 263, 0, 0, 0, 0, 0, 512), 0);
+	for (at = 0; at < p.n && p.steps[at].upto != 104; at++)
+		;
+	assert_true(at < p.n);
+	assert_int_equal(plan_forced_run(&p, at, 103), PLAN_RUN_MAX);
+	assert_int_equal(plan_forced_run(&p, at + PLAN_RUN_MAX, 103 + PLAN_RUN_MAX), PLAN_RUN_MAX);
+	assert_int_equal(plan_forced_run(&p, at + 2 * PLAN_RUN_MAX, 103 + 2 * PLAN_RUN_MAX),
+	                 149 - 2 * PLAN_RUN_MAX); /* 103..251: 252 starts the last chunk */
+	assert_int_equal(plan_forced_run(&p, 0, 0), 0);
+	plan_free(&p);
 }
 
 /* The rule is left to right and content-defined: a longer prompt with the
