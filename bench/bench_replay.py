@@ -14,7 +14,7 @@ requests toki made (the cache block's steps), the tokens evaluated, and the
 rows evaluated one at a time (the answers' tokens).
 
   python3 bench/bench_replay.py --base-toki BIN [--toki BIN] [--turns 30]
-      [--answer-tokens 48] [--params 24M] [--reps 3]
+      [--answer-tokens 48] [--params 24M] [--reps 3] [--also LABEL=BIN ...]
 
 Then the next turn hot (the conversation's slot as the last answer left it),
 through each toki and llama-server alone: the tokens each evaluated.
@@ -49,6 +49,8 @@ def main():
     ap.add_argument("--answer-tokens", type=int, default=48)
     ap.add_argument("--params", default="24M", choices=["4M", "24M"])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=BIN",
+                    help="another toki binary in exact mode, a row of its own (repeatable)")
     args = ap.parse_args()
     if args.toki:
         os.environ["TOKI_BIN"] = os.path.abspath(args.toki)
@@ -56,6 +58,9 @@ def main():
     import toki_harness as th
     model = th.generated_model("replay", params=args.params, ctx=32768)
     bins = {"exact (steps)": th.TOKI_BIN, "exact (before)": os.path.abspath(args.base_toki)}
+    for a in args.also:
+        label, _, b = a.partition("=")
+        bins[f"exact ({label})"] = os.path.abspath(b)
     servers, tokis = {}, {}
     try:
         for name in ("alone", *bins):

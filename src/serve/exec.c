@@ -889,6 +889,18 @@ static const struct backend_call_handlers prefill_handlers = {
 
 static void prefill_plain(struct serve_req *r, size_t upto);
 
+/* A step's POST /completion of body (which it frees; NULL when making it
+ * ran out of memory). */
+static void start_completion(struct serve_req *r, char *body, const struct backend_call_handlers *h)
+{
+	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
+	                                        strlen(body), h, r)
+	                   : NULL;
+	free(body);
+	if (!r->run.call)
+		req_fail(r, 500, "out of memory");
+}
+
 /* Where the forced run went otherwise than asked, the server cannot be
  * trusted with one: the steps go one request each from here. */
 static void forced_refused(struct serve_req *r, const char *why)
@@ -919,7 +931,22 @@ static void on_forced_done(struct backend_call *call, int status, const char *bo
 		json_body_error(body, len, "no timings", msg, sizeof msg);
 		snprintf(why, sizeof why, "%d: %s", status, msg);
 		json_decref(o);
-		forced_refused(r, why);
+		if (status == 500) {
+			/* The server's grammar matches tokens as text: one whose
+			 * piece is empty, or bytes that are not UTF-8 (a random
+			 * model's answer), cannot be forced, and the sampler
+			 * fails, after the server evaluated the run's first
+			 * token (which it counts). This run goes one request per
+			 * token, from that token again. */
+			note_step(r, 1, 0);
+			log_info(
+			    "slot %d: a forced run of %zu tokens from %zu failed on the server "
+			    "(%s): one request per token for it",
+			    r->run.slot->id, k, done, why);
+			r->run.forced_failed = done + k;
+		} else {
+			forced_refused(r, why);
+		}
 		prefill_plain(r, done + 1);
 		return;
 	}
@@ -976,20 +1003,17 @@ static const struct backend_call_handlers forced_handlers = {
 static int start_forced(struct serve_req *r, size_t upto)
 {
 	size_t done = r->run.done_upto;
-	if (upto != done + 1 || r->run.backend->forced_refused)
+	if (upto != done + 1 || r->run.backend->forced_refused || done < r->run.forced_failed)
 		return 0;
 	size_t k = plan_forced_run(&r->run.plan, r->run.plan.next - 1, done);
 	if (!k)
 		return 0;
+	log_debug("slot %d: a forced run of %zu tokens from %zu (%d .. %d)", r->run.slot->id, k,
+	          done, r->prompt.tokens[done], r->prompt.tokens[done + k - 1]);
 	ram_task(r, upto, upto);
-	char *body = forced_body(r->prompt.tokens, done, k, r->run.slot->id);
 	r->run.forced = k;
-	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
-	                                        strlen(body), &forced_handlers, r)
-	                   : NULL;
-	free(body);
-	if (!r->run.call)
-		req_fail(r, 500, "out of memory");
+	start_completion(r, forced_body(r->prompt.tokens, done, k, r->run.slot->id),
+	                 &forced_handlers);
 	return 1;
 }
 
@@ -1005,14 +1029,9 @@ static void step_prefill(struct serve_req *r, size_t upto)
 static void prefill_plain(struct serve_req *r, size_t upto)
 {
 	ram_task(r, upto, upto);
-	char *body =
-	    prefill_body(r->prompt.tokens, upto, 0, 0, r->run.slot->id, r->run.done_upto > 0);
-	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
-	                                        strlen(body), &prefill_handlers, r)
-	                   : NULL;
-	free(body);
-	if (!r->run.call)
-		req_fail(r, 500, "out of memory");
+	start_completion(
+	    r, prefill_body(r->prompt.tokens, upto, 0, 0, r->run.slot->id, r->run.done_upto > 0),
+	    &prefill_handlers);
 }
 
 /* ---- generate: the request itself ---- */

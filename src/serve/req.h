@@ -101,6 +101,7 @@ struct req_run {
 	int steps;                /* backend calls before GENERATE that evaluated tokens */
 	size_t replayed;          /* ... of which one token each: an earlier answer's steps */
 	size_t forced;            /* the run of such steps in flight as one forced generation */
+	size_t forced_failed;     /* ... and where one that failed on the server ends */
 	long long steps_prompt_n; /* ... and what they evaluated */
 	double steps_prompt_ms;
 	token_t cut_junk; /* the token a cut leaves after the kept prefix */
