@@ -34,6 +34,7 @@
 #define BACKEND_JSON JSON_ALLOW_NUL
 
 static void run_step(struct serve_req *r);
+static void next_step(struct serve_req *r);
 static int start_tail_cut(struct serve_req *r);
 static int start_error_cut(struct serve_req *r);
 static int start_settle(struct serve_req *r);
@@ -865,10 +866,16 @@ static void on_prefill_done(struct backend_call *call, int status, const char *b
 	}
 	r->run.done_upto = upto;
 	r->d->stats.prefill_steps++;
+	next_step(r);
+}
+
+/* After a prefill step: the next one. Once the client went away,
+ * llama-server alone would have run on to the end of the batch it was in
+ * (up to one max step from where the step in flight began): so do the
+ * steps that fit there, no more, and keep what they evaluated. */
+static void next_step(struct serve_req *r)
+{
 	if (r->run.abandoned) {
-		/* llama-server alone would have run on to the end of the batch
-		 * it was in (up to one max step from where the step in flight
-		 * began): so do the steps that fit there, no more. */
 		const struct plan_step *next = &r->run.plan.steps[r->run.plan.next];
 		if (r->run.plan.next < r->run.plan.n && next->kind == STEP_PREFILL &&
 		    next->upto - r->run.abandoned_at <=
@@ -985,11 +992,7 @@ static void on_forced_done(struct backend_call *call, int status, const char *bo
 	r->d->stats.prefill_steps++;
 	r->run.done_upto = done + k;
 	r->run.plan.next += k - 1;
-	if (r->run.abandoned) {
-		keep_abandoned(r);
-		return;
-	}
-	run_step(r);
+	next_step(r);
 }
 
 static const struct backend_call_handlers forced_handlers = {
