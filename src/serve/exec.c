@@ -932,8 +932,9 @@ static void on_forced_done(struct backend_call *call, int status, const char *bo
 	json_t *o = json_body(status, body, len, -1, BACKEND_JSON);
 	json_t *t = json_object_get(o, "timings");
 	if (status != 200 || !json_is_object(t)) {
-		/* A server without grammars of token ids (older than the
-		 * pinned one) refuses the run: nothing of it ran. */
+		/* Not answered: a server without grammars of token ids (older
+		 * than the pinned one) refuses the run (400, nothing of it ran);
+		 * one that fails it while sampling answers 500 (below). */
 		char msg[200], why[260];
 		json_body_error(body, len, "no timings", msg, sizeof msg);
 		snprintf(why, sizeof why, "%d: %s", status, msg);
