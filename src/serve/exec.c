@@ -509,16 +509,34 @@ static void step_went_wrong(struct serve_req *r, const char *why)
 
 /* The timings of a step's answer: how many prompt tokens the server reused
  * and evaluated, and in how many ms. 0, or -1 when there are none. */
+/* The server's own counts of one of its answers (its timings). */
+struct step_counts {
+	long long cache_n, prompt_n, predicted_n;
+	double prompt_ms, predicted_ms;
+};
+
+/* Reads an answer's timings into c; -1 when it has none. */
+static int read_counts(const json_t *o, struct step_counts *c)
+{
+	json_t *t = json_object_get(o, "timings");
+	c->cache_n = json_integer_value(json_object_get(t, "cache_n"));
+	c->prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
+	c->predicted_n = json_integer_value(json_object_get(t, "predicted_n"));
+	c->prompt_ms = json_number_value(json_object_get(t, "prompt_ms"));
+	c->predicted_ms = json_number_value(json_object_get(t, "predicted_ms"));
+	return json_is_object(t) ? 0 : -1;
+}
+
 static int step_timings(int status, const char *body, size_t len, long long *cache_n,
                         long long *prompt_n, double *ms)
 {
 	json_t *o = json_body(status, body, len, -1, BACKEND_JSON);
-	json_t *t = json_object_get(o, "timings");
-	int rc = json_is_object(t) ? 0 : -1;
-	*cache_n = json_integer_value(json_object_get(t, "cache_n"));
-	*prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
-	*ms = json_number_value(json_object_get(t, "prompt_ms"));
+	struct step_counts c;
+	int rc = read_counts(o, &c);
 	json_decref(o);
+	*cache_n = c.cache_n;
+	*prompt_n = c.prompt_n;
+	*ms = c.prompt_ms;
 	return rc;
 }
 
@@ -930,8 +948,8 @@ static void on_forced_done(struct backend_call *call, int status, const char *bo
 	size_t k = r->run.forced, done = r->run.done_upto;
 	r->run.forced = 0;
 	json_t *o = json_body(status, body, len, -1, BACKEND_JSON);
-	json_t *t = json_object_get(o, "timings");
-	if (status != 200 || !json_is_object(t)) {
+	struct step_counts c;
+	if (read_counts(o, &c) != 0 || status != 200) {
 		/* Not answered: a server without grammars of token ids (older
 		 * than the pinned one) refuses the run (400, nothing of it ran);
 		 * one that fails it while sampling answers 500 (below). */
@@ -958,11 +976,8 @@ static void on_forced_done(struct backend_call *call, int status, const char *bo
 		prefill_plain(r, done + 1);
 		return;
 	}
-	long long cache_n = json_integer_value(json_object_get(t, "cache_n"));
-	long long prompt_n = json_integer_value(json_object_get(t, "prompt_n"));
-	long long predicted_n = json_integer_value(json_object_get(t, "predicted_n"));
-	double ms = json_number_value(json_object_get(t, "prompt_ms")) +
-	            json_number_value(json_object_get(t, "predicted_ms"));
+	long long cache_n = c.cache_n, prompt_n = c.prompt_n, predicted_n = c.predicted_n;
+	double ms = c.prompt_ms + c.predicted_ms;
 	/* The tokens decoded (all but the last sampled, which may be an end
 	 * of generation the answer does not list) must be the prompt's. */
 	json_t *got = json_object_get(o, "tokens");
