@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Fleet benchmark: 1, 2 and 3 llama-servers (each -np 2) behind one
-`toki serve` (fast mode) vs the same servers used round-robin (request i goes
+`toki serve` (fast mode, or exact with --mode exact) vs the same servers used round-robin (request i goes
 to server i mod n, no id_slot: llama-server picks the slot itself), on the
 interleaved agent workload of bench/workload.py widened to six sessions.
 
   python3 bench/bench_fleet.py [--backends 1,2,3] [--slot-files] [--repeat N]
-                               [--toki build/toki] [--against OTHER] [--out FILE.json]
+                               [--mode fast|exact] [--toki build/toki] [--against OTHER]
+                               [--out FILE.json]
 
 The sessions run concurrently, as six agents would: the workload's schedule
 (session s starts s events after session 0) is replayed in steps, the
@@ -14,7 +15,9 @@ they are done, so a conversation's turns stay in order and the limit (each
 request's tokens that no earlier request could have left in a cache,
 bench/common.py prefix_limit) is the same for every configuration. Reports
 requests/s and generated tokens/s over the wall time, streamed time to first
-token p50/p95, and evaluated prompt tokens over the limit.
+token p50/p95, and evaluated prompt tokens over the limit. In exact mode
+every answer of --toki's binary is also compared, text and logprobs, with
+its own uncached answer to the same request (workload.toki_reference).
 
 The replay (steps_of, replay, HostClient, toki_sender, round_robin_sender,
 summarize) is also what tests/integration/test_fleet.py runs across network
@@ -193,10 +196,10 @@ def summarize(results, limit, wall):
 
 # ---- the benchmark ----
 
-def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None):
+def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mode="fast"):
     """One configuration on fresh servers. slot_dir (toki only): the
     servers share one --slot-save-path, toki's --slot-dir. toki_bin: another
-    toki binary than the harness's (--against)."""
+    toki binary than the harness's (--against). mode: toki's --reuse."""
     import shutil
     import tempfile
     th = common.harness()
@@ -213,7 +216,7 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None):
             default_bin = th.TOKI_BIN
             th.TOKI_BIN = toki_bin or default_bin
             try:
-                toki = th.Toki(servers, mode="fast", ubatch=512, name=f"toki-fleet-bench-{n}",
+                toki = th.Toki(servers, mode=mode, ubatch=512, name=f"toki-fleet-bench-{n}",
                                extra=("--slot-dir", sd) if sd else ())
             finally:
                 th.TOKI_BIN = default_bin
@@ -221,8 +224,17 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None):
         else:
             send = round_robin_sender([("127.0.0.1", s.port) for s in servers],
                                       timeout=REQUEST_TIMEOUT)
-        results, wall = replay(requests, send, stop_on_error=True)
+        # The reference is the harness's binary's: another binary (--against)
+        # may have another schedule, and so other uncached answers.
+        exact = target == "toki" and mode == "exact"
+        checked = exact and not toki_bin
+        results, wall = replay(requests, send, body_of=workload.body_of if exact else body_of,
+                               stop_on_error=True)
         s = summarize(results, limit, wall)
+        if checked:
+            s["identical"] = sum(r is not None and r["status"] == 200 and
+                                 common.answer_of(r) == (q["toki_reply"], q["toki_reply_logprobs"])
+                                 for r, q in zip(results, requests))
         if toki:
             st = toki.stats()
             s["restores"], s["saves"] = st.get("restores"), st.get("saves")
@@ -232,21 +244,26 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None):
         common.stop(toki, *servers)
         if sd:
             shutil.rmtree(sd, ignore_errors=True)
-    s.update(backends=n, target=target, slot_dir=bool(sd), load_start=load0)
+    s.update(backends=n, target=target, slot_dir=bool(sd), load_start=load0,
+             mode=mode if target == "toki" else None)
     common.log(f"  {n} backend(s), {target}: {s['ok']}/{s['n']} ok, evaluated {s['evaluated']} "
                f"({s['eval_over_limit']:.2f}x limit), {s['req_per_s']:.2f} req/s, "
                f"{s['gen_tok_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms, "
-               f"wall {wall:.1f} s")
+               f"wall {wall:.1f} s"
+               + (f", identical {s['identical']}/{s['n']}" if "identical" in s else ""))
     return s
 
 
-def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None):
+def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode="fast"):
     """Every configuration `repeat` times, the repeats interleaved (this
     machine is shared and its speed drifts); the table gives medians.
     against: (label, binary) of another toki, run beside every toki
-    configuration."""
+    configuration. mode: toki's --reuse (exact: each answer checked
+    against toki's uncached one)."""
     model = model_path()
     requests, tokens, limit, ref_secs = reference(model)
+    if mode == "exact":
+        workload.toki_reference("fleet", model, requests, 512)
     kinds = {}
     for r in requests:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
@@ -264,7 +281,7 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None):
     for rep in range(repeat):
         for n, target, sd, other in configs:
             r = run_one(n, target, requests, limit, model, slot_dir=sd,
-                        toki_bin=other[1] if other else None)
+                        toki_bin=other[1] if other else None, mode=mode)
             r["repeat"] = rep
             r["against"] = other[0] if other else None
             runs.append(r)
@@ -274,7 +291,7 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None):
         rs = [r for r in runs if (r["backends"], r["target"], r["slot_dir"], r["against"]) ==
               (n, target, sd, other[0] if other else None)]
         walls = [r["wall_s"] for r in rs]
-        rows.append([n, (("toki fast + slot files" if sd else "toki fast")
+        rows.append([n, ((f"toki {mode} + slot files" if sd else f"toki {mode}")
                          + (f" ({other[0]})" if other else ""))
                      if target == "toki" else "round-robin",
                      med([r["req_per_s"] for r in rs]), med([r["gen_tok_per_s"] for r in rs]),
@@ -282,12 +299,15 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None):
                      med([r["evaluated"] for r in rs]), med([r["eval_over_limit"] for r in rs]),
                      f"{med(walls):.1f} ({min(walls):.1f}-{max(walls):.1f})",
                      f"{sum(r['ok'] for r in rs)}/{sum(r['n'] for r in rs)}",
+                     (f"{sum(r['identical'] for r in rs)}/{sum(r['n'] for r in rs)}"
+                      if all("identical" in r for r in rs) else ""),
                      sum(r.get("down_events", 0) for r in rs) if target == "toki" else "",
                      f"{min(r['load_start'] for r in rs):.1f}-"
                      f"{max(r['load_start'] for r in rs):.1f}"])
     t = common.table(["backends (-np 2 each)", "routing", "req/s", "gen tok/s", "TTFT p50 ms",
                       "TTFT p95 ms", "evaluated", "eval/limit",
-                      f"wall s (min-max of {repeat})", "ok", "backends marked down",
+                      f"wall s (min-max of {repeat})", "ok",
+                      "identical to toki uncached (exact)", "backends marked down",
                       "load avg at start"], rows)
     md = (f"{len(requests)} requests ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
           f"{sum(map(len, tokens))} prompt tokens in all, longest prompt "
@@ -310,6 +330,9 @@ def main():
     ap.add_argument("--slot-files", action="store_true",
                     help="also toki with slot files (the servers share one --slot-save-path, "
                          "toki's --slot-dir)")
+    ap.add_argument("--mode", choices=["fast", "exact"], default="fast",
+                    help="toki's --reuse (default fast); exact checks every answer against "
+                         "toki's uncached one, text and logprobs")
     ap.add_argument("--against", metavar="OTHER",
                     help="another toki binary (an older build, say), run beside --toki in "
                          "every toki configuration, interleaved; its rows carry its path")
@@ -333,7 +356,7 @@ def main():
     info["command"] = " ".join(["python3", "bench/bench_fleet.py"] + sys.argv[1:])
     t0 = time.perf_counter()
     r = bench_fleet(tuple(int(x) for x in args.backends.split(",")), args.slot_files,
-                    args.repeat, against)
+                    args.repeat, against, args.mode)
     info["total_s"] = time.perf_counter() - t0
     info["loadavg_end"] = common.loadavg()
     header = (f"## Fleet benchmark\n\n- date: {info['date']}\n- machine: {info.get('cpu')}, "
