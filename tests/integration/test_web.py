@@ -193,16 +193,21 @@ class WebUI(unittest.TestCase):
         s.sendall((f"POST /api/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{self.web.port}\r\n"
                    f"Authorization: Bearer {self.web.secret}\r\nContent-Type: application/json\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+
+        def busy():
+            st, slots = th.request(self.llama.port, "GET", "/slots")
+            return st == 200 and any(x.get("is_processing") for x in slots)
         got = b""
         while b"delta" not in got:
             chunk = s.recv(65536)
             self.assertTrue(chunk, "the stream ended early")
             got += chunk
+        # Relayed as it came: the first delta is here while the server is
+        # still generating (a proxy that held the stream back would pass it
+        # on after the last of the 4000 tokens, and a slower machine only
+        # makes the generation longer).
+        self.assertTrue(busy(), "the first delta came after the generation ended")
         s.close()  # the browser goes away mid-answer
-
-        def busy():
-            st, slots = th.request(self.llama.port, "GET", "/slots")
-            return st == 200 and any(x.get("is_processing") for x in slots)
         # The first idle look is the event: the generation ran without a
         # gap until it stopped. A later look may catch toki's own short
         # step after a cancel (the tail cut), which is no generation.
@@ -258,8 +263,11 @@ class WebUI(unittest.TestCase):
                     self.assertGreater(r["ttft"], 0)
                     self.assertGreaterEqual(r["total"], r["ttft"])
                     self.assertGreater(r["evaluated"], 0)
-                    # Streamed: the answer came in pieces, the first before the end.
-                    self.assertGreater(r["reads"], 1, f"turn {t['n']} {side} came in one piece")
+                    # Streamed: the page read the answer as several deltas. How
+                    # many reads the browser needed is the machine's timing: a
+                    # loaded one can hand a short stream over in one.
+                    self.assertGreaterEqual(r["reads"], 1)
+                    self.assertGreater(r["pieces"], 1, f"turn {t['n']} {side} came in one piece")
         return m
 
     def test_browser_chat_in_every_mode(self):
@@ -337,8 +345,9 @@ class WebUI(unittest.TestCase):
                 self.assertTrue(r["url"].startswith("https://"))
                 self.assertEqual(r["status"], 200)
                 self.assertTrue(r["responseHeaders"]["content-type"].startswith("text/event-stream"))
-            # check_chat saw each answer arrive in several pieces over this
-            # TLS connection, the first content well before the end.
+            # check_chat saw the page read each answer as several deltas
+            # over this TLS connection (that the proxy relays a stream as it
+            # comes is test_browser_leaving_cancels_the_generation's).
         finally:
             web.kill(signal.SIGTERM)
 

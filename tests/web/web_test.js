@@ -120,8 +120,8 @@ async function main() {
 			// What the page's own code measured (numbers, not text).
 			out.measured = await page.evaluate(() => window.tokiWeb.turns.map((t) => ({
 				n: t.n, mode: t.mode, route: t.route,
-				raw: t.raw && {ttft: t.raw.ttft, total: t.raw.total, evaluated: t.raw.evaluated, cached: t.raw.cached, reads: t.raw.reads},
-				cached: t.cached && {ttft: t.cached.ttft, total: t.cached.total, evaluated: t.cached.evaluated, cached: t.cached.cached, reads: t.cached.reads},
+				raw: t.raw && {ttft: t.raw.ttft, total: t.raw.total, evaluated: t.raw.evaluated, cached: t.raw.cached, reads: t.raw.reads, pieces: t.raw.pieces},
+				cached: t.cached && {ttft: t.cached.ttft, total: t.cached.total, evaluated: t.cached.evaluated, cached: t.cached.cached, reads: t.cached.reads, pieces: t.cached.pieces},
 			})));
 			out.chart = await page.evaluate(() => ({
 				raw: [...document.querySelectorAll('#chart circle.pt.pt-raw')].map((c) => [c.dataset.turn, c.dataset.value]),

@@ -214,7 +214,7 @@
 		const body = {messages, stream: true, temperature: 0, max_tokens: Math.max(1, parseInt($('max-tokens').value, 10) || 64)};
 		if (mode === 'raw')
 			body.cache_prompt = false; /* llama-server evaluates everything */
-		const r = {mode, text: '', ttft: null, total: null, cache: null, timings: null, route: null, reads: 0};
+		const r = {mode, text: '', ttft: null, total: null, cache: null, timings: null, route: null, reads: 0, pieces: 0};
 		const t0 = performance.now();
 		const tick = setInterval(() => {
 			if (r.ttft == null)
@@ -262,6 +262,7 @@
 					const delta = j.choices && j.choices[0] && j.choices[0].delta;
 					const content = delta && delta.content;
 					if (content) {
+						r.pieces++; /* the answer's deltas, however the reads cut them */
 						if (r.ttft == null) {
 							r.ttft = performance.now() - t0;
 							view.cells.ttft.textContent = fmtMs(r.ttft);
