@@ -507,8 +507,6 @@ static void step_went_wrong(struct serve_req *r, const char *why)
 
 /* ---- the steps' calls ---- */
 
-/* The timings of a step's answer: how many prompt tokens the server reused
- * and evaluated, and in how many ms. 0, or -1 when there are none. */
 /* The server's own counts of one of its answers (its timings). */
 struct step_counts {
 	long long cache_n, prompt_n, predicted_n;
@@ -527,6 +525,8 @@ static int read_counts(const json_t *o, struct step_counts *c)
 	return json_is_object(t) ? 0 : -1;
 }
 
+/* The timings of a step's answer: how many prompt tokens the server reused
+ * and evaluated, and in how many ms. 0, or -1 when there are none. */
 static int step_timings(int status, const char *body, size_t len, long long *cache_n,
                         long long *prompt_n, double *ms)
 {
