@@ -476,13 +476,10 @@ fail:
 	return NULL;
 }
 
-enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
-                             size_t *len, char *why, size_t whylen)
+/* Renders g (the template globals; taken) as a whole prompt. */
+static enum chat_result render_globals(const struct chat_env *env, json_t *g, char **prompt,
+                                       size_t *len, char *why, size_t whylen)
 {
-	enum chat_result res;
-	json_t *g = chat_template_globals(env, request, &res, why, whylen);
-	if (!g)
-		return res;
 	const struct jinja_template *t =
 	    json_object_get(g, "tools") && env->tmpl_tool_use ? env->tmpl_tool_use : env->tmpl;
 	char err[512];
@@ -504,6 +501,32 @@ enum chat_result chat_render(const struct chat_env *env, json_t *request, char *
 	}
 	*prompt = text;
 	return CHAT_OK;
+}
+
+enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
+                             size_t *len, char *why, size_t whylen)
+{
+	enum chat_result res;
+	json_t *g = chat_template_globals(env, request, &res, why, whylen);
+	if (!g)
+		return res;
+	return render_globals(env, g, prompt, len, why, whylen);
+}
+
+enum chat_result chat_render_answer(const struct chat_env *env, json_t *request, json_t *answer,
+                                    char **prompt, size_t *len, char *why, size_t whylen)
+{
+	enum chat_result res;
+	json_t *g = chat_template_globals(env, request, &res, why, whylen);
+	if (!g)
+		return res;
+	json_t *nm = normalize_message(env, answer, &res, why, whylen);
+	if (!nm || json_array_append_new(json_object_get(g, "messages"), nm) != 0 ||
+	    json_object_set_new(g, "add_generation_prompt", json_false()) != 0) {
+		json_decref(g);
+		return res == CHAT_OK ? CHAT_ERROR : res;
+	}
+	return render_globals(env, g, prompt, len, why, whylen);
 }
 
 /* Renders g (the template globals) with only its first k messages and no

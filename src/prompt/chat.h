@@ -69,6 +69,13 @@ enum chat_result { CHAT_OK = 0, CHAT_DECLINED = 1, CHAT_ERROR = -1 };
 enum chat_result chat_render(const struct chat_env *env, json_t *request, char **prompt,
                              size_t *len, char *why, size_t whylen);
 
+/* Renders request's conversation followed by answer (an assistant message)
+ * as the template writes its latest turn, without a generation prompt:
+ * what a model of the template's family writes after request's prompt, its
+ * training format. Results as chat_render's. */
+enum chat_result chat_render_answer(const struct chat_env *env, json_t *request, json_t *answer,
+                                    char **prompt, size_t *len, char *why, size_t whylen);
+
 /* Where each message after the first starts in request's prompt (the text
  * chat_render gave, len bytes), as byte offsets in increasing order, and
  * where the generation prompt starts (the last offset, *last_is_header

@@ -348,9 +348,12 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
  * already holds the next turn's rows and nothing is recomputed. An
  * assistant message gets a region when its tokens begin with this
  * request's own generation prompt (tokens [g, n)): what follows is where
- * generation began. The region ends at the first special token (the end of
- * the turn, which generation samples but never evaluates) or at the next
- * start; a start at its end begins the rest of the message. All of it is
+ * generation began. The region ends at the first control token (the end
+ * of the turn, which generation samples but never evaluates) or at the next
+ * start; a start at its end begins the rest of the message. User-defined
+ * tokens (Qwen's <think> and <tool_call>) are words the model wrote: an
+ * answer's reasoning and tool calls are in its region (bench_families.py:
+ * every family that writes tool calls gets them back as generated). All of it is
  * read off the request, so the schedule is still a function of the request
  * alone. Returns 0 or -1 (out of memory; the starts are unchanged). */
 static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
@@ -379,11 +382,11 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 				kind[k++] = st->kind[i];
 			}
 			size_t a = st->pos[i], next = i + 1 < st->n ? st->pos[i + 1] : n;
-			if (i + 1 == st->n || st->kind[i] != SCHED_START_ANSWER || next - a <= h ||
-			    memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
+			if (i + 1 == st->n || st->kind[i] != SCHED_START_ANSWER ||
+			    next - a <= h || memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
 				continue;
 			size_t e = a + h;
-			while (e < next && !vocab_token_is_special(v, tok[e]))
+			while (e < next && !vocab_token_is_control(v, tok[e]))
 				e++;
 			/* The next start ends the last step's chunk: kept, whatever
 			 * it starts (an answer's is anyway). */
@@ -446,6 +449,34 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 	free(cuts);
 	free(kind);
 	return rc;
+}
+
+enum chat_result prompt_engine_chat_answer(struct prompt_engine *pe, json_t *request,
+                                           json_t *answer, time_t now, struct token_list *out,
+                                           char *why, size_t whylen)
+{
+	if (!pe->has_chat) {
+		snprintf(why, whylen, "the chat template is one llama-server renders its own way");
+		return CHAT_DECLINED;
+	}
+	pe->env.now = now;
+	char *text = NULL;
+	size_t len = 0;
+	enum chat_result r =
+	    chat_render_answer(&pe->env, request, answer, &text, &len, why, whylen);
+	if (r != CHAT_OK)
+		return r;
+	int rc = tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
+	free(text);
+	if (rc == -2) {
+		snprintf(why, whylen, "text the server's tokenizer rejects");
+		return CHAT_DECLINED;
+	}
+	if (rc) {
+		snprintf(why, whylen, "out of memory");
+		return CHAT_ERROR;
+	}
+	return CHAT_OK;
 }
 
 enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,

@@ -65,6 +65,14 @@ struct prompt_starts {
 	int header;
 };
 
+/* The tokens of request's conversation followed by answer (an assistant
+ * message) as the template writes its latest turn (chat_render_answer):
+ * the prompt's tokens, then the answer's as a model of the family writes
+ * them, then the template's end of the turn. */
+enum chat_result prompt_engine_chat_answer(struct prompt_engine *pe, json_t *request,
+                                           json_t *answer, time_t now, struct token_list *out,
+                                           char *why, size_t whylen);
+
 /* prompt_engine_chat, and with starts non-NULL the message starts too
  * (starts->pos and starts->kind malloc'd; free them). */
 enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *request, time_t now,

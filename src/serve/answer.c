@@ -489,7 +489,53 @@ void answer_end_turn_at_cap(json_t *chat)
 	}
 }
 
-int answer_text_of(const json_t *obj, struct strbuf *out)
+/* Sets b to s when s is a non-empty string: an id, a type or a name comes
+ * whole, in a stream with the first piece of its call. */
+static void set_piece(struct strbuf *b, const json_t *s)
+{
+	if (!json_string_length(s))
+		return;
+	strbuf_reset(b);
+	strbuf_append(b, json_string_value(s), json_string_length(s));
+}
+
+static void add_calls(struct answer_msg *m, const json_t *calls)
+{
+	size_t i;
+	const json_t *c;
+	json_array_foreach(calls, i, c)
+	{
+		const json_t *jx = json_object_get(c, "index");
+		json_int_t x = json_is_integer(jx) ? json_integer_value(jx) : (json_int_t)i;
+		/* A call is added by its first piece, in order. */
+		if (x < 0 || (size_t)x > m->n_calls) {
+			m->failed = 1;
+			return;
+		}
+		if ((size_t)x == m->n_calls) {
+			struct answer_call *nc = realloc(m->calls, (m->n_calls + 1) * sizeof *nc);
+			if (!nc) {
+				m->failed = 1;
+				return;
+			}
+			m->calls = nc;
+			m->calls[m->n_calls++] = (struct answer_call){0};
+		}
+		struct answer_call *to = &m->calls[x];
+		const json_t *fn = json_object_get(c, "function"),
+		             *args = json_object_get(fn, "arguments");
+		set_piece(&to->id, json_object_get(c, "id"));
+		set_piece(&to->type, json_object_get(c, "type"));
+		set_piece(&to->name, json_object_get(fn, "name"));
+		if (json_is_string(args))
+			strbuf_append(&to->arguments, json_string_value(args),
+			              json_string_length(args));
+		if (to->id.failed || to->type.failed || to->name.failed || to->arguments.failed)
+			m->failed = 1;
+	}
+}
+
+void answer_msg_add(struct answer_msg *m, const json_t *obj)
 {
 	json_t *choice = json_array_get(json_object_get(obj, "choices"), 0);
 	const json_t *msg = obj, *text;
@@ -501,15 +547,75 @@ int answer_text_of(const json_t *obj, struct strbuf *out)
 	} else {
 		text = json_object_get(obj, "content");
 	}
-	if (msg) {
-		json_t *calls = json_object_get(msg, "tool_calls");
-		json_t *reasoning = json_object_get(msg, "reasoning_content");
-		if (json_array_size(calls) || json_string_length(reasoning))
-			return 1;
-	}
 	if (json_is_string(text))
-		strbuf_append(out, json_string_value(text), json_string_length(text));
-	return 0;
+		strbuf_append(&m->text, json_string_value(text), json_string_length(text));
+	if (msg) {
+		json_t *reasoning = json_object_get(msg, "reasoning_content");
+		if (json_is_string(reasoning))
+			strbuf_append(&m->reasoning, json_string_value(reasoning),
+			              json_string_length(reasoning));
+		add_calls(m, json_object_get(msg, "tool_calls"));
+	}
+	if (m->text.failed || m->reasoning.failed)
+		m->failed = 1;
+}
+
+int answer_msg_structured(const struct answer_msg *m)
+{
+	return m->n_calls || m->reasoning.len;
+}
+
+static json_t *piece_json(const struct strbuf *b)
+{
+	return json_stringn(b->len ? b->p : "", b->len);
+}
+
+json_t *answer_msg_json(const struct answer_msg *m)
+{
+	json_t *o = json_pack("{s:s, s:o}", "role", "assistant", "content", piece_json(&m->text));
+	if (o && m->reasoning.len)
+		json_object_set_new(o, "reasoning_content", piece_json(&m->reasoning));
+	json_t *calls = o && m->n_calls ? json_array() : NULL;
+	for (size_t i = 0; calls && i < m->n_calls; i++) {
+		const struct answer_call *c = &m->calls[i];
+		json_t *jc = json_pack("{s:o, s:{s:o, s:o}}", "type",
+		                       c->type.len ? piece_json(&c->type) : json_string("function"),
+		                       "function", "name", piece_json(&c->name), "arguments",
+		                       piece_json(&c->arguments));
+		if (jc && c->id.len)
+			json_object_set_new(jc, "id", piece_json(&c->id));
+		if (!jc || json_array_append_new(calls, jc) != 0) {
+			json_decref(calls);
+			json_decref(o);
+			return NULL;
+		}
+	}
+	if (calls && json_object_set_new(o, "tool_calls", calls) != 0) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
+
+void answer_msg_reset(struct answer_msg *m)
+{
+	answer_msg_free(m);
+	*m = (struct answer_msg){0};
+}
+
+void answer_msg_free(struct answer_msg *m)
+{
+	strbuf_free(&m->text);
+	strbuf_free(&m->reasoning);
+	for (size_t i = 0; i < m->n_calls; i++) {
+		strbuf_free(&m->calls[i].id);
+		strbuf_free(&m->calls[i].type);
+		strbuf_free(&m->calls[i].name);
+		strbuf_free(&m->calls[i].arguments);
+	}
+	free(m->calls);
+	m->calls = NULL;
+	m->n_calls = 0;
 }
 
 enum answer_event answer_event_kind(const char *data)

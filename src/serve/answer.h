@@ -97,13 +97,31 @@ char *answer_progress_event(json_t *event, long long cache, long long processed,
  * "length"): Claude Code treats a hit max_tokens as an error. */
 void answer_end_turn_at_cap(json_t *chat);
 
-/* The text one answer (or one stream event) adds: a chat message's or
- * delta's content, a completion's text, /completion's content; appended to
- * out. Returns 1 when it carries more than text (tool calls, reasoning),
- * which a next turn renders in ways the text does not tell; else 0. Exact
- * mode keeps an answer's rows for the next turn by its text's tokens
+/* An answer as the message a next turn sends back, gathered from a whole
+ * answer or from a stream's events: its text (a chat message's or delta's
+ * content, a completion's text, /completion's content), its reasoning and
+ * its tool calls, merged by index as deltas split them. Exact mode keeps
+ * an answer's rows for the next turn by the tokens of this message
  * (serve/exec.c, the keep after an answer). */
-int answer_text_of(const json_t *obj, struct strbuf *out);
+struct answer_call {
+	struct strbuf id, type, name, arguments;
+};
+struct answer_msg {
+	struct strbuf text, reasoning;
+	struct answer_call *calls;
+	size_t n_calls;
+	int failed; /* out of memory, or a tool call delta it cannot place */
+};
+
+/* Adds what one answer (or stream event) carries. */
+void answer_msg_add(struct answer_msg *m, const json_t *obj);
+/* 1 when it has more than text (tool calls, reasoning): a next turn renders
+ * those through the template, in ways the text alone does not tell. */
+int answer_msg_structured(const struct answer_msg *m);
+/* The assistant message (a new reference), or NULL when out of memory. */
+json_t *answer_msg_json(const struct answer_msg *m);
+void answer_msg_reset(struct answer_msg *m);
+void answer_msg_free(struct answer_msg *m);
 
 /* The kinds of a stream's events that matter to toki. */
 enum answer_event {

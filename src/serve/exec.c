@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/prompt_probe.h"
 #include "backend/slot_store.h"
@@ -1280,9 +1281,64 @@ static const struct backend_call_handlers tail_cut_handlers = {
  * not in the text), it evaluates a throw-away token after them, which
  * needs no cut back (a recurrent state cannot be cut back but to a
  * checkpoint). Where the tokens differ (text that re-tokenizes another
- * way) the rows from the first difference on are a batch, and only those
- * before it are kept. One token evaluated, as the tail cut it replaces,
- * off the next request's path. */
+ * way, a tool call the template writes otherwise) the rows from the first
+ * difference on are a batch: a cut right after takes them off, and only
+ * those before it are kept. An answer with reasoning or tool calls is kept
+ * by its tokens as the template writes it (answer_tokens), which is how a
+ * model of the family writes it. One token evaluated, as the tail cut it
+ * replaces, off the next request's path. */
+
+/* After a keep whose tokens parted from generation's (an answer that does
+ * not come back as generated): the slot's rows from there on are a
+ * batch's. The next turn would have to cut them off before reusing the
+ * rows before them; cut now, while the agent runs its tool, and the next
+ * turn evaluates what llama-server alone does. */
+static void on_kept_cut_done(struct backend_call *call, int status, const char *body, size_t len,
+                             void *arg)
+{
+	struct serve_req *r = arg;
+	struct daemon *d = r->d;
+	r->run.call = NULL;
+	long long cache_n = -1, prompt_n = 0;
+	double ms;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
+		r->run.slot->backend->evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.evaluated_tokens += (uint64_t)prompt_n;
+		d->stats.tail_cuts++;
+		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
+	}
+	size_t at = r->run.cut_keep;
+	if (cache_n == (long long)at) {
+		r->run.kept[at] = r->run.cut_junk;
+		r->run.n_kept = at;
+		r->run.kept_junk = 1;
+		settle(r, SLOT_KEPT, at, 0);
+	} else {
+		settle(r, SLOT_UNKNOWN, 0, 0);
+	}
+	slot_free(r);
+	req_finish(r);
+}
+
+static const struct backend_call_handlers kept_cut_handlers = {
+    .on_done = on_kept_cut_done,
+    .on_error = on_after_answer_error,
+};
+
+/* Cuts the kept tokens back to at (< n_kept): 1 when the cut is out. */
+static int start_kept_cut(struct serve_req *r, size_t at)
+{
+	token_t next = r->run.kept[at];
+	r->run.cut_keep = at;
+	r->run.cut_junk = next > 0 ? next - 1 : next + 1;
+	ram_task(r, r->prompt.n_tokens, at + 1);
+	char *body = prefill_body(r->run.kept, at, 1, r->run.cut_junk, r->run.slot->id, 1);
+	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
+	                                        strlen(body), &kept_cut_handlers, r)
+	                   : NULL;
+	free(body);
+	return r->run.call != NULL;
+}
 
 static void on_keep_done(struct backend_call *call, int status, const char *body, size_t len,
                          void *arg)
@@ -1319,6 +1375,8 @@ static void on_keep_done(struct backend_call *call, int status, const char *body
 			d->stats.answers_kept++;
 			d->stats.answer_rows_kept += aligned - n;
 		}
+		if (aligned >= n && aligned < end && start_kept_cut(r, aligned))
+			return;
 		settle(r, SLOT_KEPT, aligned, 0);
 	}
 	slot_free(r);
@@ -1330,17 +1388,50 @@ static const struct backend_call_handlers keep_handlers = {
     .on_error = on_after_answer_error,
 };
 
+/* The tokens of the prompt and the answer after it into t: a plain text's
+ * own tokens; an answer with reasoning or tool calls as the template
+ * writes it as the latest turn, which is the format a model of the
+ * family generates (bench/bench_families.py), up to the end of the turn.
+ * 0, or -1 when there are none to keep. */
+static int answer_tokens(struct serve_req *r, const struct vocab *v, struct token_list *t)
+{
+	const struct answer_msg *m = &r->reply.msg;
+	size_t n = r->prompt.n_tokens;
+	if (!answer_msg_structured(m))
+		return m->text.len && token_list_append(t, r->prompt.tokens, n) == 0 &&
+		               vocab_tokenize_fragment(v, m->text.p, m->text.len, 0, t) == 0 &&
+		               t->n > n
+		           ? 0
+		           : -1;
+	json_t *msg = answer_msg_json(m);
+	char why[256];
+	enum chat_result cr = msg ? prompt_engine_chat_answer(
+	                                r->prompt.engine_backend->prompt,
+	                                r->ask.template_body ? r->ask.template_body : r->ask.body,
+	                                msg, time(NULL), t, why, sizeof why)
+	                          : CHAT_ERROR;
+	json_decref(msg);
+	if (cr != CHAT_OK || t->n <= n || memcmp(t->v, r->prompt.tokens, n * sizeof *t->v) != 0) {
+		log_debug("slot %d: no keep for the answer: %s", r->run.slot->id,
+		          cr != CHAT_OK ? why : "its rendering does not follow the prompt");
+		return -1;
+	}
+	size_t e = n;
+	while (e < t->n && !vocab_token_is_control(v, t->v[e]))
+		e++;
+	t->n = e;
+	return e > n ? 0 : -1;
+}
+
 /* Returns 1 when the keep is out (it ends the slot and the request), 0 when
  * there is nothing to keep (the tail cut goes instead). */
 static int start_keep(struct serve_req *r)
 {
 	struct router_slot *s = r->run.slot;
-	struct req_reply *p = &r->reply;
 	size_t n = r->prompt.n_tokens, nb = r->prompt.n_bounds;
 	struct backend *eb = r->prompt.engine_backend;
 	if (!r->prompt.routable || !nb || !s->backend->steps || s->n_tokens != n ||
-	    s->aligned != n || !s->generated || !p->text.len || p->text.failed || p->text_other ||
-	    !eb || !eb->prompt)
+	    s->aligned != n || !s->generated || r->reply.msg.failed || !eb || !eb->prompt)
 		return 0;
 	/* The rows of the prompt's last chunk were computed as an open chunk
 	 * (the grid from its start); kept answer rows after it close it, and
@@ -1349,8 +1440,7 @@ static int start_keep(struct serve_req *r)
 		return 0;
 	const struct vocab *v = prompt_engine_vocab(eb->prompt);
 	struct token_list t = {0};
-	if (token_list_append(&t, r->prompt.tokens, n) != 0 ||
-	    vocab_tokenize_fragment(v, p->text.p, p->text.len, 0, &t) != 0 || t.n == n) {
+	if (answer_tokens(r, v, &t) != 0) {
 		token_list_free(&t);
 		return 0;
 	}

@@ -83,7 +83,7 @@ void reply_free(struct req_reply *p)
 	anthropic_stream_free(p->astream);
 	sse_parser_free(&p->sse);
 	answer_hold_free(&p->hold);
-	strbuf_free(&p->text);
+	answer_msg_free(&p->msg);
 	if (p->errbuf)
 		evbuffer_free(p->errbuf);
 	if (p->keepalive)
@@ -98,8 +98,7 @@ void reply_new_attempt(struct serve_req *r)
 	r->run.added_progress = 0;
 	r->run.progress_checked = 0;
 	answer_hold_free(&r->reply.hold);
-	strbuf_reset(&r->reply.text);
-	r->reply.text_other = 0;
+	answer_msg_reset(&r->reply.msg);
 	r->reply.t.seen = 0;
 	r->reply.t_first_data_us = 0;
 }
@@ -297,18 +296,18 @@ static int on_progress(struct serve_req *r, const char *data, size_t dl)
 	return replanned || r->run.added_progress;
 }
 
-/* Exact mode keeps the answer's text for what follows it (exec.c). */
-static int wants_text(const struct serve_req *r)
+/* Exact mode keeps the answer as a message for what follows it (exec.c). */
+static int wants_msg(const struct serve_req *r)
 {
-	return req_exact(r) && r->prompt.routable && r->prompt.n_bounds && !r->reply.text_other;
+	return req_exact(r) && r->prompt.routable && r->prompt.n_bounds && !r->reply.msg.failed;
 }
 
-static void note_text(struct serve_req *r, const char *data, size_t dl)
+static void note_msg(struct serve_req *r, const char *data, size_t dl)
 {
 	json_error_t jerr;
 	json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
-	if (obj && answer_text_of(obj, &r->reply.text))
-		r->reply.text_other = 1;
+	if (obj)
+		answer_msg_add(&r->reply.msg, obj);
 	json_decref(obj);
 }
 
@@ -328,8 +327,8 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		r->reply.t_first_data_us = clock_now_us();
 	if (kind != ANSWER_EVENT_PROGRESS)
 		r->reply.gen_started = 1; /* an answer's first event follows its prompt */
-	if (data && kind != ANSWER_EVENT_DONE && wants_text(r))
-		note_text(r, data, dl);
+	if (data && kind != ANSWER_EVENT_DONE && wants_msg(r))
+		note_msg(r, data, dl);
 	if (r->reply.astream) {
 		if (data)
 			on_chat_chunk_for_anthropic(r, data, dl);
@@ -542,8 +541,8 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	}
 	if (status == 200)
 		answer_timings_in_body(body, len, &p->t);
-	if (status == 200 && wants_text(r))
-		note_text(r, body, len);
+	if (status == 200 && wants_msg(r))
+		note_msg(r, body, len);
 	if (status == 200 && p->t.seen && r->prompt.routable && p->client) {
 		/* The same checks as a stream's first progress event, after the
 		 * fact: a wrong exact-mode plan is thrown away and done again. */

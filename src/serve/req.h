@@ -137,10 +137,9 @@ struct req_reply {
 	int progress_started;
 	long long progress_sent;
 	struct answer_timings t;
-	/* Exact mode: the answer's text, whose tokens the slot's rows may be
-	 * kept for (exec.c); text_other: it had more than text. */
-	struct strbuf text;
-	int text_other;
+	/* Exact mode: the answer as a message, whose tokens the slot's rows
+	 * may be kept for (exec.c, the keep after an answer). */
+	struct answer_msg msg;
 	struct evbuffer *errbuf; /* a non-200 backend body during a stream */
 	struct event *keepalive;
 	struct event *begin_timer; /* begins a streamed answer if the backend is slow to */

@@ -131,6 +131,12 @@ int vocab_token_is_special(const struct vocab *v, token_t id)
 	       (v->tokens[id].attr & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN));
 }
 
+int vocab_token_is_control(const struct vocab *v, token_t id)
+{
+	return id >= 0 && (size_t)id < v->n_tokens &&
+	       (v->tokens[id].attr & (ATTR_CONTROL | ATTR_UNKNOWN));
+}
+
 token_t vocab_bos(const struct vocab *v)
 {
 	return v->bos;

@@ -60,6 +60,11 @@ const char *vocab_pre(const struct vocab *v);
 const char *vocab_token_text(const struct vocab *v, token_t id, size_t *len);
 /* Whether the tokenizer splits it out of text as one token (parse_special). */
 int vocab_token_is_special(const struct vocab *v, token_t id);
+/* A control token (or an unknown one): what a template writes around
+ * messages (the end of a turn, a role's header), never a word a model
+ * writes inside an answer, as user-defined tokens (Qwen's <think>,
+ * <tool_call>) are. */
+int vocab_token_is_control(const struct vocab *v, token_t id);
 token_t vocab_bos(const struct vocab *v); /* -1 when none */
 token_t vocab_eos(const struct vocab *v);
 int vocab_adds_bos(const struct vocab *v);
@@ -69,17 +74,17 @@ int vocab_adds_eos(const struct vocab *v);
  * with parse_special, control, unknown and user-defined tokens; without,
  * user-defined ones only. Returns 0 or -1 (out of memory). */
 int vocab_partition(const struct vocab *v, const char *text, size_t len, int parse_special,
-		    struct fragment_list *out);
+                    struct fragment_list *out);
 /* Tokenizes one raw-text fragment, appending to out. after_special: the
  * previous fragment was a special token, or this is the first (SentencePiece
  * then adds its leading space). Returns 0; -1 out of memory; -2 when the
  * server would fail on this text (a byte with no byte token, a code point
  * past U+10FFFF), which the caller must leave to the server. */
 int vocab_tokenize_fragment(const struct vocab *v, const char *text, size_t len, int after_special,
-			    struct token_list *out);
+                            struct token_list *out);
 /* The whole of llama_tokenize(text, add_special, parse_special). Same
  * returns. */
 int vocab_tokenize(const struct vocab *v, const char *text, size_t len, int add_special,
-		   int parse_special, struct token_list *out);
+                   int parse_special, struct token_list *out);
 
 #endif

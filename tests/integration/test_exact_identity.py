@@ -484,6 +484,197 @@ class ForcedRuns(unittest.TestCase):
             llama.kill()
 
 
+def wait_stat(toki, key, value, timeout=30):
+    """toki's stats once key has reached value (the event a step waits for)."""
+    deadline = time.time() + timeout
+    while True:
+        st = toki.stats()
+        if st.get(key, 0) >= value or time.time() > deadline:
+            return st
+        time.sleep(0.05)
+
+
+class StructuredAnswers(unittest.TestCase):
+    """An answer with reasoning or tool calls comes back in the next
+    request as the template writes it, which is how a model of the family
+    generated it (bench/bench_families.py). toki keeps its rows as
+    generation made them (the keep renders the answer through the
+    template), and the schedule takes an answer's tokens one at a time up
+    to its end of turn, through the <think> and <tool_call> words: the next
+    turn evaluates what llama-server alone does, with the uncached answer."""
+
+    SYSTEM = "You are a coding agent. Keep changes small."
+    BASE = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Run the tests."},
+            {"role": "assistant", "content": "All 41 tests pass."},
+            {"role": "user", "content": "The server ignores --port. Find where it is parsed."}]
+    ANSWER = ("<think>\nThe user says --port is ignored. Look at main.c.\n</think>\n\n"
+              "The options are parsed in src/main.c by parse_args().")
+    KW = {"chat_template_kwargs": {"enable_thinking": True}}
+
+    def tokens(self, server, text):
+        st, r = th.request(server.port, "POST", "/tokenize",
+                           {"content": text, "add_special": True, "parse_special": True})
+        self.assertEqual(st, 200, r)
+        return r["tokens"]
+
+    def test_reasoning_answer_next_turn_at_llama_servers_cost(self):
+        model = th.tokenizer_model("qwen3", "qwen2")
+        alone = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured-alone")
+        back = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured")
+        toki = th.Toki([back], mode="exact")
+        try:
+            st, pr = th.request(alone.port, "POST", "/apply-template",
+                                dict(self.KW, messages=self.BASE))
+            self.assertEqual(st, 200, pr)
+            P = self.tokens(alone, pr["prompt"])
+            PG = self.tokens(alone, pr["prompt"] + self.ANSWER)
+            self.assertEqual(PG[:len(P)], P)
+            G = PG[len(P):]
+            # A generation forced to the answer's tokens (a grammar of token
+            # ids): the random model writes what a Qwen3 writes.
+            forced = dict(self.KW, messages=self.BASE, max_tokens=len(G) + 1, top_k=1,
+                          samplers=["top_k"], grammar="root ::= " +
+                          " ".join(f"<[{t}]>" for t in G))
+            evaluated, answers = {}, {}
+            for name, port in (("alone", alone.port), ("toki", toki.port)):
+                st, r = th.request(port, "POST", "/v1/chat/completions", forced)
+                self.assertEqual(st, 200, r)
+                m = r["choices"][0]["message"]
+                self.assertTrue(m.get("reasoning_content"), m)
+                if name == "toki":
+                    # The keep: every generated row but the last's evaluation.
+                    stats = wait_stat(toki, "answers_kept", 1)
+                    self.assertEqual(stats["answers_kept"], 1, stats)
+                    self.assertEqual(stats["answer_rows_kept"], len(G), stats)
+                nxt = self.BASE + [
+                    {"role": "assistant", "content": m["content"],
+                     "reasoning_content": m["reasoning_content"]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "12: int port = 8080;"}]
+                body = dict(self.KW, messages=nxt, max_tokens=8, temperature=0, logprobs=True,
+                            top_logprobs=2)
+                st, r = th.request(port, "POST", "/v1/chat/completions", body)
+                self.assertEqual(st, 200, r)
+                evaluated[name], answers[name] = r["timings"]["prompt_n"], answer(r)
+                if name == "toki":
+                    self.assertEqual(r["cache"]["evaluated"], evaluated[name], r["cache"])
+                    self.assertEqual(r["cache"]["replayed"], 0, r["cache"])
+                    st, raw = th.request(port, "POST", "/v1/chat/completions",
+                                         dict(body, cache_prompt=False))
+                    self.assertEqual(st, 200, raw)
+                    self.assertEqual(answers[name], answer(raw))
+            self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
+            print(f"reasoning answer, next turn evaluated: {evaluated}")
+        finally:
+            toki.kill()
+            alone.kill()
+            back.kill()
+
+    def test_generated_tool_call_streamed_then_its_result(self):
+        """An agent's loop on a real generation: a tool call the server's
+        grammar shapes, streamed, its message put together from the deltas
+        as a client does, then the tool's result. The random model writes
+        the call's JSON with spaces Llama 3.2's template does not, so the
+        answer does not come back as generated: the keep's rows past that
+        point are a batch's and are not taken as steps. The next turn
+        still evaluates no more than llama-server alone, with the uncached
+        answer."""
+        model = th.tokenizer_model("llama3_2", "llama-bpe")
+        alone = th.LlamaServer(model=model, slots=1, ctx=4096, name="toolcall-alone")
+        back = th.LlamaServer(model=model, slots=1, ctx=4096, name="toolcall")
+        toki = th.Toki([back], mode="exact")
+        tools = [{"type": "function", "function": {
+            "name": "run_shell", "description": "Run a command",
+            "parameters": {"type": "object",
+                           "properties": {"cmd": {"type": "string", "enum": ["ls", "make test"]}},
+                           "required": ["cmd"], "additionalProperties": False}}}]
+        # The server's grammar is lazy: the random model writes text until it
+        # happens on the call's opening; on this conversation it does, after
+        # about 100 tokens (greedy, so every run).
+        msgs = [{"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Run the tests."}]
+        first = {"messages": msgs, "tools": tools, "tool_choice": "required",
+                 "max_tokens": 200, "temperature": 0}
+        try:
+            evaluated = {}
+            for name, port in (("alone", alone.port), ("toki", toki.port)):
+                st, events = th.stream(port, "/v1/chat/completions", dict(first, stream=True))
+                self.assertEqual(st, 200, events[-3:])
+                content, calls = "", []
+                for j in (th.event_json(e) for e in events):
+                    for ch in (j or {}).get("choices") or []:
+                        d = ch.get("delta") or {}
+                        content += d.get("content") or ""
+                        for c in d.get("tool_calls") or []:
+                            if c["index"] == len(calls):
+                                calls.append({"id": c.get("id"), "type": "function",
+                                              "function": {"name": "", "arguments": ""}})
+                            f = calls[c["index"]]["function"]
+                            f["name"] += (c.get("function") or {}).get("name") or ""
+                            f["arguments"] += (c.get("function") or {}).get("arguments") or ""
+                self.assertEqual(len(calls), 1, events[-3:])
+                self.assertEqual(calls[0]["function"]["name"], "run_shell")
+                nxt = msgs + [
+                    {"role": "assistant", "content": content, "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": calls[0]["id"], "content": "41 passed"}]
+                body = dict(messages=nxt, tools=tools, max_tokens=8, temperature=0,
+                            logprobs=True, top_logprobs=2)
+                if name == "toki":
+                    # After the streamed call: the keep, whose tokens part
+                    # from generation's at the call's JSON, then the cut of
+                    # the rows past that point (two steps after the answer).
+                    stats = wait_stat(toki, "tail_cuts", 2)
+                    self.assertEqual(stats["tail_cuts"], 2, stats)
+                st, r = th.request(port, "POST", "/v1/chat/completions", body)
+                self.assertEqual(st, 200, r)
+                evaluated[name] = r["timings"]["prompt_n"]
+                if name == "toki":
+                    st, raw = th.request(port, "POST", "/v1/chat/completions",
+                                         dict(body, cache_prompt=False))
+                    self.assertEqual(st, 200, raw)
+                    self.assertEqual(answer(r), answer(raw))
+            self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
+            print(f"generated tool call, next turn evaluated: {evaluated}")
+        finally:
+            toki.kill()
+            alone.kill()
+            back.kill()
+
+    def test_tool_call_is_in_the_answers_steps(self):
+        """The schedule of a next request after a tool call: every token
+        of the call one at a time, up to the end of the turn."""
+        model = th.tokenizer_model("qwen3", "qwen2")
+        call = {"id": "c1", "type": "function",
+                "function": {"name": "run_shell", "arguments": json.dumps({"cmd": "make test"})}}
+        tools = [{"type": "function", "function": {
+            "name": "run_shell", "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+        msgs = self.BASE + [
+            {"role": "assistant", "content": "", "reasoning_content": "Run them.",
+             "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "41 passed"}]
+        out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat",
+                              "--schedule"],
+                             input=json.dumps(dict(self.KW, messages=msgs, tools=tools)),
+                             capture_output=True, text=True, check=True)
+        s = json.loads(out.stdout)
+        text, toks, chunks = s["prompt"], s["tokens"], set(s["chunks"])
+        self.assertIn("<tool_call>", text)
+        # The answer's tokens: from its generation prompt to its end of turn.
+        out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--no-add-special",
+                              "<|im_start|>assistant\n<think><tool_call><|im_end|>"],
+                             capture_output=True, text=True, check=True)
+        start, _, nl, think, tool_call, end = json.loads(out.stdout)
+        at = [i for i in range(len(toks) - 3)
+              if toks[i] == start and toks[i + 2] == nl and toks[i + 3] == think]
+        self.assertTrue(at, text)
+        first = at[-1] + 3
+        e = toks.index(end, first)
+        self.assertIn(tool_call, toks[first:e])
+        for p in range(first, e + 1):
+            self.assertIn(p, chunks, f"position {p} of {first}..{e} is no step")
+
+
 class ConcurrentExact(unittest.TestCase):
     """Conversations running at once stay exact: llama-server batches the
     tokens of concurrent slots together, which would move micro-batch

@@ -295,9 +295,30 @@ static void test_hold_back(void **state)
 	answer_hold_free(&h);
 }
 
-/* The answer's text, from every shape an answer comes in; one with tool
- * calls or reasoning says so. */
-static void test_text_of(void **state)
+static void add_all(struct answer_msg *m, const char *const *events, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		json_t *o = json_loads(events[i], 0, NULL);
+		assert_non_null(o);
+		answer_msg_add(m, o);
+		json_decref(o);
+	}
+}
+
+static void assert_json_equal(json_t *got, const char *want)
+{
+	json_t *w = json_loads(want, 0, NULL);
+	assert_non_null(w);
+	if (!json_equal(got, w)) {
+		char *g = json_dumps(got, JSON_SORT_KEYS);
+		fail_msg("got %s, want %s", g, want);
+	}
+	json_decref(w);
+}
+
+/* The answer's text, from every shape an answer comes in; plain text is
+ * not structured, and empty reasoning or an empty call list adds none. */
+static void test_msg_text(void **state)
 {
 	(void)state;
 	const char *shapes[] = {
@@ -306,32 +327,76 @@ static void test_text_of(void **state)
 	    "{\"choices\":[{\"message\":{\"content\":\"upon \"}}]}",
 	    "{\"choices\":[{\"text\":\"a \"}]}",
 	    "{\"content\":\"time\",\"stop\":false}",
+	    "{\"choices\":[{\"message\":{\"content\":\"!\","
+	    "\"reasoning_content\":\"\",\"tool_calls\":[]}}]}",
 	};
-	struct strbuf b = {0};
-	for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-		json_t *o = json_loads(shapes[i], 0, NULL);
-		assert_non_null(o);
-		assert_int_equal(answer_text_of(o, &b), 0);
-		json_decref(o);
-	}
-	assert_string_equal(b.p, "Once upon a time");
-	const char *other[] = {
-	    "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}",
-	    "{\"choices\":[{\"message\":{\"content\":\"x\",\"reasoning_content\":\"y\"}}]}",
+	struct answer_msg m = {0};
+	add_all(&m, shapes, sizeof shapes / sizeof *shapes);
+	assert_string_equal(m.text.p, "Once upon a time!");
+	assert_false(answer_msg_structured(&m));
+	assert_false(m.failed);
+	json_t *j = answer_msg_json(&m);
+	assert_json_equal(j, "{\"role\":\"assistant\",\"content\":\"Once upon a time!\"}");
+	json_decref(j);
+	answer_msg_reset(&m);
+	assert_int_equal(m.text.len, 0);
+	answer_msg_free(&m);
+}
+
+/* A stream's reasoning and tool calls, as llama-server splits them: a
+ * call's id, type and name come with its first piece, its arguments in
+ * pieces; a second call by its index. The message is the agent's. */
+static void test_msg_stream_calls(void **state)
+{
+	(void)state;
+	const char *events[] = {
+	    "{\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}]}",
+	    "{\"choices\":[{\"delta\":{\"reasoning_content\":\"Look at \"}}]}",
+	    "{\"choices\":[{\"delta\":{\"reasoning_content\":\"main.c\"}}]}",
+	    "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"type\":"
+	    "\"function\",\"function\":{\"name\":\"run\",\"arguments\":\"{\\\"cmd\\\"\"}}]}}]}",
+	    "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
+	    "{\"arguments\":\":\\\"ls\\\"}\"}}]}}]}",
+	    "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"c2\",\"function\":"
+	    "{\"name\":\"read\",\"arguments\":\"{}\"}}]}}]}",
+	    "{\"choices\":[{\"delta\":{}, \"finish_reason\":\"tool_calls\"}],\"timings\":{}}",
 	};
-	for (size_t i = 0; i < 2; i++) {
-		json_t *o = json_loads(other[i], 0, NULL);
-		assert_int_equal(answer_text_of(o, &b), 1);
-		json_decref(o);
-	}
-	/* Empty reasoning and no tool calls are plain text. */
-	json_t *o = json_loads("{\"choices\":[{\"message\":{\"content\":\"!\","
-	                       "\"reasoning_content\":\"\",\"tool_calls\":[]}}]}",
-	                       0, NULL);
-	assert_int_equal(answer_text_of(o, &b), 0);
-	json_decref(o);
-	assert_string_equal(b.p, "Once upon a time!");
-	strbuf_free(&b);
+	struct answer_msg m = {0};
+	add_all(&m, events, sizeof events / sizeof *events);
+	assert_true(answer_msg_structured(&m));
+	assert_false(m.failed);
+	json_t *j = answer_msg_json(&m);
+	assert_json_equal(
+	    j,
+	    "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"Look at main.c\","
+	    "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"run\","
+	    "\"arguments\":\"{\\\"cmd\\\":\\\"ls\\\"}\"}},{\"id\":\"c2\",\"type\":\"function\","
+	    "\"function\":{\"name\":\"read\",\"arguments\":\"{}\"}}]}");
+	json_decref(j);
+	answer_msg_free(&m);
+
+	/* A whole answer's calls have no index: their order is it. */
+	const char *whole[] = {
+	    "{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"type\":\"function\","
+	    "\"function\":{\"name\":\"a\",\"arguments\":\"{}\"}},{\"type\":\"function\","
+	    "\"function\":{\"name\":\"b\",\"arguments\":\"[]\"}}]}}]}",
+	};
+	add_all(&m, whole, 1);
+	assert_int_equal(m.n_calls, 2);
+	assert_string_equal(m.calls[1].name.p, "b");
+	assert_string_equal(m.calls[1].arguments.p, "[]");
+	assert_int_equal(m.calls[0].id.len, 0);
+	answer_msg_free(&m);
+
+	/* A call's piece for an index past the next is one it cannot place:
+	 * the message is not the answer's, and nothing is kept by it. */
+	const char *gap[] = {
+	    "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"function\":{\"name\":\"x\"}}]"
+	    "}}]}",
+	};
+	add_all(&m, gap, 1);
+	assert_true(m.failed);
+	answer_msg_free(&m);
 }
 
 int main(void)
@@ -348,7 +413,8 @@ int main(void)
 	    cmocka_unit_test(test_end_turn_at_cap),
 	    cmocka_unit_test(test_event_kind),
 	    cmocka_unit_test(test_hold_back),
-	    cmocka_unit_test(test_text_of),
+	    cmocka_unit_test(test_msg_text),
+	    cmocka_unit_test(test_msg_stream_calls),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
