@@ -40,7 +40,8 @@ static const char usage[] =
     "                      template, a plain template's capabilities)\n"
     "  --schedule          with --chat: also print \"chunks\", the token positions\n"
     "                      where exact mode's schedule starts a chunk (message starts,\n"
-    "                      small chunks merged; the last is the generation prompt)\n"
+    "                      small chunks merged; the last is the generation prompt,\n"
+    "                      \"header\": true, or it is empty, \"header\": \"empty\")\n"
     "                      and \"steps\", where each of a cold evaluation's requests\n"
     "                      ends (chunk ends, tail splits, long chunks in parts, an\n"
     "                      earlier answer's tokens in forced runs of up to 64)\n"
@@ -158,7 +159,10 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 					json_array_append_new(a,
 					                      json_integer((json_int_t)st.pos[i]));
 				json_object_set_new(out, "chunks", a);
-				json_object_set_new(out, "header", json_boolean(st.header));
+				json_object_set_new(out, "header",
+				                    st.header == CHAT_HEADER_EMPTY
+				                        ? json_string("empty")
+				                        : json_boolean(st.header));
 				json_t *steps = steps_json(st.pos, st.n, t.n, o->ubatch);
 				if (!steps) {
 					json_decref(out);

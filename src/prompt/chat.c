@@ -597,8 +597,16 @@ unsigned char chat_start_kind(json_t *msgs, size_t k)
 void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, const char *text,
                      size_t tl, unsigned char kind, int header)
 {
-	if (s->failed || !text || tl <= s->last || tl >= len || memcmp(text, prompt, tl))
+	if (s->failed || !text || tl <= s->last || tl > len || memcmp(text, prompt, tl))
 		return;
+	if (tl == len) {
+		/* The messages without a generation prompt are the whole
+		 * prompt: the template's is empty, and generation begins at the
+		 * prompt's end. */
+		if (header)
+			s->header = CHAT_HEADER_EMPTY;
+		return;
+	}
 	size_t cap = s->cap;
 	if (GROW(s->off, s->cap, s->n + 1, 8) != 0) {
 		s->failed = 1;
@@ -615,7 +623,7 @@ void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, cons
 	s->kind[s->n] = kind;
 	s->off[s->n++] = tl;
 	s->last = tl;
-	s->header = header;
+	s->header = header ? CHAT_HEADER_LAST : CHAT_HEADER_NONE;
 }
 
 int chat_starts_finish(struct chat_starts *s, const char *prompt, size_t **offsets,

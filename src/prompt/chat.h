@@ -79,7 +79,9 @@ enum chat_result chat_render_answer(const struct chat_env *env, json_t *request,
 /* Where each message after the first starts in request's prompt (the text
  * chat_render gave, len bytes), as byte offsets in increasing order, and
  * where the generation prompt starts (the last offset, *last_is_header
- * set); (*kind)[i] says what starts there (enum sched_start,
+ * CHAT_HEADER_LAST; CHAT_HEADER_EMPTY when the template's generation
+ * prompt is empty, as Mistral's: it starts at the prompt's end, where
+ * generation begins); (*kind)[i] says what starts there (enum sched_start,
  * router/sched.h): an assistant message or the generation prompt, another
  * message, or a paragraph of the first message (a line after an empty
  * line, before the first message start found). A message start is known
@@ -94,6 +96,9 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
  * (k = size: the generation prompt) or another message. */
 unsigned char chat_start_kind(json_t *msgs, size_t k);
 
+/* Where the generation prompt starts (chat_message_starts). */
+enum { CHAT_HEADER_NONE, CHAT_HEADER_LAST, CHAT_HEADER_EMPTY };
+
 /* Exact mode's starts in a chat prompt, gathered one rendering of the first
  * messages at a time: by toki's template (chat_message_starts) or by the
  * server's (backend/prefix_render.h). All-zero is empty. */
@@ -101,7 +106,8 @@ struct chat_starts {
 	size_t *off;
 	unsigned char *kind;
 	size_t n, cap, last;
-	int header; /* the last start is the generation prompt's */
+	int header; /* CHAT_HEADER_*: the last start is the generation prompt's,
+	             * or that prompt is empty (the whole prompt rendered without) */
 	int failed; /* out of memory */
 };
 

@@ -359,9 +359,12 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
 static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
                             struct prompt_starts *st)
 {
-	if (!st->header || st->n < 2)
+	int last = st->header == CHAT_HEADER_LAST;
+	if (!st->header || st->n < (size_t)1 + last)
 		return 0;
-	size_t g = st->pos[st->n - 1], h = n - g, extra = 0;
+	/* An empty generation prompt (Mistral's) is at the prompt's end: every
+	 * assistant message is where a generation began. */
+	size_t g = last ? st->pos[st->n - 1] : n, h = n - g, extra = 0;
 	for (int pass = 0; pass < 2; pass++) {
 		size_t *pos = NULL, k = 0;
 		unsigned char *kind = NULL;
@@ -382,7 +385,7 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 				kind[k++] = st->kind[i];
 			}
 			size_t a = st->pos[i], next = i + 1 < st->n ? st->pos[i + 1] : n;
-			if (i + 1 == st->n || st->kind[i] != SCHED_START_ANSWER ||
+			if ((last && i + 1 == st->n) || st->kind[i] != SCHED_START_ANSWER ||
 			    next - a <= h || memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
 				continue;
 			size_t e = a + h;
@@ -432,14 +435,16 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 				kind[k] = kind[i];
 				pos[k++] = pos[i];
 				prev = pos[i];
-				if (last && header)
-					starts->header = 1;
+				if (last && header == CHAT_HEADER_LAST)
+					starts->header = CHAT_HEADER_LAST;
 			}
 		}
 		starts->pos = pos;
 		starts->kind = kind;
 		kind = NULL;
 		starts->n = k;
+		if (header == CHAT_HEADER_EMPTY && k)
+			starts->header = CHAT_HEADER_EMPTY;
 		starts->messages = n_cuts;
 		pos = NULL;
 		if (add_step_regions(pe->vocab, out->v, out->n, starts) != 0)

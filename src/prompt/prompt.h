@@ -55,9 +55,10 @@ enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, t
 
 /* Where a chat prompt's messages start, in tokens: the chunk boundaries of
  * exact mode's schedule (router/sched.h). pos[0..n) increasing, each in
- * (0, n_tokens); header: the last one is where the generation prompt
- * starts. messages: how many starts the template gave (some may not map to
- * a token boundary). */
+ * (0, n_tokens); header (CHAT_HEADER_*, prompt/chat.h): the last one is
+ * where the generation prompt starts, or that prompt is empty. messages:
+ * how many starts the template gave (some may not map to a token
+ * boundary). */
 struct prompt_starts {
 	size_t *pos, n;
 	unsigned char *kind; /* kind[i]: what starts at pos[i] (enum sched_start) */

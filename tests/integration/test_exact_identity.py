@@ -640,6 +640,57 @@ class StructuredAnswers(unittest.TestCase):
             alone.kill()
             back.kill()
 
+    def test_text_answer_where_the_generation_prompt_is_empty(self):
+        """Devstral's template writes no generation prompt: the messages
+        before an answer render to the whole prompt, and generation begins
+        at its end. The answer's tokens are still steps, from the prompt's
+        end to its end of turn: the next turn evaluates what llama-server
+        alone does (the last answer token, the new message), with the
+        uncached answer."""
+        model = th.tokenizer_model("mistral_nemo", "tekken",
+                                   template=th.gguf_template("library/devstral:latest"))
+        alone = th.LlamaServer(model=model, slots=1, ctx=4096, name="empty-gen-alone")
+        back = th.LlamaServer(model=model, slots=1, ctx=4096, name="empty-gen")
+        toki = th.Toki([back], mode="exact")
+        try:
+            st, pr = th.request(alone.port, "POST", "/apply-template",
+                                dict(messages=self.BASE))
+            self.assertEqual(st, 200, pr)
+            P = self.tokens(alone, pr["prompt"])
+            PG = self.tokens(alone, pr["prompt"] + "The options are parsed in src/main.c.")
+            self.assertEqual(PG[:len(P)], P)
+            G = PG[len(P):]
+            forced = dict(messages=self.BASE, max_tokens=len(G) + 1, top_k=1,
+                          samplers=["top_k"], grammar="root ::= " +
+                          " ".join(f"<[{t}]>" for t in G))
+            evaluated = {}
+            for name, port in (("alone", alone.port), ("toki", toki.port)):
+                st, r = th.request(port, "POST", "/v1/chat/completions", forced)
+                self.assertEqual(st, 200, r)
+                text = r["choices"][0]["message"]["content"]
+                if name == "toki":
+                    stats = wait_stat(toki, "answers_kept", 1)
+                    self.assertEqual(stats["answer_rows_kept"], len(G), stats)
+                nxt = self.BASE + [{"role": "assistant", "content": text},
+                                   {"role": "user", "content": "Good. Now add the flag."}]
+                body = dict(messages=nxt, max_tokens=8, temperature=0, logprobs=True,
+                            top_logprobs=2)
+                st, r = th.request(port, "POST", "/v1/chat/completions", body)
+                self.assertEqual(st, 200, r)
+                evaluated[name] = r["timings"]["prompt_n"]
+                if name == "toki":
+                    self.assertEqual(r["cache"]["replayed"], 0, r["cache"])
+                    st, raw = th.request(port, "POST", "/v1/chat/completions",
+                                         dict(body, cache_prompt=False))
+                    self.assertEqual(st, 200, raw)
+                    self.assertEqual(answer(r), answer(raw))
+            self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
+            print(f"empty generation prompt, next turn evaluated: {evaluated}")
+        finally:
+            toki.kill()
+            alone.kill()
+            back.kill()
+
     def test_tool_call_is_in_the_answers_steps(self):
         """The schedule of a next request after a tool call: every token
         of the call one at a time, up to the end of the turn."""

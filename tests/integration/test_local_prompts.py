@@ -203,21 +203,24 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
     add_generation_prompt false), tokenized by /tokenize. Llama 3's template
     appends the assistant header whatever add_generation_prompt says, so a
     rendering of the messages before an assistant message ends in that
-    header: chunks start at each assistant message's text, a prompt has no
-    generation-prompt chunk (its last chunk runs from the last answer's
-    text), and a first turn, which has no answer yet, has no message start
-    (the grid: one chunk from 0)."""
+    header: chunks start at each assistant message's text, and a first
+    turn, which has no answer yet, has no message start (the grid: one
+    chunk from 0). Its generation prompt is then empty (the prompt without
+    one is the whole prompt), as Devstral's is: an answer's tokens are one
+    step each, up to its end of turn, and the last chunk starts at the last
+    answer's end of turn."""
 
     def last_start(self, llama, msgs, last):
         """How many tokens of the server's prompt for msgs come before the
-        last chunk: those before the generation prompt (last "header"),
+        last chunk: those before the generation prompt (last "header") or
         before the last message (last "message": a template with no
-        generation prompt, whose last chunk is the user's turn) or before
-        the last assistant message's text (last "answer"; before the last
-        message while there is no answer yet)."""
-        if last == "answer" and not any(m["role"] == "assistant" for m in msgs):
+        generation prompt, whose last chunk is the user's turn); where the
+        generation prompt is empty, those before the last answer's
+        end-of-turn token, the last of its steps (last "answer_end"); before
+        the last message while there is no answer yet."""
+        if last == "answer_end" and not any(m["role"] == "assistant" for m in msgs):
             last = "message"
-        if last in ("header", "message"):
+        if last != "answer_end":
             st, r = th.request(llama.port, "POST", "/apply-template",
                                {"messages": msgs if last == "header" else msgs[:-1],
                                 "add_generation_prompt": False})
@@ -229,7 +232,7 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
             answer_text = [m for m in msgs if m["role"] == "assistant"][-1]["content"].strip()
             at = r["prompt"].rfind(answer_text)
             self.assertGreater(at, 0, r["prompt"])
-            text = r["prompt"][:at]
+            text = r["prompt"][:at + len(answer_text)]
         st, r = th.request(llama.port, "POST", "/tokenize",
                            {"content": text, "add_special": True, "parse_special": True})
         self.assertEqual(st, 200, r)
@@ -297,7 +300,7 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
         self.run_family("qwen3", "qwen2")
 
     def test_llama3_messages_from_the_second_turn(self):
-        self.run_family("llama3", "llama-bpe", last="answer", first_schedule="grid")
+        self.run_family("llama3", "llama-bpe", last="answer_end", first_schedule="grid")
 
     def test_llama3_2_messages(self):
         # Llama 3.2's tool-calling template appends its header only for the
@@ -332,7 +335,7 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
         # Llama 3, and on the first turn at the user's.
         # Its default system message carries today's date (strftime_now).
         th.on_one_day(lambda: self.run_family(
-            "mistral_nemo", "tekken", last="answer",
+            "mistral_nemo", "tekken", last="answer_end",
             template=th.gguf_template("library/devstral:latest"), label="devstral"))
 
 

@@ -517,10 +517,23 @@ static void test_starts(void **state)
 	chat_starts_add(&s, prompt, len, prompt, 0, MSG, 1);
 	expect_starts(&s, prompt, (size_t[]){13, 15, 41}, (unsigned char[]){SEC, SEC, ANS}, 3, 0);
 
-	/* The whole prompt (or more) is no start: nothing follows it. */
+	/* The whole prompt (or more) is no start: nothing follows it. As the
+	 * rendering before the generation prompt, the whole prompt says that
+	 * prompt is empty (Mistral's: generation begins at the prompt's end);
+	 * as another message's, nothing. */
+	chat_starts_add(&s, prompt, len, r1, strlen(r1), MSG, 0);
+	chat_starts_add(&s, prompt, len, prompt, len, ANS, 0);
+	char *more = malloc(len + 2);
+	assert_non_null(more);
+	memcpy(more, prompt, len);
+	memcpy(more + len, "!", 2);
+	chat_starts_add(&s, prompt, len, more, len + 1, ANS, 1);
+	free(more);
+	expect_starts(&s, prompt, (size_t[]){13, 15, 29}, (unsigned char[]){SEC, SEC, MSG}, 3, 0);
 	chat_starts_add(&s, prompt, len, r1, strlen(r1), MSG, 0);
 	chat_starts_add(&s, prompt, len, prompt, len, ANS, 1);
-	expect_starts(&s, prompt, (size_t[]){13, 15, 29}, (unsigned char[]){SEC, SEC, MSG}, 3, 0);
+	expect_starts(&s, prompt, (size_t[]){13, 15, 29}, (unsigned char[]){SEC, SEC, MSG}, 3,
+	              CHAT_HEADER_EMPTY);
 
 	/* Nothing found: no starts at all, not even the paragraphs. */
 	expect_starts(&s, prompt, NULL, NULL, 0, 0);
