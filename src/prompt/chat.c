@@ -626,6 +626,40 @@ void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, cons
 	s->header = header ? CHAT_HEADER_LAST : CHAT_HEADER_NONE;
 }
 
+void chat_starts_apart(struct chat_starts *s, const char *prompt, size_t len, const char *text,
+                       size_t tl)
+{
+	if (s->failed || !text || !s->n || s->kind[s->n - 1] != SCHED_START_ANSWER)
+		return;
+	size_t a = 0, most = tl < len ? tl : len;
+	while (a < most && text[a] == prompt[a])
+		a++;
+	/* Agreeing as far as the prompt goes, or the whole rendering: the
+	 * message is as the latest turn writes it. Before its start: a
+	 * template that renders the messages before it otherwise too (no
+	 * start was found there then, so nothing to bound). */
+	if (a == most || a < s->last)
+		return;
+	size_t cap = s->cap;
+	if (GROW(s->off, s->cap, s->n + 1, 8) != 0) {
+		s->failed = 1;
+		return;
+	}
+	if (s->cap != cap) {
+		unsigned char *k = realloc(s->kind, s->cap);
+		if (!k) {
+			s->failed = 1;
+			return;
+		}
+		s->kind = k;
+	}
+	s->kind[s->n] = CHAT_CUT_APART;
+	s->off[s->n++] = a;
+	/* A start at a is still one (the next message's, where the part is
+	 * the header a template appends after every message). */
+	s->last = a ? a - 1 : 0;
+}
+
 int chat_starts_finish(struct chat_starts *s, const char *prompt, size_t **offsets,
                        unsigned char **kind, size_t *n, int *last_is_header)
 {
@@ -693,13 +727,22 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 	 * rendering is a prefix of the whole: a template that renders earlier
 	 * messages differently once more follow (one that drops reasoning
 	 * before the last user turn, say) gives no start there. k = m is where
-	 * the generation prompt starts. */
+	 * the generation prompt starts. The rendering of the first k messages
+	 * is also message k - 1's as the latest turn: where an assistant
+	 * message's start was found, it says how far the message is as
+	 * generation wrote it. */
+	int after_answer = 0;
 	for (size_t k = 1; !s.failed && k <= m; k++) {
 		if (k == m && !add_gen)
 			break;
 		size_t tl = 0;
 		char *text = render_prefix(env, t, g, msgs, k, &tl);
-		chat_starts_add(&s, prompt, len, text, tl, chat_start_kind(msgs, k), k == m);
+		if (after_answer)
+			chat_starts_apart(&s, prompt, len, text, tl);
+		unsigned char what = chat_start_kind(msgs, k);
+		size_t found = s.n;
+		chat_starts_add(&s, prompt, len, text, tl, what, k == m);
+		after_answer = what == SCHED_START_ANSWER && s.n > found;
 		free(text);
 	}
 	json_decref(msgs);

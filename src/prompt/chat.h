@@ -99,6 +99,14 @@ unsigned char chat_start_kind(json_t *msgs, size_t k);
 /* Where the generation prompt starts (chat_message_starts). */
 enum { CHAT_HEADER_NONE, CHAT_HEADER_LAST, CHAT_HEADER_EMPTY };
 
+/* A kind among the starts that is no start: where the prompt parts from
+ * the template's rendering of the assistant message before it as the
+ * latest turn, the format generation wrote it in (a template that drops
+ * reasoning from earlier turns parts right after the message's header).
+ * It bounds that message's step region (prompt/prompt.h) and never
+ * reaches the schedule. */
+#define CHAT_CUT_APART 0xff
+
 /* Exact mode's starts in a chat prompt, gathered one rendering of the first
  * messages at a time: by toki's template (chat_message_starts) or by the
  * server's (backend/prefix_render.h). All-zero is empty. */
@@ -117,6 +125,12 @@ struct chat_starts {
  * in the order of the messages. */
 void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, const char *text,
                      size_t tl, unsigned char kind, int header);
+
+/* The rendering (text, tl bytes) of the messages up to and including an
+ * assistant message whose start was the last one added: where it parts
+ * from the prompt before its end, a CHAT_CUT_APART there. */
+void chat_starts_apart(struct chat_starts *s, const char *prompt, size_t len, const char *text,
+                       size_t tl);
 
 /* The starts found, with the first message's paragraphs before them, as
  * chat_message_starts returns them (s is emptied). 0, or -1 when out of

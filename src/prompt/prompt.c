@@ -275,9 +275,12 @@ static int tokenize_fragment(struct prompt_engine *pe, const char *text, size_t 
  * of tokens before cuts[i] when the tokens of the text before it are exactly
  * the prompt's first pos[i] tokens, else (size_t)-1. A cut at a special
  * token is that; one inside text is checked by tokenizing the text before it
- * (llama.cpp's tokenizers may merge across it), from the last cut found. */
+ * (llama.cpp's tokenizers may merge across it), from the last cut found. A
+ * cut of kind CHAT_CUT_APART (kind may be NULL: none) rounds down instead:
+ * pos[i] counts the prompt's tokens that lie wholly before it. */
 static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
-                         struct token_list *out, const size_t *cuts, size_t n_cuts, size_t *pos)
+                         struct token_list *out, const size_t *cuts, const unsigned char *kind,
+                         size_t n_cuts, size_t *pos)
 {
 	const struct vocab *v = pe->vocab;
 	struct fragment_list f = {0};
@@ -301,7 +304,8 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 		for (; !rc && ci < n_cuts && cuts[ci] < end; ci++) {
 			if (cuts[ci] < off)
 				continue;
-			if (cuts[ci] == off) {
+			int down = kind && kind[ci] == CHAT_CUT_APART;
+			if (cuts[ci] == off || (down && f.v[i].token >= 0)) {
 				pos[ci] = before;
 				continue;
 			}
@@ -323,6 +327,13 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 			           !memcmp(head.v, out->v + vt, head.n * sizeof *head.v)) {
 				pos[ci] = vt += head.n;
 				vb = cuts[ci];
+			} else if (hr == 0 && down) {
+				/* The tokens both tokenizations share are the same
+				 * bytes, all before the cut. */
+				size_t j = 0;
+				while (j < head.n && vt + j < out->n && head.v[j] == out->v[vt + j])
+					j++;
+				pos[ci] = vt + j;
 			}
 			token_list_free(&head);
 		}
@@ -337,7 +348,7 @@ static int tokenize_cuts(struct prompt_engine *pe, const char *text, size_t len,
 int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t len,
                            struct token_list *out)
 {
-	return tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
+	return tokenize_cuts(pe, text, len, out, NULL, NULL, 0, NULL);
 }
 
 /* Step regions: the tokens of an earlier answer, each its own chunk.
@@ -353,11 +364,19 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
  * start; a start at its end begins the rest of the message. User-defined
  * tokens (Qwen's <think> and <tool_call>) are words the model wrote: an
  * answer's reasoning and tool calls are in its region (bench_families.py:
- * every family that writes tool calls gets them back as generated). All of it is
- * read off the request, so the schedule is still a function of the request
- * alone. Returns 0 or -1 (out of memory; the starts are unchanged). */
+ * every family that writes tool calls gets them back as generated). A
+ * region also ends, its last step starting the rest of the message, where
+ * the prompt parts from the template's rendering of the message as the
+ * latest turn (apart[0..n_apart), increasing token positions,
+ * CHAT_CUT_APART): generation wrote that format, so the rows from there on
+ * are in no cache, and evaluating them one at a time would cost decode
+ * speed for nothing (Qwen 3 drops an answer's reasoning once a user
+ * speaks: its text follows the header where <think> was). All of it
+ * is read off the request, so the schedule is still a function of the
+ * request alone. Returns 0 or -1 (out of memory; the starts are
+ * unchanged). */
 static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
-                            struct prompt_starts *st)
+                            struct prompt_starts *st, const size_t *apart, size_t n_apart)
 {
 	int last = st->header == CHAT_HEADER_LAST;
 	if (!st->header || st->n < (size_t)1 + last)
@@ -388,9 +407,16 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 			if ((last && i + 1 == st->n) || st->kind[i] != SCHED_START_ANSWER ||
 			    next - a <= h || memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
 				continue;
-			size_t e = a + h;
+			size_t e = a + h, j = 0;
 			while (e < next && !vocab_token_is_control(v, tok[e]))
 				e++;
+			while (j < n_apart && apart[j] < a)
+				j++;
+			/* Parted right where generation began: the step there
+			 * starts the rest as one chunk, and the header's rows,
+			 * which the slot holds, are kept. */
+			if (j < n_apart && apart[j] < e)
+				e = apart[j] > a + h ? apart[j] : a + h;
 			/* The next start ends the last step's chunk: kept, whatever
 			 * it starts (an answer's is anyway). */
 			if (e == next && i + 1 < st->n && st->kind[i + 1] != SCHED_START_ANSWER)
@@ -425,11 +451,22 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 		free(kind);
 		return -1;
 	}
-	int rc = tokenize_cuts(pe, text, len, out, cuts, n_cuts, pos);
+	int rc = tokenize_cuts(pe, text, len, out, cuts, kind, n_cuts, pos);
+	size_t *apart = starts && !rc ? malloc(n_cuts * sizeof *apart) : NULL, n_apart = 0;
+	if (starts && !rc && n_cuts && !apart)
+		rc = -1;
 	if (starts && !rc) {
-		/* Token positions of the starts that map to one, in order. */
-		size_t k = 0, prev = 0;
+		/* Token positions of the starts that map to one, in order; those
+		 * of the CHAT_CUT_APART cuts apart (pos[] is read ahead of where
+		 * it is written: k <= i). */
+		size_t k = 0, prev = 0, msgs = 0;
 		for (size_t i = 0; i < n_cuts; i++) {
+			if (kind[i] == CHAT_CUT_APART) {
+				if (pos[i] != (size_t)-1)
+					apart[n_apart++] = pos[i];
+				continue;
+			}
+			msgs++;
 			int last = i + 1 == n_cuts;
 			if (pos[i] != (size_t)-1 && pos[i] > prev && pos[i] < out->n) {
 				kind[k] = kind[i];
@@ -445,11 +482,12 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 		starts->n = k;
 		if (header == CHAT_HEADER_EMPTY && k)
 			starts->header = CHAT_HEADER_EMPTY;
-		starts->messages = n_cuts;
+		starts->messages = msgs;
 		pos = NULL;
-		if (add_step_regions(pe->vocab, out->v, out->n, starts) != 0)
+		if (add_step_regions(pe->vocab, out->v, out->n, starts, apart, n_apart) != 0)
 			rc = -1;
 	}
+	free(apart);
 	free(pos);
 	free(cuts);
 	free(kind);
@@ -471,7 +509,7 @@ enum chat_result prompt_engine_chat_answer(struct prompt_engine *pe, json_t *req
 	    chat_render_answer(&pe->env, request, answer, &text, &len, why, whylen);
 	if (r != CHAT_OK)
 		return r;
-	int rc = tokenize_cuts(pe, text, len, out, NULL, 0, NULL);
+	int rc = tokenize_cuts(pe, text, len, out, NULL, NULL, 0, NULL);
 	free(text);
 	if (rc == -2) {
 		snprintf(why, whylen, "text the server's tokenizer rejects");

@@ -519,6 +519,20 @@ class StructuredAnswers(unittest.TestCase):
         return r["tokens"]
 
     def test_reasoning_answer_next_turn_at_llama_servers_cost(self):
+        self.reasoning_answer_then(
+            {"role": "tool", "tool_call_id": "c1", "content": "12: int port = 8080;"},
+            "reasoning answer")
+
+    def test_reasoning_the_template_drops_is_not_replayed(self):
+        """Once a user speaks, Qwen 3's template drops the reasoning of
+        the answers before: the answer's text follows its header where
+        generation wrote <think>, so no cache holds its rows. The schedule
+        evaluates them as a batch, as llama-server alone does, not one at
+        a time (which is decode speed for nothing)."""
+        self.reasoning_answer_then({"role": "user", "content": "Good. Now add the flag."},
+                                   "reasoning dropped")
+
+    def reasoning_answer_then(self, next_message, label):
         model = th.tokenizer_model("qwen3", "qwen2")
         alone = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured-alone")
         back = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured")
@@ -550,7 +564,7 @@ class StructuredAnswers(unittest.TestCase):
                 nxt = self.BASE + [
                     {"role": "assistant", "content": m["content"],
                      "reasoning_content": m["reasoning_content"]},
-                    {"role": "tool", "tool_call_id": "c1", "content": "12: int port = 8080;"}]
+                    next_message]
                 body = dict(self.KW, messages=nxt, max_tokens=8, temperature=0, logprobs=True,
                             top_logprobs=2)
                 st, r = th.request(port, "POST", "/v1/chat/completions", body)
@@ -564,7 +578,7 @@ class StructuredAnswers(unittest.TestCase):
                     self.assertEqual(st, 200, raw)
                     self.assertEqual(answers[name], answer(raw))
             self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
-            print(f"reasoning answer, next turn evaluated: {evaluated}")
+            print(f"{label}, next turn evaluated: {evaluated}")
         finally:
             toki.kill()
             alone.kill()

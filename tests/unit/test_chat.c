@@ -567,6 +567,53 @@ static void test_starts(void **state)
 	expect_starts(&s, p4, (size_t[]){3, 9}, (unsigned char[]){MSG, ANS}, 2, 1);
 }
 
+/* chat_starts_apart: the rendering up to and including the assistant
+ * message whose start was the last found, as the latest turn, marks where
+ * the prompt parts from it (CHAT_CUT_APART), or nothing where it agrees. */
+static void test_starts_apart(void **state)
+{
+	(void)state;
+	enum { APART = CHAT_CUT_APART };
+	/* Offsets: "SYS" 0, "<end>" 3, "USER hi" 8, "<end>" 15, "A:Hello there"
+	 * 20, "<end>" 33, "USER more" 38, "<end>" 47, "A:" 52. */
+	const char *prompt = "SYS<end>USER hi<end>A:Hello there<end>USER more<end>A:";
+	size_t len = strlen(prompt);
+	assert_int_equal(len, 54);
+	struct chat_starts s = {0};
+	/* Reasoning the prompt dropped from an earlier turn: it parts right
+	 * after the answer's header. */
+	const char *latest = "SYS<end>USER hi<end>A:<think>x</think>Hello there<end>";
+	chat_starts_apart(&s, prompt, len, prompt, 8); /* no start yet */
+	chat_starts_add(&s, prompt, len, prompt, 8, MSG, 0);
+	chat_starts_apart(&s, prompt, len, prompt, 12); /* after a user's message */
+	chat_starts_add(&s, prompt, len, prompt, 20, ANS, 0);
+	chat_starts_apart(&s, prompt, len, latest, strlen(latest));
+	chat_starts_add(&s, prompt, len, latest, strlen(latest), MSG, 0);
+	chat_starts_add(&s, prompt, len, prompt, 52, ANS, 1);
+	expect_starts(&s, prompt, (size_t[]){8, 20, 22, 52},
+	              (unsigned char[]){MSG, ANS, APART, ANS}, 4, CHAT_HEADER_LAST);
+
+	/* As the prompt has it (a prefix, or agreeing to the prompt's end):
+	 * nothing. Parting before the answer's start: nothing to bound. */
+	chat_starts_add(&s, prompt, len, prompt, 20, ANS, 0);
+	chat_starts_apart(&s, prompt, len, prompt, 38);
+	chat_starts_apart(&s, prompt, len,
+	                  "SYS<end>USER hi<end>A:Hello there<end>USER more<end>A:B:", 57);
+	chat_starts_apart(&s, prompt, len, "SYS<end>USER hx<end>A:Hello there<end>", 38);
+	expect_starts(&s, prompt, (size_t[]){20}, (unsigned char[]){ANS}, 1, 0);
+
+	/* Llama 3's: a header after every message, so the rendering parts
+	 * after the answer's end of turn, where the next message starts. A
+	 * start there is still one. */
+	const char *header = "SYS<end>USER hi<end>A:Hello there<end>A:";
+	chat_starts_add(&s, prompt, len, prompt, 20, ANS, 0);
+	chat_starts_apart(&s, prompt, len, header, strlen(header));
+	chat_starts_add(&s, prompt, len, prompt, 38, MSG, 0);
+	chat_starts_add(&s, prompt, len, prompt, 52, ANS, 1);
+	expect_starts(&s, prompt, (size_t[]){20, 38, 38, 52},
+	              (unsigned char[]){ANS, APART, MSG, ANS}, 4, CHAT_HEADER_LAST);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -580,6 +627,7 @@ int main(void)
 	    cmocka_unit_test(test_server_prefixes),
 	    cmocka_unit_test(test_start_kind),
 	    cmocka_unit_test(test_starts),
+	    cmocka_unit_test(test_starts_apart),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

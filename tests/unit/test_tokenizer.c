@@ -574,29 +574,42 @@ static void test_fragment_cache(void **state)
 
 /* Step regions (prompt.c): an earlier answer that begins with the
  * request's own generation prompt gets a one-token chunk for each token
- * after it, up to its first special token (the end of its turn); one that
- * does not, none. */
-static size_t step_starts(struct prompt_engine *pe, const char *text, const char *answer,
-                          const char *user, const char *gen, struct token_list *t,
-                          struct prompt_starts *st)
+ * after it, up to its first control token (the end of its turn) or where
+ * the prompt parts from the answer as generation wrote it (a
+ * CHAT_CUT_APART at byte apart; SIZE_MAX: none); one that does not begin
+ * so, none. */
+static size_t step_starts_apart(struct prompt_engine *pe, const char *text, const char *answer,
+                                const char *user, const char *gen, size_t apart,
+                                struct token_list *t, struct prompt_starts *st)
 {
-	size_t n_cuts = 3;
+	size_t n_cuts = apart == SIZE_MAX ? 3 : 4, i = 0;
 	size_t *cuts = malloc(n_cuts * sizeof *cuts);
 	unsigned char *kind = malloc(n_cuts);
 	assert_non_null(cuts);
 	assert_non_null(kind);
-	cuts[0] = (size_t)(strstr(text, answer) - text);
-	cuts[1] = (size_t)(strstr(text, user) - text);
-	cuts[2] = strlen(text) - strlen(gen); /* the generation prompt ends the text */
-	kind[0] = SCHED_START_ANSWER;
-	kind[1] = SCHED_START_MESSAGE;
-	kind[2] = SCHED_START_ANSWER;
+	cuts[i] = (size_t)(strstr(text, answer) - text);
+	kind[i++] = SCHED_START_ANSWER;
+	if (apart != SIZE_MAX) {
+		cuts[i] = apart;
+		kind[i++] = CHAT_CUT_APART;
+	}
+	cuts[i] = (size_t)(strstr(text, user) - text);
+	kind[i++] = SCHED_START_MESSAGE;
+	cuts[i] = strlen(text) - strlen(gen); /* the generation prompt ends the text */
+	kind[i++] = SCHED_START_ANSWER;
 	assert_int_equal(
 	    prompt_engine_tokenize_starts(pe, text, strlen(text), cuts, kind, n_cuts, 1, t, st), 0);
 	size_t steps = 0;
-	for (size_t i = 0; i < st->n; i++)
+	for (i = 0; i < st->n; i++)
 		steps += st->kind[i] == SCHED_START_STEP;
 	return steps;
+}
+
+static size_t step_starts(struct prompt_engine *pe, const char *text, const char *answer,
+                          const char *user, const char *gen, struct token_list *t,
+                          struct prompt_starts *st)
+{
+	return step_starts_apart(pe, text, answer, user, gen, SIZE_MAX, t, st);
 }
 
 static void test_step_regions(void **state)
@@ -630,6 +643,51 @@ static void test_step_regions(void **state)
 	assert_int_equal(n, steps + 2);
 	for (size_t i = 1; i < steps; i++)
 		assert_int_equal(st.pos[i + 1] - st.pos[i], 1);
+	free(st.pos);
+	free(st.kind);
+	token_list_free(&t);
+
+	/* Where the prompt parts from the answer as generation wrote it: the
+	 * steps end at the last token wholly before that byte, which starts
+	 * the rest of the message; not a start itself. Inside a word: rounded
+	 * down to the word's first token. */
+	const char *at = strstr(text, "pon a time");
+	st = (struct prompt_starts){0};
+	steps =
+	    step_starts_apart(pe, text, "B:Once", "C: more", "B:", (size_t)(at - text), &t, &st);
+	assert_true(steps > 0);
+	assert_true(steps < e - (a + h) + 1);
+	assert_int_equal(st.n, steps + 3);
+	size_t cut = st.pos[steps]; /* the last step: the rest of the message */
+	struct token_list head = {0};
+	assert_int_equal(prompt_engine_tokenize(pe, text, (size_t)(at - text), &head), 0);
+	assert_true(cut <= head.n);
+	assert_memory_equal(t.v, head.v, cut * sizeof *t.v);
+	assert_true(cut == head.n || t.v[cut] != head.v[cut]);
+	token_list_free(&head);
+	free(st.pos);
+	free(st.kind);
+	token_list_free(&t);
+	/* Right where generation began (a template that dropped the
+	 * reasoning generation wrote there): one step, there, starting the
+	 * whole message's text as one chunk; the header before it is kept. */
+	st = (struct prompt_starts){0};
+	at = strstr(text, "Once");
+	assert_int_equal(
+	    step_starts_apart(pe, text, "B:Once", "C: more", "B:", (size_t)(at - text), &t, &st),
+	    1);
+	assert_int_equal(st.n, 4);
+	assert_int_equal(st.pos[1], a + h);
+	free(st.pos);
+	free(st.kind);
+	token_list_free(&t);
+	/* Inside the end of turn's text: rounded down to that token, the
+	 * region's end anyway. */
+	st = (struct prompt_starts){0};
+	at = strstr(text, "</s>C:") + 2;
+	assert_int_equal(
+	    step_starts_apart(pe, text, "B:Once", "C: more", "B:", (size_t)(at - text), &t, &st),
+	    e - (a + h) + 1);
 	free(st.pos);
 	free(st.kind);
 	token_list_free(&t);
