@@ -594,6 +594,27 @@ unsigned char chat_start_kind(json_t *msgs, size_t k)
 	return role && !strcmp(role, "assistant") ? SCHED_START_ANSWER : SCHED_START_MESSAGE;
 }
 
+/* Appends off (of kind) to s; -1 (s->failed set) when out of memory. */
+static int starts_push(struct chat_starts *s, size_t off, unsigned char kind)
+{
+	size_t cap = s->cap;
+	if (GROW(s->off, s->cap, s->n + 1, 8) != 0) {
+		s->failed = 1;
+		return -1;
+	}
+	if (s->cap != cap) { /* kind[] has off[]'s capacity */
+		unsigned char *k = realloc(s->kind, s->cap);
+		if (!k) {
+			s->failed = 1;
+			return -1;
+		}
+		s->kind = k;
+	}
+	s->kind[s->n] = kind;
+	s->off[s->n++] = off;
+	return 0;
+}
+
 void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, const char *text,
                      size_t tl, unsigned char kind, int header)
 {
@@ -607,21 +628,8 @@ void chat_starts_add(struct chat_starts *s, const char *prompt, size_t len, cons
 			s->header = CHAT_HEADER_EMPTY;
 		return;
 	}
-	size_t cap = s->cap;
-	if (GROW(s->off, s->cap, s->n + 1, 8) != 0) {
-		s->failed = 1;
+	if (starts_push(s, tl, kind) != 0)
 		return;
-	}
-	if (s->cap != cap) { /* kind[] has off[]'s capacity */
-		unsigned char *k = realloc(s->kind, s->cap);
-		if (!k) {
-			s->failed = 1;
-			return;
-		}
-		s->kind = k;
-	}
-	s->kind[s->n] = kind;
-	s->off[s->n++] = tl;
 	s->last = tl;
 	s->header = header ? CHAT_HEADER_LAST : CHAT_HEADER_NONE;
 }
@@ -640,21 +648,8 @@ void chat_starts_apart(struct chat_starts *s, const char *prompt, size_t len, co
 	 * start was found there then, so nothing to bound). */
 	if (a == most || a < s->last)
 		return;
-	size_t cap = s->cap;
-	if (GROW(s->off, s->cap, s->n + 1, 8) != 0) {
-		s->failed = 1;
+	if (starts_push(s, a, CHAT_CUT_APART) != 0)
 		return;
-	}
-	if (s->cap != cap) {
-		unsigned char *k = realloc(s->kind, s->cap);
-		if (!k) {
-			s->failed = 1;
-			return;
-		}
-		s->kind = k;
-	}
-	s->kind[s->n] = CHAT_CUT_APART;
-	s->off[s->n++] = a;
 	/* A start at a is still one (the next message's, where the part is
 	 * the header a template appends after every message). */
 	s->last = a ? a - 1 : 0;

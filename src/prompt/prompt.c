@@ -494,6 +494,20 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 	return rc;
 }
 
+/* A chat prompt's result from its tokenization's (tokenize_cuts). */
+static enum chat_result tokenized(int rc, char *why, size_t whylen)
+{
+	if (rc == -2) {
+		snprintf(why, whylen, "text the server's tokenizer rejects");
+		return CHAT_DECLINED;
+	}
+	if (rc) {
+		snprintf(why, whylen, "out of memory");
+		return CHAT_ERROR;
+	}
+	return CHAT_OK;
+}
+
 enum chat_result prompt_engine_chat_answer(struct prompt_engine *pe, json_t *request,
                                            json_t *answer, time_t now, struct token_list *out,
                                            char *why, size_t whylen)
@@ -511,15 +525,7 @@ enum chat_result prompt_engine_chat_answer(struct prompt_engine *pe, json_t *req
 		return r;
 	int rc = tokenize_cuts(pe, text, len, out, NULL, NULL, 0, NULL);
 	free(text);
-	if (rc == -2) {
-		snprintf(why, whylen, "text the server's tokenizer rejects");
-		return CHAT_DECLINED;
-	}
-	if (rc) {
-		snprintf(why, whylen, "out of memory");
-		return CHAT_ERROR;
-	}
-	return CHAT_OK;
+	return tokenized(rc, why, whylen);
 }
 
 enum chat_result prompt_engine_chat(struct prompt_engine *pe, json_t *request, time_t now,
@@ -556,13 +562,5 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 	}
 	int rc = prompt_engine_tokenize_starts(pe, *prompt, *prompt_len, cuts, kind, n_cuts, header,
 	                                       out, starts);
-	if (rc == -2) {
-		snprintf(why, whylen, "text the server's tokenizer rejects");
-		return CHAT_DECLINED;
-	}
-	if (rc) {
-		snprintf(why, whylen, "out of memory");
-		return CHAT_ERROR;
-	}
-	return CHAT_OK;
+	return tokenized(rc, why, whylen);
 }

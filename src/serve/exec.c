@@ -1240,21 +1240,28 @@ static int start_settle(struct serve_req *r)
  * rewrite of multi-step answers, fixed since; test_exact_identity compares
  * every resend after such a cut with the uncached answer.) */
 
+/* A cut after an answer, done: its tokens counted (no request's cache
+ * block counts them: /toki/stats does). Returns the server's cache_n, -1
+ * when its answer has none. */
+static long long cut_counted(struct serve_req *r, int status, const char *body, size_t len)
+{
+	long long cache_n = -1, prompt_n = 0;
+	double ms;
+	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
+		r->run.slot->backend->evaluated_tokens += (uint64_t)prompt_n;
+		r->d->stats.evaluated_tokens += (uint64_t)prompt_n;
+		r->d->stats.tail_cuts++;
+		r->d->stats.tail_cut_tokens += (uint64_t)prompt_n;
+	}
+	return cache_n;
+}
+
 static void on_tail_cut_done(struct backend_call *call, int status, const char *body, size_t len,
                              void *arg)
 {
 	struct serve_req *r = arg;
-	struct daemon *d = r->d;
 	r->run.call = NULL;
-	long long cache_n = -1, prompt_n = 0;
-	double ms;
-	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
-		/* No request's cache block counts these: /toki/stats does. */
-		r->run.slot->backend->evaluated_tokens += (uint64_t)prompt_n;
-		d->stats.evaluated_tokens += (uint64_t)prompt_n;
-		d->stats.tail_cuts++;
-		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
-	}
+	long long cache_n = cut_counted(r, status, body, len);
 	settle(r, cache_n == (long long)r->run.cut_keep ? SLOT_CUT : SLOT_UNKNOWN, 0, 0);
 	slot_free(r);
 	req_finish(r);
@@ -1297,16 +1304,8 @@ static void on_kept_cut_done(struct backend_call *call, int status, const char *
                              void *arg)
 {
 	struct serve_req *r = arg;
-	struct daemon *d = r->d;
 	r->run.call = NULL;
-	long long cache_n = -1, prompt_n = 0;
-	double ms;
-	if (step_timings(status, body, len, &cache_n, &prompt_n, &ms) == 0) {
-		r->run.slot->backend->evaluated_tokens += (uint64_t)prompt_n;
-		d->stats.evaluated_tokens += (uint64_t)prompt_n;
-		d->stats.tail_cuts++;
-		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
-	}
+	long long cache_n = cut_counted(r, status, body, len);
 	size_t at = r->run.cut_keep;
 	if (cache_n == (long long)at) {
 		r->run.kept[at] = r->run.cut_junk;

@@ -512,6 +512,35 @@ class StructuredAnswers(unittest.TestCase):
               "The options are parsed in src/main.c by parse_args().")
     KW = {"chat_template_kwargs": {"enable_thinking": True}}
 
+    def forced(self, server, body, text):
+        """The tokens G that text gets after body's prompt, and body as a
+        generation forced to them (a grammar of token ids)."""
+        st, pr = th.request(server.port, "POST", "/apply-template", body)
+        self.assertEqual(st, 200, pr)
+        P = self.tokens(server, pr["prompt"])
+        PG = self.tokens(server, pr["prompt"] + text)
+        self.assertEqual(PG[:len(P)], P)
+        G = PG[len(P):]
+        return G, dict(body, max_tokens=len(G) + 1, top_k=1, samplers=["top_k"],
+                       grammar="root ::= " + " ".join(f"<[{t}]>" for t in G))
+
+    def next_turn(self, port, body, toki, replayed=0):
+        """The next turn's evaluated tokens; through toki, its answer is
+        the uncached one's (text and logprobs), its cache block counts what
+        the server did, and replayed earlier answers' tokens one at a time
+        (replayed: how many; None: any)."""
+        st, r = th.request(port, "POST", "/v1/chat/completions", body)
+        self.assertEqual(st, 200, r)
+        if toki:
+            self.assertEqual(r["cache"]["evaluated"], r["timings"]["prompt_n"], r["cache"])
+            if replayed is not None:
+                self.assertEqual(r["cache"]["replayed"], replayed, r["cache"])
+            st, raw = th.request(port, "POST", "/v1/chat/completions",
+                                 dict(body, cache_prompt=False))
+            self.assertEqual(st, 200, raw)
+            self.assertEqual(answer(r), answer(raw))
+        return r["timings"]["prompt_n"]
+
     def tokens(self, server, text):
         st, r = th.request(server.port, "POST", "/tokenize",
                            {"content": text, "add_special": True, "parse_special": True})
@@ -538,19 +567,9 @@ class StructuredAnswers(unittest.TestCase):
         back = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured")
         toki = th.Toki([back], mode="exact")
         try:
-            st, pr = th.request(alone.port, "POST", "/apply-template",
-                                dict(self.KW, messages=self.BASE))
-            self.assertEqual(st, 200, pr)
-            P = self.tokens(alone, pr["prompt"])
-            PG = self.tokens(alone, pr["prompt"] + self.ANSWER)
-            self.assertEqual(PG[:len(P)], P)
-            G = PG[len(P):]
-            # A generation forced to the answer's tokens (a grammar of token
-            # ids): the random model writes what a Qwen3 writes.
-            forced = dict(self.KW, messages=self.BASE, max_tokens=len(G) + 1, top_k=1,
-                          samplers=["top_k"], grammar="root ::= " +
-                          " ".join(f"<[{t}]>" for t in G))
-            evaluated, answers = {}, {}
+            # The random model writes what a Qwen3 writes.
+            G, forced = self.forced(alone, dict(self.KW, messages=self.BASE), self.ANSWER)
+            evaluated = {}
             for name, port in (("alone", alone.port), ("toki", toki.port)):
                 st, r = th.request(port, "POST", "/v1/chat/completions", forced)
                 self.assertEqual(st, 200, r)
@@ -567,16 +586,7 @@ class StructuredAnswers(unittest.TestCase):
                     next_message]
                 body = dict(self.KW, messages=nxt, max_tokens=8, temperature=0, logprobs=True,
                             top_logprobs=2)
-                st, r = th.request(port, "POST", "/v1/chat/completions", body)
-                self.assertEqual(st, 200, r)
-                evaluated[name], answers[name] = r["timings"]["prompt_n"], answer(r)
-                if name == "toki":
-                    self.assertEqual(r["cache"]["evaluated"], evaluated[name], r["cache"])
-                    self.assertEqual(r["cache"]["replayed"], 0, r["cache"])
-                    st, raw = th.request(port, "POST", "/v1/chat/completions",
-                                         dict(body, cache_prompt=False))
-                    self.assertEqual(st, 200, raw)
-                    self.assertEqual(answers[name], answer(raw))
+                evaluated[name] = self.next_turn(port, body, name == "toki")
             self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
             print(f"{label}, next turn evaluated: {evaluated}")
         finally:
@@ -639,14 +649,10 @@ class StructuredAnswers(unittest.TestCase):
                     # the rows past that point (two steps after the answer).
                     stats = wait_stat(toki, "tail_cuts", 2)
                     self.assertEqual(stats["tail_cuts"], 2, stats)
-                st, r = th.request(port, "POST", "/v1/chat/completions", body)
-                self.assertEqual(st, 200, r)
-                evaluated[name] = r["timings"]["prompt_n"]
-                if name == "toki":
-                    st, raw = th.request(port, "POST", "/v1/chat/completions",
-                                         dict(body, cache_prompt=False))
-                    self.assertEqual(st, 200, raw)
-                    self.assertEqual(answer(r), answer(raw))
+                # The call's JSON as the template writes it is not what the
+                # model wrote: its tokens after the difference go one at a
+                # time, as any answer's could.
+                evaluated[name] = self.next_turn(port, body, name == "toki", replayed=None)
             self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
             print(f"generated tool call, next turn evaluated: {evaluated}")
         finally:
@@ -667,16 +673,8 @@ class StructuredAnswers(unittest.TestCase):
         back = th.LlamaServer(model=model, slots=1, ctx=4096, name="empty-gen")
         toki = th.Toki([back], mode="exact")
         try:
-            st, pr = th.request(alone.port, "POST", "/apply-template",
-                                dict(messages=self.BASE))
-            self.assertEqual(st, 200, pr)
-            P = self.tokens(alone, pr["prompt"])
-            PG = self.tokens(alone, pr["prompt"] + "The options are parsed in src/main.c.")
-            self.assertEqual(PG[:len(P)], P)
-            G = PG[len(P):]
-            forced = dict(messages=self.BASE, max_tokens=len(G) + 1, top_k=1,
-                          samplers=["top_k"], grammar="root ::= " +
-                          " ".join(f"<[{t}]>" for t in G))
+            G, forced = self.forced(alone, dict(messages=self.BASE),
+                                    "The options are parsed in src/main.c.")
             evaluated = {}
             for name, port in (("alone", alone.port), ("toki", toki.port)):
                 st, r = th.request(port, "POST", "/v1/chat/completions", forced)
@@ -689,15 +687,7 @@ class StructuredAnswers(unittest.TestCase):
                                    {"role": "user", "content": "Good. Now add the flag."}]
                 body = dict(messages=nxt, max_tokens=8, temperature=0, logprobs=True,
                             top_logprobs=2)
-                st, r = th.request(port, "POST", "/v1/chat/completions", body)
-                self.assertEqual(st, 200, r)
-                evaluated[name] = r["timings"]["prompt_n"]
-                if name == "toki":
-                    self.assertEqual(r["cache"]["replayed"], 0, r["cache"])
-                    st, raw = th.request(port, "POST", "/v1/chat/completions",
-                                         dict(body, cache_prompt=False))
-                    self.assertEqual(st, 200, raw)
-                    self.assertEqual(answer(r), answer(raw))
+                evaluated[name] = self.next_turn(port, body, name == "toki")
             self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
             print(f"empty generation prompt, next turn evaluated: {evaluated}")
         finally:
