@@ -412,9 +412,10 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 				e++;
 			while (j < n_apart && apart[j] < a)
 				j++;
-			/* Parted right where generation began: the step there
-			 * starts the rest as one chunk, and the header's rows,
-			 * which the slot holds, are kept. */
+			/* Where the prompt parts from the answer as generation
+			 * wrote it, the region ends. Parted right where generation
+			 * began, its one step starts the rest as one chunk, and
+			 * the header's rows, which the slot holds, are kept. */
 			if (j < n_apart && apart[j] < e)
 				e = apart[j] > a + h ? apart[j] : a + h;
 			/* The next start ends the last step's chunk: kept, whatever
