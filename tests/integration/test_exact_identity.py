@@ -524,22 +524,23 @@ class StructuredAnswers(unittest.TestCase):
         return G, dict(body, max_tokens=len(G) + 1, top_k=1, samplers=["top_k"],
                        grammar="root ::= " + " ".join(f"<[{t}]>" for t in G))
 
-    def next_turn(self, port, body, toki, replayed=0):
-        """The next turn's evaluated tokens; through toki, its answer is
-        the uncached one's (text and logprobs), its cache block counts what
-        the server did, and replayed earlier answers' tokens one at a time
-        (replayed: how many; None: any)."""
+    def next_turn(self, port, body, toki, replayed=0, uncached=False):
+        """The next turn's answer; through toki, its cache block counts
+        what the server did and replayed earlier answers' tokens one at a
+        time (replayed: how many; None: any), and with uncached the answer
+        is the uncached one's (text and logprobs)."""
         st, r = th.request(port, "POST", "/v1/chat/completions", body)
         self.assertEqual(st, 200, r)
         if toki:
             self.assertEqual(r["cache"]["evaluated"], r["timings"]["prompt_n"], r["cache"])
             if replayed is not None:
                 self.assertEqual(r["cache"]["replayed"], replayed, r["cache"])
+        if toki and uncached:
             st, raw = th.request(port, "POST", "/v1/chat/completions",
                                  dict(body, cache_prompt=False))
             self.assertEqual(st, 200, raw)
             self.assertEqual(answer(r), answer(raw))
-        return r["timings"]["prompt_n"]
+        return r
 
     def tokens(self, server, text):
         st, r = th.request(server.port, "POST", "/tokenize",
@@ -547,21 +548,15 @@ class StructuredAnswers(unittest.TestCase):
         self.assertEqual(st, 200, r)
         return r["tokens"]
 
-    def test_reasoning_answer_next_turn_at_llama_servers_cost(self):
-        self.reasoning_answer_then(
-            {"role": "tool", "tool_call_id": "c1", "content": "12: int port = 8080;"},
-            "reasoning answer")
-
-    def test_reasoning_the_template_drops_is_not_replayed(self):
-        """Once a user speaks, Qwen 3's template drops the reasoning of
-        the answers before: the answer's text follows its header where
-        generation wrote <think>, so no cache holds its rows. The schedule
-        evaluates them as a batch, as llama-server alone does, not one at
-        a time (which is decode speed for nothing)."""
-        self.reasoning_answer_then({"role": "user", "content": "Good. Now add the flag."},
-                                   "reasoning dropped")
-
-    def reasoning_answer_then(self, next_message, label):
+    def test_reasoning_answer_then_a_tool_then_a_user(self):
+        """An agent's turns on Qwen 3: an answer with reasoning, the tool's
+        result (its reasoning stays: the next turn reuses the answer's rows
+        as generation made them), then a user's message, once the template
+        drops the reasoning of the answers before it: the first answer's
+        text follows its header where generation wrote <think>, so no cache
+        holds its rows, and the schedule evaluates them as a batch, as
+        llama-server alone does, not one at a time (decode speed for
+        nothing). Each turn evaluates no more than alone."""
         model = th.tokenizer_model("qwen3", "qwen2")
         alone = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured-alone")
         back = th.LlamaServer(model=model, slots=1, ctx=4096, name="structured")
@@ -569,7 +564,7 @@ class StructuredAnswers(unittest.TestCase):
         try:
             # The random model writes what a Qwen3 writes.
             G, forced = self.forced(alone, dict(self.KW, messages=self.BASE), self.ANSWER)
-            evaluated = {}
+            evaluated, sent = {}, []
             for name, port in (("alone", alone.port), ("toki", toki.port)):
                 st, r = th.request(port, "POST", "/v1/chat/completions", forced)
                 self.assertEqual(st, 200, r)
@@ -580,15 +575,31 @@ class StructuredAnswers(unittest.TestCase):
                     stats = wait_stat(toki, "answers_kept", 1)
                     self.assertEqual(stats["answers_kept"], 1, stats)
                     self.assertEqual(stats["answer_rows_kept"], len(G), stats)
-                nxt = self.BASE + [
-                    {"role": "assistant", "content": m["content"],
-                     "reasoning_content": m["reasoning_content"]},
-                    next_message]
-                body = dict(self.KW, messages=nxt, max_tokens=8, temperature=0, logprobs=True,
-                            top_logprobs=2)
-                evaluated[name] = self.next_turn(port, body, name == "toki")
-            self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
-            print(f"{label}, next turn evaluated: {evaluated}")
+                msgs = self.BASE + [{"role": "assistant", "content": m["content"],
+                                     "reasoning_content": m["reasoning_content"]}]
+                for turn, nxt in (("tool", {"role": "tool", "tool_call_id": "c1",
+                                            "content": "12: int port = 8080;"}),
+                                  ("user", {"role": "user", "content": "Good. Now add it."})):
+                    msgs = msgs + [nxt]
+                    body = dict(self.KW, messages=msgs, max_tokens=8, temperature=0,
+                                logprobs=True, top_logprobs=2)
+                    r = self.next_turn(port, body, name == "toki")
+                    evaluated[name, turn] = r["timings"]["prompt_n"]
+                    if name == "toki":
+                        sent.append((body, r))
+                    a = r["choices"][0]["message"]
+                    msgs = msgs + [{k: a[k] for k in ("role", "content", "reasoning_content")
+                                    if a.get(k) is not None}]
+            for turn in ("tool", "user"):
+                self.assertLessEqual(evaluated["toki", turn], evaluated["alone", turn], evaluated)
+            # Each of toki's answers is its uncached one (asked last: an
+            # uncached request leaves the slot empty).
+            for body, r in sent:
+                st, raw = th.request(toki.port, "POST", "/v1/chat/completions",
+                                     dict(body, cache_prompt=False))
+                self.assertEqual(st, 200, raw)
+                self.assertEqual(answer(r), answer(raw))
+            print(f"reasoning, a tool, a user: next turns evaluated: {evaluated}")
         finally:
             toki.kill()
             alone.kill()
@@ -652,7 +663,8 @@ class StructuredAnswers(unittest.TestCase):
                 # The call's JSON as the template writes it is not what the
                 # model wrote: its tokens after the difference go one at a
                 # time, as any answer's could.
-                evaluated[name] = self.next_turn(port, body, name == "toki", replayed=None)
+                evaluated[name] = self.next_turn(port, body, name == "toki", replayed=None,
+                                                 uncached=True)["timings"]["prompt_n"]
             self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
             print(f"generated tool call, next turn evaluated: {evaluated}")
         finally:
@@ -687,7 +699,8 @@ class StructuredAnswers(unittest.TestCase):
                                    {"role": "user", "content": "Good. Now add the flag."}]
                 body = dict(messages=nxt, max_tokens=8, temperature=0, logprobs=True,
                             top_logprobs=2)
-                evaluated[name] = self.next_turn(port, body, name == "toki")
+                evaluated[name] = self.next_turn(port, body, name == "toki",
+                                                 uncached=True)["timings"]["prompt_n"]
             self.assertLessEqual(evaluated["toki"], evaluated["alone"], evaluated)
             print(f"empty generation prompt, next turn evaluated: {evaluated}")
         finally:
