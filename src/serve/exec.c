@@ -609,12 +609,12 @@ static char *forced_body(const token_t *tokens, size_t done, size_t k, int slot)
 	return b.p;
 }
 
-/* The token a cut puts after the kept prefix: one the prompt does not have
- * there, so that the next step's common prefix with the slot ends exactly
- * at the cut. */
-static token_t junk_after(const struct serve_req *r, size_t keep)
+/* The token a cut puts after the kept prefix of tokens[0..n): one they do
+ * not have there, so that the next step's common prefix with the slot ends
+ * exactly at the cut. */
+static token_t junk_after(const token_t *tokens, size_t n, size_t keep)
 {
-	token_t next = keep < r->prompt.n_tokens ? r->prompt.tokens[keep] : 0;
+	token_t next = keep < n ? tokens[keep] : 0;
 	return next > 0 ? next - 1 : next + 1;
 }
 
@@ -665,21 +665,28 @@ static void ram_task(struct serve_req *r, size_t n_known, size_t n_task)
 		router_ram_task(&s->backend->ram, s, r->prompt.tokens, n_known, n_task);
 }
 
-/* Sends a cut: the slot is left holding tokens[0..keep) and one token that
- * differs from the prompt's next, so that the server reuses exactly keep
- * tokens next (it reuses the longest common prefix). Returns 0, or -1 when
- * out of memory. */
-static int send_cut(struct serve_req *r, size_t keep, const struct backend_call_handlers *h)
+/* Sends a cut: the slot is left holding tokens[0..keep) (of n, the
+ * prompt's first, or the prompt and a kept answer) and one token that
+ * differs from their next, so that the server reuses exactly keep tokens
+ * next (it reuses the longest common prefix). Returns 0, or -1 when out of
+ * memory. */
+static int send_cut_of(struct serve_req *r, const token_t *tokens, size_t n, size_t keep,
+                       const struct backend_call_handlers *h)
 {
 	r->run.cut_keep = keep;
-	r->run.cut_junk = junk_after(r, keep);
-	ram_task(r, keep, keep + 1);
-	char *body = prefill_body(r->prompt.tokens, keep, 1, r->run.cut_junk, r->run.slot->id, 1);
+	r->run.cut_junk = junk_after(tokens, n, keep);
+	ram_task(r, keep < r->prompt.n_tokens ? keep : r->prompt.n_tokens, keep + 1);
+	char *body = prefill_body(tokens, keep, 1, r->run.cut_junk, r->run.slot->id, 1);
 	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
 	                                        strlen(body), h, r)
 	                   : NULL;
 	free(body);
 	return r->run.call ? 0 : -1;
+}
+
+static int send_cut(struct serve_req *r, size_t keep, const struct backend_call_handlers *h)
+{
+	return send_cut_of(r, r->prompt.tokens, r->prompt.n_tokens, keep, h);
 }
 
 /* ---- save and restore: slot files ---- */
@@ -1327,16 +1334,7 @@ static const struct backend_call_handlers kept_cut_handlers = {
 /* Cuts the kept tokens back to at (< n_kept): 1 when the cut is out. */
 static int start_kept_cut(struct serve_req *r, size_t at)
 {
-	token_t next = r->run.kept[at];
-	r->run.cut_keep = at;
-	r->run.cut_junk = next > 0 ? next - 1 : next + 1;
-	ram_task(r, r->prompt.n_tokens, at + 1);
-	char *body = prefill_body(r->run.kept, at, 1, r->run.cut_junk, r->run.slot->id, 1);
-	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
-	                                        strlen(body), &kept_cut_handlers, r)
-	                   : NULL;
-	free(body);
-	return r->run.call != NULL;
+	return send_cut_of(r, r->run.kept, r->run.n_kept, at, &kept_cut_handlers) == 0;
 }
 
 static void on_keep_done(struct backend_call *call, int status, const char *body, size_t len,
