@@ -407,9 +407,7 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 			if ((last && i + 1 == st->n) || st->kind[i] != SCHED_START_ANSWER ||
 			    next - a <= h || memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
 				continue;
-			size_t e = a + h, j = 0;
-			while (e < next && !vocab_token_is_control(v, tok[e]))
-				e++;
+			size_t e = vocab_find_control(v, tok, a + h, next), j = 0;
 			while (j < n_apart && apart[j] < a)
 				j++;
 			/* Where the prompt parts from the answer as generation

@@ -1413,9 +1413,7 @@ static int answer_tokens(struct serve_req *r, const struct vocab *v, struct toke
 		          cr != CHAT_OK ? why : "its rendering does not follow the prompt");
 		return -1;
 	}
-	size_t e = n;
-	while (e < t->n && !vocab_token_is_control(v, t->v[e]))
-		e++;
+	size_t e = vocab_find_control(v, t->v, n, t->n);
 	t->n = e;
 	return e > n ? 0 : -1;
 }

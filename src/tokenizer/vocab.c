@@ -131,10 +131,17 @@ int vocab_token_is_special(const struct vocab *v, token_t id)
 	       (v->tokens[id].attr & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN));
 }
 
-int vocab_token_is_control(const struct vocab *v, token_t id)
+static int token_is_control(const struct vocab *v, token_t id)
 {
 	return id >= 0 && (size_t)id < v->n_tokens &&
 	       (v->tokens[id].attr & (ATTR_CONTROL | ATTR_UNKNOWN));
+}
+
+size_t vocab_find_control(const struct vocab *v, const token_t *tok, size_t from, size_t to)
+{
+	while (from < to && !token_is_control(v, tok[from]))
+		from++;
+	return from;
 }
 
 token_t vocab_bos(const struct vocab *v)

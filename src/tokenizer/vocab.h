@@ -60,11 +60,12 @@ const char *vocab_pre(const struct vocab *v);
 const char *vocab_token_text(const struct vocab *v, token_t id, size_t *len);
 /* Whether the tokenizer splits it out of text as one token (parse_special). */
 int vocab_token_is_special(const struct vocab *v, token_t id);
-/* A control token (or an unknown one): what a template writes around
- * messages (the end of a turn, a role's header), never a word a model
- * writes inside an answer, as user-defined tokens (Qwen's <think>,
- * <tool_call>) are. */
-int vocab_token_is_control(const struct vocab *v, token_t id);
+/* The first control token (or unknown one) of tok[from, to), or to: where
+ * an answer's turn ends (exact mode's keep and its step regions agree on
+ * it). A control token is what a template writes around messages (the end
+ * of a turn, a role's header), never a word a model writes inside an
+ * answer, as user-defined tokens (Qwen's <think>, <tool_call>) are. */
+size_t vocab_find_control(const struct vocab *v, const token_t *tok, size_t from, size_t to);
 token_t vocab_bos(const struct vocab *v); /* -1 when none */
 token_t vocab_eos(const struct vocab *v);
 int vocab_adds_bos(const struct vocab *v);
