@@ -49,7 +49,8 @@ struct daemon_stats {
 	/* ... of which keeps: answers whose rows stay in their slot for the
 	 * next turn, and how many rows (exec.c, the keep after an answer). */
 	uint64_t answers_kept, answer_rows_kept;
-	uint64_t replayed_tokens; /* prefill steps of one token: earlier answers' steps */
+	uint64_t answers_kept_by_ids; /* ... by the generated tokens' ids */
+	uint64_t replayed_tokens;     /* prefill steps of one token: earlier answers' steps */
 	/* ... of which rows a forced generation decoded (exec.c, forced_body):
 	 * llama-server counts them as predicted tokens, not prompt tokens. */
 	uint64_t replay_forced_tokens;

@@ -381,6 +381,9 @@ int metrics_write_toki(struct daemon *d, const int *backend_metrics_up, struct s
 	global(o, "toki_answer_rows_kept_total", "counter",
 	       "Rows of answers kept in their slot for the next turn.",
 	       (double)s->answer_rows_kept);
+	global(o, "toki_answers_kept_by_ids_total", "counter",
+	       "Answers kept by the ids of the tokens generation made, which the answer listed.",
+	       (double)s->answers_kept_by_ids);
 	global(o, "toki_replayed_tokens_total", "counter",
 	       "Tokens of earlier answers evaluated one at a time (exact mode's steps).",
 	       (double)s->replayed_tokens);

@@ -535,6 +535,32 @@ static void add_calls(struct answer_msg *m, const json_t *calls)
 	}
 }
 
+/* The ids of a list of token probabilities (a chat choice's
+ * logprobs.content, /completion's completion_probabilities), each entry's
+ * own (not its top candidates'). */
+static void add_ids(struct answer_msg *m, const json_t *list)
+{
+	size_t i;
+	const json_t *e;
+	json_array_foreach(list, i, e)
+	{
+		const json_t *id = json_object_get(e, "id");
+		if (!json_is_integer(id))
+			continue;
+		if (m->n_ids == m->cap_ids) {
+			size_t cap = m->cap_ids ? 2 * m->cap_ids : 64;
+			int32_t *v = realloc(m->ids, cap * sizeof *v);
+			if (!v) {
+				m->failed = 1;
+				return;
+			}
+			m->ids = v;
+			m->cap_ids = cap;
+		}
+		m->ids[m->n_ids++] = (int32_t)json_integer_value(id);
+	}
+}
+
 void answer_msg_add(struct answer_msg *m, const json_t *obj)
 {
 	json_t *choice = json_array_get(json_object_get(obj, "choices"), 0);
@@ -556,6 +582,8 @@ void answer_msg_add(struct answer_msg *m, const json_t *obj)
 			              json_string_length(reasoning));
 		add_calls(m, json_object_get(msg, "tool_calls"));
 	}
+	add_ids(m, choice ? json_object_get(json_object_get(choice, "logprobs"), "content")
+	                  : json_object_get(obj, "completion_probabilities"));
 	if (m->text.failed || m->reasoning.failed)
 		m->failed = 1;
 }
@@ -616,6 +644,163 @@ void answer_msg_free(struct answer_msg *m)
 	free(m->calls);
 	m->calls = NULL;
 	m->n_calls = 0;
+	free(m->ids);
+	m->ids = NULL;
+	m->n_ids = m->cap_ids = 0;
+}
+
+/* ---- the answer's token ids ---- */
+
+int answer_probs_asked(const json_t *body)
+{
+	const json_t *n = json_object_get(body, "n_probs");
+	return json_is_true(json_object_get(body, "logprobs")) ||
+	       (json_is_number(n) && json_number_value(n) > 0);
+}
+
+/* A sampling parameter as the server applies it: the request's, else the
+ * server's default. */
+static const json_t *sampling_param(const json_t *body, const json_t *defaults, const char *key)
+{
+	const json_t *v = json_object_get(body, key);
+	return v && !json_is_null(v) ? v : json_object_get(defaults, key);
+}
+
+/* Whether the chain has a top_k sampler: a list of names, or llama-server's
+ * string of one letter each ('k'); neither given, its default has one. */
+static int chain_has_top_k(const json_t *samplers)
+{
+	if (json_is_string(samplers))
+		return strchr(json_string_value(samplers), 'k') != NULL;
+	if (!json_is_array(samplers))
+		return 1;
+	size_t i;
+	const json_t *s;
+	json_array_foreach(samplers, i, s)
+	{
+		const char *name = json_string_value(s);
+		if (name && (!strcmp(name, "top_k") || !strcmp(name, "k")))
+			return 1;
+	}
+	return 0;
+}
+
+int answer_ids_cheap(const json_t *body, const json_t *defaults)
+{
+	/* What the answer lists is the client's to say where it says anything
+	 * of it. */
+	if (json_object_get(body, "logprobs") || json_object_get(body, "top_logprobs") ||
+	    json_object_get(body, "n_probs") || json_object_get(body, "post_sampling_probs") ||
+	    json_object_get(body, "response_fields"))
+		return 0;
+	const json_t *mirostat = sampling_param(body, defaults, "mirostat");
+	if (json_is_number(mirostat) && json_number_value(mirostat) != 0)
+		return 0;
+	const json_t *k = sampling_param(body, defaults, "top_k");
+	if (!json_is_number(k) || json_number_value(k) < 1 ||
+	    json_number_value(k) > ANSWER_IDS_MAX_TOP_K)
+		return 0;
+	return chain_has_top_k(sampling_param(body, defaults, "samplers"));
+}
+
+int answer_ids_ask(json_t *body)
+{
+	return json_object_set_new(body, "n_probs", json_integer(1)) ||
+	       json_object_set_new(body, "post_sampling_probs", json_true());
+}
+
+/* Where the JSON value at p (after any blank) ends: a string, an object or
+ * array with everything in it, or a bare word (number, true, null). */
+static const char *value_end(const char *p, const char *end)
+{
+	while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+		p++;
+	int depth = 0, in_str = 0;
+	for (; p < end; p++) {
+		char c = *p;
+		if (in_str) {
+			if (c == '\\')
+				p++;
+			else if (c == '"') {
+				in_str = 0;
+				if (!depth)
+					return p + 1;
+			}
+		} else if (c == '"') {
+			in_str = 1;
+		} else if (c == '{' || c == '[') {
+			depth++;
+		} else if (c == '}' || c == ']') {
+			if (!depth)
+				return p; /* a bare word's end */
+			if (!--depth)
+				return p + 1;
+		} else if (!depth &&
+		           (c == ',' || c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
+			return p;
+		}
+	}
+	return end;
+}
+
+char *answer_drop_probs(const char *text, size_t len, size_t *out_len)
+{
+	static const char key[] = "\"logprobs\"";
+	const char *end = text + len, *copied = text;
+	struct strbuf b = {0};
+	int in_str = 0;
+	for (const char *p = text; p < end; p++) {
+		if (in_str) {
+			if (*p == '\\')
+				p++;
+			else if (*p == '"')
+				in_str = 0;
+			continue;
+		}
+		if (*p != '"')
+			continue;
+		const char *q = p + sizeof key - 1;
+		if ((size_t)(end - p) < sizeof key - 1 || memcmp(p, key, sizeof key - 1) != 0) {
+			in_str = 1;
+			continue;
+		}
+		while (q < end && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'))
+			q++;
+		if (q == end || *q != ':') {
+			p = q - 1; /* a string "logprobs", not a key */
+			continue;
+		}
+		/* The member, with the comma before it (or, first in its object,
+		 * the one after it). */
+		const char *from = p, *to = value_end(q + 1, end);
+		const char *c = from;
+		while (c > copied &&
+		       (c[-1] == ' ' || c[-1] == '\t' || c[-1] == '\n' || c[-1] == '\r'))
+			c--;
+		if (c > copied && c[-1] == ',') {
+			from = c - 1;
+		} else {
+			const char *n = to;
+			while (n < end && (*n == ' ' || *n == '\t' || *n == '\n' || *n == '\r'))
+				n++;
+			if (n < end && *n == ',')
+				to = n + 1;
+		}
+		strbuf_append(&b, copied, (size_t)(from - copied));
+		copied = to;
+		p = to - 1;
+	}
+	if (copied == text) {
+		strbuf_free(&b);
+		return NULL;
+	}
+	strbuf_append(&b, copied, (size_t)(end - copied));
+	if (b.failed) {
+		strbuf_free(&b);
+		return NULL;
+	}
+	*out_len = b.len;
+	return b.p;
 }
 
 enum answer_event answer_event_kind(const char *data)

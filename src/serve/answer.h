@@ -1,15 +1,17 @@
 /* Rewriting the backend's answers: pure functions from facts and bytes to
  * bytes. Every byte the server wrote (its logprobs above all) stays as it
- * was, but for three things toki owns: the cache block it adds, the counts
+ * was, but for four things toki owns: the cache block it adds, the counts
  * of a request that ran in several backend steps (which must describe the
- * whole request), and the last event of a stream, held back until toki
- * knows it is the last. No I/O and no daemon state: tests/unit/test_answer.c
- * runs them on their own. */
+ * whole request), the last event of a stream, held back until toki knows
+ * it is the last, and the probabilities toki asked for, for the token ids,
+ * which the client did not. No I/O and no daemon state:
+ * tests/unit/test_answer.c runs them on their own. */
 #ifndef TOKI_SERVE_ANSWER_H
 #define TOKI_SERVE_ANSWER_H
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "util/strbuf.h"
 
@@ -110,6 +112,14 @@ struct answer_msg {
 	struct strbuf text, reasoning;
 	struct answer_call *calls;
 	size_t n_calls;
+	/* The generated tokens' ids, in order, where the answer lists them
+	 * (its probabilities: the client's, or those toki asked for, below).
+	 * llama-server lists a token only once its text is out: those of a
+	 * stop string, a split UTF-8 character, or, in a stream, one whose
+	 * text the chat parser holds back (an end of generation, a tool
+	 * call's syntax) may be missing. */
+	int32_t *ids;
+	size_t n_ids, cap_ids;
 	int failed; /* out of memory, or a tool call delta it cannot place */
 };
 
@@ -122,6 +132,32 @@ int answer_msg_structured(const struct answer_msg *m);
 json_t *answer_msg_json(const struct answer_msg *m);
 void answer_msg_reset(struct answer_msg *m);
 void answer_msg_free(struct answer_msg *m);
+
+/* The answer's token ids, asked of the server where the client did not ask
+ * for probabilities: llama-server lists each generated token's id with
+ * them, and no other part of a chat answer does (return_tokens is
+ * /completion's only). Asked as n_probs 1 after sampling, they cost a scan
+ * of the sampler's last candidates per token; before sampling they would
+ * cost a sort of the vocabulary per token, and after a chain that keeps
+ * the whole vocabulary (top_k 0, even greedy), a sort of it (measured in
+ * docs/exact.md, "The keep"). So they are asked only where the sampling
+ * chain (the request's parameters over the server's defaults, /props'
+ * default_generation_settings params) has a top_k of at most
+ * ANSWER_IDS_MAX_TOP_K. Nothing sampled changes: the same chain runs. */
+#define ANSWER_IDS_MAX_TOP_K 1000
+/* 1 when the client asked for the answer's probabilities (its ids come
+ * with them). */
+int answer_probs_asked(const json_t *body);
+/* 1 when toki may add ANSWER_IDS_PARAMS to a chat request's body. */
+int answer_ids_cheap(const json_t *body, const json_t *defaults);
+/* Adds the parameters that ask for the ids to a request's body. */
+int answer_ids_ask(json_t *body);
+/* The answer (or a stream's event) as it would be without the
+ * probabilities toki asked for: every "logprobs" member removed from the
+ * JSON text, which llama-server otherwise leaves out. A new buffer
+ * (NUL-terminated after out_len bytes), or NULL when there is none to
+ * remove (or out of memory: the caller then sends the text as it is). */
+char *answer_drop_probs(const char *text, size_t len, size_t *out_len);
 
 /* The kinds of a stream's events that matter to toki. */
 enum answer_event {

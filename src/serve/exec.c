@@ -1063,6 +1063,23 @@ static void prefill_plain(struct serve_req *r, size_t upto)
 
 /* ---- generate: the request itself ---- */
 
+/* Whether the keep after this answer may need the generated tokens' ids:
+ * exact mode's steps on a chat answer. */
+static int wants_ids(const struct serve_req *r)
+{
+	return req_exact(r) && r->prompt.routable && r->prompt.n_bounds && r->run.slot &&
+	       r->run.slot->backend->steps &&
+	       !strcmp(r->ask.backend_path, "/v1/chat/completions") &&
+	       !answer_probs_asked(r->ask.body);
+}
+
+/* The server's sampling defaults, which a request's parameters override
+ * (/props, default_generation_settings). */
+static const json_t *default_sampling(const struct backend *b)
+{
+	return json_object_get(json_object_get(b->props, "default_generation_settings"), "params");
+}
+
 /* The body of this attempt: the request as made, with what this call adds
  * (the slot, exact mode's cache_prompt, the progress events toki reads).
  * The request's own body is never changed, so a retry or a replan has
@@ -1092,6 +1109,11 @@ static json_t *attempt_body(struct serve_req *r)
 	    (r->prompt.local || req_exact(r)) && !json_object_get(r->ask.body, "return_progress");
 	if (r->run.added_progress)
 		json_object_set_new(b, "return_progress", json_true());
+	/* The keep after the answer (below) keeps the tokens generation made
+	 * by their ids, where the answer lists them. */
+	r->run.added_probs = wants_ids(r) &&
+	                     answer_ids_cheap(r->ask.body, default_sampling(r->run.backend)) &&
+	                     answer_ids_ask(b) == 0;
 	req_apply_cap(r, b);
 	return b;
 }
@@ -1284,11 +1306,12 @@ static const struct backend_call_handlers tail_cut_handlers = {
  * Generation computed the answer's rows one token at a time, as exact
  * mode's schedule evaluates an earlier answer's tokens (its steps,
  * prompt/prompt.c): the next turn of the conversation can reuse them as
- * they are, and then evaluates what llama-server alone would. toki knows
- * the answer's text, not its tokens; the keep sends the prompt and the
- * text's tokens (n_predict 0), and the server's own counts say how many
- * of them the slot held: it reuses the common prefix and evaluates the
- * rest. The slot holds the prompt and all but the last generated token
+ * they are, and then evaluates what llama-server alone would. The keep
+ * sends the prompt and the answer's tokens (n_predict 0): generation's
+ * own, by the ids the answer lists (toki asks for them where they cost
+ * nothing, serve/answer.h), else the text's; the server's own counts say
+ * how many of them the slot held: it reuses the common prefix and
+ * evaluates the rest. The slot holds the prompt and all but the last generated token
  * (sampled, never evaluated). When the text's tokens are more than that
  * (the answer hit its length), the keep evaluates the last one alone, a
  * step as generation's own; when they are not (it ended on an end of turn,
@@ -1352,10 +1375,11 @@ static void on_keep_done(struct backend_call *call, int status, const char *body
 		d->stats.tail_cuts++;
 		d->stats.tail_cut_tokens += (uint64_t)prompt_n;
 	}
-	log_debug("slot %d: the keep after an answer: prompt %zu, answer %zu tokens%s; the server "
-	          "reused %lld, evaluated %lld",
-	          r->run.slot->id, n, end - n, r->run.kept_junk ? " and a throw-away one" : "",
-	          cache_n, prompt_n);
+	log_debug(
+	    "slot %d: the keep after an answer: prompt %zu, answer %zu tokens (by their %s)%s; "
+	    "the server reused %lld, evaluated %lld",
+	    r->run.slot->id, n, end - n, r->run.kept_by_ids ? "ids" : "text",
+	    r->run.kept_junk ? " and a throw-away one" : "", cache_n, prompt_n);
 	if (cache_n < 0 || prompt_n < 1 ||
 	    cache_n + prompt_n != (long long)(end + (size_t)r->run.kept_junk)) {
 		settle(r, SLOT_UNKNOWN, 0, 0);
@@ -1371,6 +1395,7 @@ static void on_keep_done(struct backend_call *call, int status, const char *body
 		if (aligned > n) {
 			d->stats.answers_kept++;
 			d->stats.answer_rows_kept += aligned - n;
+			d->stats.answers_kept_by_ids += (uint64_t)r->run.kept_by_ids;
 		}
 		if (aligned >= n && aligned < end && start_kept_cut(r, aligned))
 			return;
@@ -1393,7 +1418,20 @@ static const struct backend_call_handlers keep_handlers = {
 static int answer_tokens(struct serve_req *r, const struct vocab *v, struct token_list *t)
 {
 	const struct answer_msg *m = &r->reply.msg;
-	size_t n = r->prompt.n_tokens;
+	size_t n = r->prompt.n_tokens, g = r->run.slot->generated;
+	/* The generated tokens themselves, where the answer lists them: all of
+	 * them, or all but one, which is then the last (a stream's end of
+	 * generation, or a one-token stop string, whose text never came out:
+	 * one missing elsewhere makes the server's counts below disagree, and
+	 * the keep is cut back to what they agree on). */
+	if (m->n_ids <= g && m->n_ids + 1 >= g) {
+		if (token_list_append(t, r->prompt.tokens, n) != 0 ||
+		    token_list_append(t, m->ids, m->n_ids) != 0)
+			return -1;
+		r->run.kept_by_ids = 1;
+		t->n = vocab_find_control(v, t->v, n, t->n);
+		return t->n > n ? 0 : -1;
+	}
 	if (!answer_msg_structured(m))
 		return m->text.len && token_list_append(t, r->prompt.tokens, n) == 0 &&
 		               vocab_tokenize_fragment(v, m->text.p, m->text.len, 0, t) == 0 &&

@@ -335,6 +335,13 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		free(data);
 		return;
 	}
+	/* The token ids toki asked for are not the client's. */
+	size_t sl = 0;
+	char *stripped = r->run.added_probs ? answer_drop_probs(raw, len, &sl) : NULL;
+	if (stripped) {
+		raw = stripped;
+		len = sl;
+	}
 	if (kind == ANSWER_EVENT_DONE) {
 		flush_held(r, 1);
 		reply_write(r, raw, len);
@@ -355,6 +362,7 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		flush_held(r, 0);
 		reply_write(r, raw, len);
 	}
+	free(stripped);
 	free(data);
 }
 
@@ -556,13 +564,20 @@ static void on_forward_done(struct backend_call *call, int status, const char *b
 	if (p->client && r->ask.kind == KIND_ANTHROPIC) {
 		answer_anthropic(r, status, body, len);
 	} else if (p->client) {
-		size_t out_len = 0;
+		size_t sl = 0, out_len = 0;
+		char *stripped =
+		    status == 200 && r->run.added_probs ? answer_drop_probs(body, len, &sl) : NULL;
+		if (stripped) {
+			body = stripped;
+			len = sl;
+		}
 		char *out = status == 200 ? rewritten(r, body, len, &out_len) : NULL;
 		const char *ct = backend_call_header(call, "Content-Type");
 		http_request_on_close(p->client, NULL, NULL);
 		http_respond(p->client, status, ct ? ct : "application/json", out ? out : body,
 		             out ? out_len : len);
 		free(out);
+		free(stripped);
 		p->client = NULL;
 	}
 	req_answered(r, status);

@@ -109,13 +109,15 @@ struct req_run {
 	token_t *kept;    /* exact mode's keep after an answer: the prompt, the answer */
 	size_t n_kept;    /* ... (then a throw-away token, when kept_junk) */
 	int kept_junk;
+	int kept_by_ids;     /* ... the tokens by the ids the answer listed */
 	int counted;         /* its evaluated tokens are in the stats */
 	int abandoned;       /* the client went away during a prefill step, left to end */
 	size_t abandoned_at; /* where the step in flight then began */
 	int saving; /* a slot save is out: it holds the request, and frees it if it ended */
 	int restored;
 	char restored_name[96];
-	int added_progress;   /* toki asked for return_progress (its events are dropped) */
+	int added_progress; /* toki asked for return_progress (its events are dropped) */
+	int added_probs; /* toki asked for the answer's token ids (its probabilities are dropped) */
 	int progress_checked; /* the first progress event was checked against the plan */
 	int64_t t_route_us;   /* its first routing try: a wait for a slot starts there */
 	int64_t t_forward_us;

@@ -210,6 +210,7 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 	N("tail_cut_tokens", s->tail_cut_tokens);
 	N("answers_kept", s->answers_kept);
 	N("answer_rows_kept", s->answer_rows_kept);
+	N("answers_kept_by_ids", s->answers_kept_by_ids);
 	N("replayed_tokens", s->replayed_tokens);
 	N("replay_forced_tokens", s->replay_forced_tokens);
 	json_t *bs = json_array();

@@ -708,6 +708,99 @@ class StructuredAnswers(unittest.TestCase):
             alone.kill()
             back.kill()
 
+    def split_token(self, server, G):
+        """G with one of its tokens (not the first) written as two tokens
+        of its text: what generation may write, which the text does not
+        re-tokenize to; and where."""
+        def one(text):
+            st, r = th.request(server.port, "POST", "/tokenize",
+                               {"content": text, "add_special": False})
+            return r["tokens"] if len(r["tokens"]) == 1 else None
+        for j in range(1, len(G)):
+            st, d = th.request(server.port, "POST", "/detokenize", {"tokens": [G[j]]})
+            piece = d["content"]
+            for k in range(1, len(piece)):
+                a, b = one(piece[:k]), one(piece[k:])
+                if a and b:
+                    return G[:j] + a + b + G[j + 1:], j
+        self.fail(f"no token of {G} splits in two")
+
+    def test_answer_kept_by_the_ids_generation_made(self):
+        """The keep after an answer knows the generated tokens by their
+        ids: toki asks llama-server for them (one probability after
+        sampling, free where the sampler keeps top_k candidates) and takes
+        them out of the answer, which the client gets as without them.
+        An answer written in tokens its text does not re-tokenize to is
+        kept whole, with no batch evaluated and cut off after it; the next
+        turn evaluates what llama-server alone does, its answer the
+        uncached one. Where the ids would cost (top_k 0), the keep goes by
+        the text, and cuts off the rows past where it parts. (Llama 3.2:
+        Qwen 3's template writes a plain answer after a think block the
+        answer then goes without.)"""
+        model = th.tokenizer_model("llama3_2", "llama-bpe")
+        alone = th.LlamaServer(model=model, slots=1, ctx=4096, name="ids-alone")
+        back = th.LlamaServer(model=model, slots=1, ctx=4096, name="ids")
+        toki = th.Toki([back], mode="exact")
+        msgs = self.BASE
+        try:
+            G, _ = self.forced(alone, dict(messages=msgs), "The options are parsed in src/main.c.")
+            G, j = self.split_token(alone, G)
+            forced = dict(messages=msgs, max_tokens=len(G) + 1, top_k=1, samplers=["top_k"],
+                          grammar="root ::= " + " ".join(f"<[{t}]>" for t in G))
+            evaluated, keys = {}, {}
+            for name, port in (("alone", alone.port), ("toki", toki.port)):
+                st, events = th.stream(port, "/v1/chat/completions", dict(forced, stream=True))
+                self.assertEqual(st, 200, events[-3:])
+                js = [j_ for j_ in (th.event_json(e) for e in events) if j_]
+                keys[name] = sorted({k for j_ in js for c in j_.get("choices") or []
+                                     for k in c})
+                text = "".join((c.get("delta") or {}).get("content") or ""
+                               for j_ in js for c in j_.get("choices") or [])
+                if name == "toki":
+                    # Every generated row kept, the keep one throw-away
+                    # token (the answer ended on its end of turn), no cut.
+                    stats = wait_stat(toki, "answers_kept_by_ids", 1)
+                    self.assertEqual(stats["answers_kept_by_ids"], 1, stats)
+                    self.assertEqual(stats["answer_rows_kept"], len(G), stats)
+                    self.assertEqual((stats["tail_cuts"], stats["tail_cut_tokens"]), (1, 1),
+                                     stats)
+                nxt = msgs + [{"role": "assistant", "content": text},
+                              {"role": "user", "content": "Good. Now add the flag."}]
+                body = dict(messages=nxt, max_tokens=8, temperature=0, logprobs=True,
+                            top_logprobs=2)
+                r = self.next_turn(port, body, name == "toki", replayed=None, uncached=True)
+                evaluated[name] = r["timings"]["prompt_n"]
+                if name == "toki":
+                    # The text's tokens part from the answer's at the split
+                    # token: from there, one at a time.
+                    self.assertEqual(r["cache"]["replayed"], len(G) - j - 1, r["cache"])
+            self.assertEqual(keys["toki"], keys["alone"])
+            self.assertNotIn("logprobs", keys["toki"])
+            self.assertEqual(evaluated["toki"], evaluated["alone"], evaluated)
+            # A whole answer: none of the probabilities toki asked for.
+            st, r = th.request(toki.port, "POST", "/v1/chat/completions",
+                               dict(messages=nxt, max_tokens=4, temperature=0))
+            self.assertEqual(st, 200, r)
+            self.assertNotIn("logprobs", r["choices"][0])
+            # (The next turn's, its uncached one's, this one's.)
+            stats = wait_stat(toki, "answers_kept_by_ids", 4)
+            self.assertEqual(stats["answers_kept_by_ids"], 4, stats)
+            # Where the sampler keeps the whole vocabulary, toki asks for no
+            # ids: the keep goes by the text, which parts from the answer at
+            # the split token, and cuts the rows past it off.
+            cuts = stats["tail_cuts"]
+            st, r = th.request(toki.port, "POST", "/v1/chat/completions", dict(forced, top_k=0))
+            self.assertEqual(st, 200, r)
+            self.assertNotIn("logprobs", r["choices"][0])
+            stats = wait_stat(toki, "tail_cuts", cuts + 2)
+            self.assertEqual((stats["answers_kept"], stats["answers_kept_by_ids"]), (5, 4), stats)
+            self.assertEqual(stats["tail_cuts"], cuts + 2, stats)
+            print(f"an answer kept by its ids, next turn evaluated: {evaluated}")
+        finally:
+            toki.kill()
+            alone.kill()
+            back.kill()
+
     def test_tool_call_is_in_the_answers_steps(self):
         """The schedule of a next request after a tool call: every token
         of the call one at a time, up to the end of the turn."""

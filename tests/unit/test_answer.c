@@ -399,6 +399,140 @@ static void test_msg_stream_calls(void **state)
 	answer_msg_free(&m);
 }
 
+/* The generated tokens' ids, from a stream's events and a whole answer
+ * (each entry's own, not its top candidates'), and from /completion's
+ * probabilities; an event without any adds none. */
+static void test_msg_ids(void **state)
+{
+	(void)state;
+	const char *events[] = {
+	    "{\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}]}",
+	    "{\"choices\":[{\"delta\":{\"content\":\" carr\"},\"logprobs\":{\"content\":[{\"id\":"
+	    "1028,\"token\":\" carr\",\"prob\":1.0,\"top_probs\":[{\"id\":7,\"prob\":1.0}]}]}}]}",
+	    "{\"choices\":[{\"delta\":{\"content\":\" col\"},\"logprobs\":{\"content\":[{\"id\":"
+	    "1071,\"token\":\" col\"}]}}]}",
+	    "{\"choices\":[{\"delta\":{}}],\"timings\":{}}",
+	};
+	struct answer_msg m = {0};
+	add_all(&m, events, sizeof events / sizeof *events);
+	assert_int_equal(m.n_ids, 2);
+	assert_int_equal(m.ids[0], 1028);
+	assert_int_equal(m.ids[1], 1071);
+	assert_string_equal(m.text.p, " carr col");
+	answer_msg_reset(&m);
+	assert_int_equal(m.n_ids, 0);
+
+	const char *whole[] = {
+	    "{\"choices\":[{\"message\":{\"content\":\"ab\"},\"logprobs\":{\"content\":[{\"id\":1},"
+	    "{\"id\":2},{\"token\":\"no id\"},{\"id\":3}]}}]}",
+	    "{\"content\":\"c\",\"completion_probabilities\":[{\"id\":4,\"logprob\":-1}]}",
+	};
+	add_all(&m, whole, 2);
+	assert_int_equal(m.n_ids, 4);
+	assert_int_equal(m.ids[2], 3);
+	assert_int_equal(m.ids[3], 4);
+	answer_msg_free(&m);
+}
+
+/* Whether toki may ask for the ids: where the client says nothing of the
+ * answer's probabilities, and the chain (the request's parameters over
+ * the server's defaults) keeps at most ANSWER_IDS_MAX_TOP_K candidates. */
+static void test_ids_cheap(void **state)
+{
+	(void)state;
+	json_t *defaults = json_loads("{\"top_k\":40,\"temperature\":0.8,\"mirostat\":0,"
+	                              "\"samplers\":[\"penalties\",\"top_k\",\"top_p\"]}",
+	                              0, NULL);
+	json_t *no_k = json_loads("{\"top_k\":0,\"temperature\":0.8}", 0, NULL);
+	static const struct {
+		const char *body;
+		int server_k40, server_k0;
+	} cases[] = {
+	    {"{\"messages\":[]}", 1, 0},
+	    {"{\"top_k\":20}", 1, 1},
+	    {"{\"top_k\":0}", 0, 0},
+	    {"{\"top_k\":1000}", 1, 1},
+	    {"{\"top_k\":1001}", 0, 0},
+	    {"{\"top_k\":null}", 1, 0},
+	    {"{\"temperature\":0}", 1, 0}, /* greedy still sorts what top_k leaves */
+	    {"{\"top_k\":20,\"samplers\":[\"top_p\",\"temperature\"]}", 0, 0},
+	    {"{\"top_k\":20,\"samplers\":\"kpt\"}", 1, 1},
+	    {"{\"top_k\":20,\"samplers\":\"pt\"}", 0, 0},
+	    {"{\"mirostat\":2}", 0, 0},
+	    {"{\"logprobs\":false}", 0, 0},
+	    {"{\"top_logprobs\":2}", 0, 0},
+	    {"{\"n_probs\":0}", 0, 0},
+	    {"{\"response_fields\":[\"content\"]}", 0, 0},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		json_t *b = json_loads(cases[i].body, 0, NULL);
+		assert_non_null(b);
+		if (answer_ids_cheap(b, defaults) != cases[i].server_k40 ||
+		    answer_ids_cheap(b, no_k) != cases[i].server_k0)
+			fail_msg("%s: want %d with top_k 40 by default, %d with 0", cases[i].body,
+			         cases[i].server_k40, cases[i].server_k0);
+		json_decref(b);
+	}
+	json_t *b = json_object();
+	assert_false(answer_probs_asked(b));
+	assert_int_equal(answer_ids_ask(b), 0);
+	assert_true(answer_probs_asked(b));
+	assert_true(json_is_true(json_object_get(b, "post_sampling_probs")));
+	json_decref(b);
+	b = json_loads("{\"logprobs\":true}", 0, NULL);
+	assert_true(answer_probs_asked(b));
+	json_decref(b);
+	json_decref(defaults);
+	json_decref(no_k);
+}
+
+static void assert_dropped(const char *in, const char *want)
+{
+	size_t n = 0;
+	char *out = answer_drop_probs(in, strlen(in), &n);
+	if (!want) {
+		assert_null(out);
+		return;
+	}
+	assert_non_null(out);
+	assert_int_equal(n, strlen(want));
+	assert_string_equal(out, want);
+	free(out);
+}
+
+/* The probabilities toki asked for go: the bytes left are those
+ * llama-server writes without them (its event and answer, b11669, with
+ * and without n_probs), whatever the text holds. */
+static void test_drop_probs(void **state)
+{
+	(void)state;
+	assert_dropped(
+	    "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\" "
+	    "carr\"},\"logprobs\":{\"content\":[{\"id\":1028,\"token\":\" carr\",\"bytes\":[32,99,"
+	    "97,114,114],\"prob\":1.0,\"top_probs\":[{\"id\":1028,\"token\":\" carr\",\"bytes\":"
+	    "[32,99,97,114,114],\"prob\":1.0}]}]}}],\"created\":1796597166,\"id\":\"chatcmpl-u\","
+	    "\"object\":\"chat.completion.chunk\"}\n\n",
+	    "data: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\" "
+	    "carr\"}}],\"created\":1796597166,\"id\":\"chatcmpl-u\",\"object\":\"chat.completion."
+	    "chunk\"}\n\n");
+	/* Text that looks like the key, inside strings (escaped quotes
+	 * included), stays. */
+	const char *text =
+	    "{\"choices\":[{\"message\":{\"content\":\"say \\\"logprobs\\\": {1}\\\\\","
+	    "\"reasoning_content\":\"logprobs\"},\"logprobs\":{\"content\":[{\"id\":"
+	    "1,\"token\":\"\\\"logprobs\\\":\"}]}}],\"usage\":{}}";
+	assert_dropped(text, "{\"choices\":[{\"message\":{\"content\":\"say \\\"logprobs\\\": "
+	                     "{1}\\\\\",\"reasoning_content\":\"logprobs\"}}],\"usage\":{}}");
+	/* First in its object, with blanks, or a bare value. */
+	assert_dropped("{ \"logprobs\" : null , \"a\":1}", "{  \"a\":1}");
+	assert_dropped("{\"a\":[1,{\"b\":2}] ,\n \"logprobs\":{\"x\":[]}}",
+	               "{\"a\":[1,{\"b\":2}] }");
+	assert_dropped("{\"logprobs\":{}}", "{}");
+	/* Nothing to drop: NULL, the text goes as it is. */
+	assert_dropped("{\"choices\":[{\"delta\":{\"content\":\"logprobs\"}}]}", NULL);
+	assert_dropped("data: [DONE]\n\n", NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -415,6 +549,9 @@ int main(void)
 	    cmocka_unit_test(test_hold_back),
 	    cmocka_unit_test(test_msg_text),
 	    cmocka_unit_test(test_msg_stream_calls),
+	    cmocka_unit_test(test_msg_ids),
+	    cmocka_unit_test(test_ids_cheap),
+	    cmocka_unit_test(test_drop_probs),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
