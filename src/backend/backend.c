@@ -223,6 +223,16 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 				    "continues with other logprobs)",
 				    b->rb->url, mi.architecture, (unsigned long long)window);
 			b->rb->restore_inexact = swa;
+			/* A recurrent state: the keys of its size. */
+			static const char *const state_keys[] = {"ssm.state_size", "wkv.head_size",
+			                                         "shortconv.l_cache"};
+			int recurrent = 0;
+			for (size_t i = 0; i < sizeof state_keys / sizeof *state_keys; i++) {
+				uint64_t size = 0;
+				snprintf(key, sizeof key, "%s.%s", mi.architecture, state_keys[i]);
+				recurrent |= gguf_get_u64(g, key, &size) && size > 0;
+			}
+			b->rb->cut_to_checkpoint = swa || recurrent;
 		}
 		gguf_close(g);
 	}

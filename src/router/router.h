@@ -151,6 +151,14 @@ struct router_backend {
 	 * continues with other logprobs than the live slot's, so exact mode
 	 * restores nothing there and keeps nothing of a cancelled request. */
 	int restore_inexact;
+	/* The model has sliding-window attention or a recurrent state (Mamba,
+	 * Gated DeltaNet and other hybrids, RWKV, short convolutions): llama-
+	 * server cannot cut its slot back to any position, only to a context
+	 * checkpoint (the end of an earlier request's prompt), so what the
+	 * slot holds after an answer must be what the next turn's prompt
+	 * begins with: exact mode keeps an answer there by its text's tokens,
+	 * never by the ids generation made (serve/exec.c, the keep). */
+	int cut_to_checkpoint;
 	/* Exact mode's self-test found that an answer's tokens evaluated one
 	 * at a time give the rows generation gave them (backend/selftest.h,
 	 * the steps check): exact mode's schedule evaluates earlier answers so

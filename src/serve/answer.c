@@ -544,9 +544,16 @@ static void add_ids(struct answer_msg *m, const json_t *list)
 	const json_t *e;
 	json_array_foreach(list, i, e)
 	{
-		const json_t *id = json_object_get(e, "id");
+		const json_t *id = json_object_get(e, "id"), *bytes = json_object_get(e, "bytes");
 		if (!json_is_integer(id))
 			continue;
+		size_t k;
+		const json_t *byte;
+		json_array_foreach(bytes, k, byte)
+		{
+			char c = (char)json_integer_value(byte);
+			strbuf_append(&m->id_text, &c, 1);
+		}
 		if (m->n_ids == m->cap_ids) {
 			size_t cap = m->cap_ids ? 2 * m->cap_ids : 64;
 			int32_t *v = realloc(m->ids, cap * sizeof *v);
@@ -584,7 +591,7 @@ void answer_msg_add(struct answer_msg *m, const json_t *obj)
 	}
 	add_ids(m, choice ? json_object_get(json_object_get(choice, "logprobs"), "content")
 	                  : json_object_get(obj, "completion_probabilities"));
-	if (m->text.failed || m->reasoning.failed)
+	if (m->text.failed || m->reasoning.failed || m->id_text.failed)
 		m->failed = 1;
 }
 
@@ -647,6 +654,7 @@ void answer_msg_free(struct answer_msg *m)
 	free(m->ids);
 	m->ids = NULL;
 	m->n_ids = m->cap_ids = 0;
+	strbuf_free(&m->id_text);
 }
 
 /* ---- the answer's token ids ---- */

@@ -120,7 +120,8 @@ struct answer_msg {
 	 * call's syntax) may be missing. */
 	int32_t *ids;
 	size_t n_ids, cap_ids;
-	int failed; /* out of memory, or a tool call delta it cannot place */
+	struct strbuf id_text; /* ... and their bytes, as the server lists them */
+	int failed;            /* out of memory, or a tool call delta it cannot place */
 };
 
 /* Adds what one answer (or stream event) carries. */

@@ -39,7 +39,13 @@ static void next_step(struct serve_req *r);
 static int start_tail_cut(struct serve_req *r);
 static int start_error_cut(struct serve_req *r);
 static int start_settle(struct serve_req *r);
-static int start_keep(struct serve_req *r);
+/* What the keep after an answer did. */
+enum keep_outcome {
+	KEEP_NONE, /* nothing to keep: the tail cut goes instead */
+	KEEP_SENT, /* the keep is out: it ends the slot and the request */
+	KEEP_HELD, /* the slot holds the rows it would keep: recorded, nothing sent */
+};
+static enum keep_outcome start_keep(struct serve_req *r);
 
 /* ---- the step table ---- */
 
@@ -398,8 +404,10 @@ void exec_answered(struct serve_req *r, int success)
 	if (r->run.slot) {
 		record_answer(r, success);
 		struct router_slot *s = r->run.slot;
-		if (req_exact(r) && success && s->n_tokens && !s->retired && r->run.backend &&
-		    backend_is_up(r->run.backend) && (start_keep(r) || start_tail_cut(r)))
+		int after = req_exact(r) && success && s->n_tokens && !s->retired &&
+		            r->run.backend && backend_is_up(r->run.backend);
+		enum keep_outcome k = after ? start_keep(r) : KEEP_NONE;
+		if (k == KEEP_SENT || (after && k == KEEP_NONE && start_tail_cut(r)))
 			return;
 		if (!success && start_error_cut(r))
 			return;
@@ -1068,7 +1076,7 @@ static void prefill_plain(struct serve_req *r, size_t upto)
 static int wants_ids(const struct serve_req *r)
 {
 	return req_exact(r) && r->prompt.routable && r->prompt.n_bounds && r->run.slot &&
-	       r->run.slot->backend->steps &&
+	       r->run.slot->backend->steps && !r->run.slot->backend->cut_to_checkpoint &&
 	       !strcmp(r->ask.backend_path, "/v1/chat/completions") &&
 	       !answer_probs_asked(r->ask.body);
 }
@@ -1323,7 +1331,9 @@ static const struct backend_call_handlers tail_cut_handlers = {
  * those before it are kept. An answer with reasoning or tool calls is kept
  * by its tokens as the template writes it (answer_tokens), which is how a
  * model of the family writes it. One token evaluated, as the tail cut it
- * replaces, off the next request's path. */
+ * replaces, off the next request's path; none where the ids are sure to be
+ * the generated tokens (ids_sure): the slot holds their rows already, and
+ * the keep only records them (KEEP_HELD). */
 
 /* After a keep whose tokens parted from generation's (an answer that does
  * not come back as generated): the slot's rows from there on are a
@@ -1360,6 +1370,18 @@ static int start_kept_cut(struct serve_req *r, size_t at)
 	return send_cut_of(r, r->run.kept, r->run.n_kept, at, &kept_cut_handlers) == 0;
 }
 
+/* A keep that leaves the slot's rows to `aligned` as generation made them. */
+static void count_kept(struct serve_req *r, size_t aligned)
+{
+	struct daemon_stats *st = &r->d->stats;
+	size_t n = r->prompt.n_tokens;
+	if (aligned <= n)
+		return;
+	st->answers_kept++;
+	st->answer_rows_kept += aligned - n;
+	st->answers_kept_by_ids += (uint64_t)r->run.kept_by_ids;
+}
+
 static void on_keep_done(struct backend_call *call, int status, const char *body, size_t len,
                          void *arg)
 {
@@ -1392,11 +1414,7 @@ static void on_keep_done(struct backend_call *call, int status, const char *body
 		if (c < n)
 			aligned = sched_floor(r->prompt.bounds, r->prompt.n_bounds, n, c,
 			                      r->run.slot->backend->n_ubatch);
-		if (aligned > n) {
-			d->stats.answers_kept++;
-			d->stats.answer_rows_kept += aligned - n;
-			d->stats.answers_kept_by_ids += (uint64_t)r->run.kept_by_ids;
-		}
+		count_kept(r, aligned);
 		if (aligned >= n && aligned < end && start_kept_cut(r, aligned))
 			return;
 		settle(r, SLOT_KEPT, aligned, 0);
@@ -1423,8 +1441,11 @@ static int answer_tokens(struct serve_req *r, const struct vocab *v, struct toke
 	 * them, or all but one, which is then the last (a stream's end of
 	 * generation, or a one-token stop string, whose text never came out:
 	 * one missing elsewhere makes the server's counts below disagree, and
-	 * the keep is cut back to what they agree on). */
-	if (m->n_ids <= g && m->n_ids + 1 >= g) {
+	 * the keep is cut back to what they agree on). Not where the server
+	 * cannot cut the slot back to any position: the next turn's prompt
+	 * has the text's tokens, and a slot that holds others there could
+	 * only go back to a checkpoint before the answer. */
+	if (m->n_ids <= g && m->n_ids + 1 >= g && !r->run.slot->backend->cut_to_checkpoint) {
 		if (token_list_append(t, r->prompt.tokens, n) != 0 ||
 		    token_list_append(t, m->ids, m->n_ids) != 0)
 			return -1;
@@ -1456,36 +1477,61 @@ static int answer_tokens(struct serve_req *r, const struct vocab *v, struct toke
 	return e > n ? 0 : -1;
 }
 
-/* Returns 1 when the keep is out (it ends the slot and the request), 0 when
- * there is nothing to keep (the tail cut goes instead). */
-static int start_keep(struct serve_req *r)
+/* Whether the ids the answer listed are the generated tokens the slot
+ * holds: all of them were listed. With one unlisted, it may be the last
+ * (a stream's end of generation) or any other: a token that ends inside a
+ * UTF-8 character is listed with the next one's text, which then carries
+ * both, so the listed text spells the answer either way; the keep's own
+ * counts tell. */
+static int ids_sure(const struct serve_req *r)
+{
+	return r->reply.msg.n_ids == r->run.slot->generated;
+}
+
+static enum keep_outcome start_keep(struct serve_req *r)
 {
 	struct router_slot *s = r->run.slot;
 	size_t n = r->prompt.n_tokens, nb = r->prompt.n_bounds;
 	struct backend *eb = r->prompt.engine_backend;
 	if (!r->prompt.routable || !nb || !s->backend->steps || s->n_tokens != n ||
 	    s->aligned != n || !s->generated || r->reply.msg.failed || !eb || !eb->prompt)
-		return 0;
+		return KEEP_NONE;
 	/* The rows of the prompt's last chunk were computed as an open chunk
 	 * (the grid from its start); kept answer rows after it close it, and
 	 * a closed chunk whose tail splits would mean other rows. */
 	if (sched_tail_split(r->prompt.bounds[nb - 1], n, s->backend->n_ubatch))
-		return 0;
+		return KEEP_NONE;
 	const struct vocab *v = prompt_engine_vocab(eb->prompt);
 	struct token_list t = {0};
 	if (answer_tokens(r, v, &t) != 0) {
 		token_list_free(&t);
-		return 0;
+		return KEEP_NONE;
 	}
 	/* What the slot holds: the prompt and the generated tokens but the
 	 * last. */
 	size_t held = n + s->generated - 1;
+	if (r->run.kept_by_ids && t.n >= held && ids_sure(r)) {
+		/* They are the tokens, and generation's rows: nothing to send.
+		 * The last one, where it is no end of turn, is the next turn's
+		 * to evaluate, as alone. */
+		free(r->run.kept);
+		r->run.kept = t.v;
+		r->run.n_kept = held;
+		r->run.kept_junk = 0;
+		log_debug(
+		    "slot %d: the keep after an answer: prompt %zu, answer %zu tokens, by their "
+		    "ids, held as generation left them",
+		    s->id, n, held - n);
+		count_kept(r, held);
+		settle(r, SLOT_KEPT, held, 0);
+		return KEEP_HELD;
+	}
 	token_t last = t.v[t.n - 1], bos = vocab_bos(v);
 	token_t junk = bos >= 0 && bos != last ? bos : last > 0 ? last - 1 : last + 1;
 	r->run.kept_junk = t.n <= held;
 	if (r->run.kept_junk && token_list_push(&t, junk) != 0) {
 		token_list_free(&t);
-		return 0;
+		return KEEP_NONE;
 	}
 	free(r->run.kept);
 	r->run.kept = t.v;
@@ -1497,9 +1543,9 @@ static int start_keep(struct serve_req *r)
 	                   : NULL;
 	free(body);
 	if (!r->run.call)
-		return 0;
+		return KEEP_NONE;
 	r->state = RS_TAILCUT;
-	return 1;
+	return KEEP_SENT;
 }
 
 /* Returns 1 when the cut is out (it ends the slot and the request), 0 when

@@ -394,7 +394,9 @@ class Accounting(unittest.TestCase):
             st = toki.stats()
             grown = prompt_tokens_total(llama) - before
             self.assertGreater(st["prefill_steps"], 0)
-            self.assertGreater(st["tail_cuts"], 0)
+            # Answers that listed all their ids (toki asked for them) were
+            # kept as the slot held them, with no call after them.
+            self.assertGreater(st["answers_kept_by_ids"], 0)
             # The uncached runs replayed the earlier answers one token at a
             # time, each answer as one forced generation: the rows it
             # decoded (all but its first) are evaluated tokens, which the
@@ -731,7 +733,9 @@ class StructuredAnswers(unittest.TestCase):
         sampling, free where the sampler keeps top_k candidates) and takes
         them out of the answer, which the client gets as without them.
         An answer written in tokens its text does not re-tokenize to is
-        kept whole, with no batch evaluated and cut off after it; the next
+        kept whole, with no batch evaluated and cut off after it (and
+        nothing sent at all where every id was listed: the slot already
+        holds those rows); the next
         turn evaluates what llama-server alone does, its answer the
         uncached one. Where the ids would cost (top_k 0), the keep goes by
         the text, and cuts off the rows past where it parts. (Llama 3.2:
@@ -757,8 +761,10 @@ class StructuredAnswers(unittest.TestCase):
                 text = "".join((c.get("delta") or {}).get("content") or ""
                                for j_ in js for c in j_.get("choices") or [])
                 if name == "toki":
-                    # Every generated row kept, the keep one throw-away
-                    # token (the answer ended on its end of turn), no cut.
+                    # Every generated row kept as it is. The stream listed
+                    # all ids but the end of turn's: the keep sends them and
+                    # a throw-away token, and the one token the server
+                    # evaluates says the slot held them all; no cut.
                     stats = wait_stat(toki, "answers_kept_by_ids", 1)
                     self.assertEqual(stats["answers_kept_by_ids"], 1, stats)
                     self.assertEqual(stats["answer_rows_kept"], len(G), stats)
@@ -782,9 +788,12 @@ class StructuredAnswers(unittest.TestCase):
                                dict(messages=nxt, max_tokens=4, temperature=0))
             self.assertEqual(st, 200, r)
             self.assertNotIn("logprobs", r["choices"][0])
-            # (The next turn's, its uncached one's, this one's.)
+            # The next turn's answer, its uncached one's and this one's
+            # listed every id (whole answers, cut at their length): the
+            # slot held them, and nothing was sent after them.
             stats = wait_stat(toki, "answers_kept_by_ids", 4)
             self.assertEqual(stats["answers_kept_by_ids"], 4, stats)
+            self.assertEqual((stats["tail_cuts"], stats["tail_cut_tokens"]), (1, 1), stats)
             # Where the sampler keeps the whole vocabulary, toki asks for no
             # ids: the keep goes by the text, which parts from the answer at
             # the split token, and cuts the rows past it off.

@@ -410,7 +410,7 @@ static void test_msg_ids(void **state)
 	    "{\"choices\":[{\"delta\":{\"content\":\" carr\"},\"logprobs\":{\"content\":[{\"id\":"
 	    "1028,\"token\":\" carr\",\"prob\":1.0,\"top_probs\":[{\"id\":7,\"prob\":1.0}]}]}}]}",
 	    "{\"choices\":[{\"delta\":{\"content\":\" col\"},\"logprobs\":{\"content\":[{\"id\":"
-	    "1071,\"token\":\" col\"}]}}]}",
+	    "1071,\"token\":\" col\",\"bytes\":[32,99,111,108]}]}}]}",
 	    "{\"choices\":[{\"delta\":{}}],\"timings\":{}}",
 	};
 	struct answer_msg m = {0};
@@ -419,6 +419,8 @@ static void test_msg_ids(void **state)
 	assert_int_equal(m.ids[0], 1028);
 	assert_int_equal(m.ids[1], 1071);
 	assert_string_equal(m.text.p, " carr col");
+	/* The listed tokens' bytes: the first listed none. */
+	assert_string_equal(m.id_text.p, " col");
 	answer_msg_reset(&m);
 	assert_int_equal(m.n_ids, 0);
 
