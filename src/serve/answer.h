@@ -140,8 +140,8 @@ void answer_msg_free(struct answer_msg *m);
  * /completion's only). Asked as n_probs 1 after sampling, they cost a scan
  * of the sampler's last candidates per token; before sampling they would
  * cost a sort of the vocabulary per token, and after a chain that keeps
- * the whole vocabulary (top_k 0, even greedy), a sort of it (measured in
- * docs/exact.md, "The keep"). So they are asked only where the sampling
+ * the whole vocabulary (top_k 0, even greedy), a sort of it (bench/
+ * ids_cost.py, docs/benchmarks.md). So they are asked only where the sampling
  * chain (the request's parameters over the server's defaults, /props'
  * default_generation_settings params) has a top_k of at most
  * ANSWER_IDS_MAX_TOP_K. Nothing sampled changes: the same chain runs. */
