@@ -591,6 +591,11 @@ void answer_msg_add(struct answer_msg *m, const json_t *obj)
 	}
 	add_ids(m, choice ? json_object_get(json_object_get(choice, "logprobs"), "content")
 	                  : json_object_get(obj, "completion_probabilities"));
+	const char *fr = json_string_value(json_object_get(choice, "finish_reason"));
+	if (fr) {
+		m->finished = 1;
+		m->cut_at_length = !strcmp(fr, "length");
+	}
 	if (m->text.failed || m->reasoning.failed || m->id_text.failed)
 		m->failed = 1;
 }

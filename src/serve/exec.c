@@ -1478,14 +1478,23 @@ static int answer_tokens(struct serve_req *r, const struct vocab *v, struct toke
 }
 
 /* Whether the ids the answer listed are the generated tokens the slot
- * holds: all of them were listed. With one unlisted, it may be the last
- * (a stream's end of generation) or any other: a token that ends inside a
- * UTF-8 character is listed with the next one's text, which then carries
- * both, so the listed text spells the answer either way; the keep's own
- * counts tell. */
-static int ids_sure(const struct serve_req *r)
+ * holds: all of them were listed; or, in a stream that ended on its own
+ * (not at its length), all but one, the last listed no end of generation.
+ * A stream lists a token with the event of its text, so its end of
+ * generation (no text) never; any other unlisted token (one that ends
+ * inside a UTF-8 character, text the chat parser holds back, a stop
+ * string's) would be a second. Elsewhere one unlisted may be any: a token
+ * that ends inside a character is listed with the next one's text, which
+ * then carries both, so the listed text spells the answer either way; the
+ * keep's own counts tell. */
+static int ids_sure(const struct serve_req *r, const struct vocab *v)
 {
-	return r->reply.msg.n_ids == r->run.slot->generated;
+	const struct answer_msg *m = &r->reply.msg;
+	size_t g = r->run.slot->generated;
+	if (m->n_ids == g)
+		return 1;
+	return r->ask.stream && m->finished && !m->cut_at_length && m->n_ids && m->n_ids + 1 == g &&
+	       vocab_find_control(v, m->ids, m->n_ids - 1, m->n_ids) == m->n_ids;
 }
 
 static enum keep_outcome start_keep(struct serve_req *r)
@@ -1510,7 +1519,7 @@ static enum keep_outcome start_keep(struct serve_req *r)
 	/* What the slot holds: the prompt and the generated tokens but the
 	 * last. */
 	size_t held = n + s->generated - 1;
-	if (r->run.kept_by_ids && t.n >= held && ids_sure(r)) {
+	if (r->run.kept_by_ids && t.n >= held && ids_sure(r, v)) {
 		/* They are the tokens, and generation's rows: nothing to send.
 		 * The last one, where it is no end of turn, is the next turn's
 		 * to evaluate, as alone. */

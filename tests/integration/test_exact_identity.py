@@ -733,9 +733,9 @@ class StructuredAnswers(unittest.TestCase):
         sampling, free where the sampler keeps top_k candidates) and takes
         them out of the answer, which the client gets as without them.
         An answer written in tokens its text does not re-tokenize to is
-        kept whole, with no batch evaluated and cut off after it (and
-        nothing sent at all where every id was listed: the slot already
-        holds those rows); the next
+        kept whole, with nothing sent after it (the ids are the tokens the
+        slot holds: every one listed, or in a stream all but its end of
+        turn); the next
         turn evaluates what llama-server alone does, its answer the
         uncached one. Where the ids would cost (top_k 0), the keep goes by
         the text, and cuts off the rows past where it parts. (Llama 3.2:
@@ -762,13 +762,13 @@ class StructuredAnswers(unittest.TestCase):
                                for j_ in js for c in j_.get("choices") or [])
                 if name == "toki":
                     # Every generated row kept as it is. The stream listed
-                    # all ids but the end of turn's: the keep sends them and
-                    # a throw-away token, and the one token the server
-                    # evaluates says the slot held them all; no cut.
+                    # every id but its end of turn's (which has no text):
+                    # the slot holds those rows, and nothing is sent after
+                    # the answer, nothing evaluated.
                     stats = wait_stat(toki, "answers_kept_by_ids", 1)
                     self.assertEqual(stats["answers_kept_by_ids"], 1, stats)
                     self.assertEqual(stats["answer_rows_kept"], len(G), stats)
-                    self.assertEqual((stats["tail_cuts"], stats["tail_cut_tokens"]), (1, 1),
+                    self.assertEqual((stats["tail_cuts"], stats["tail_cut_tokens"]), (0, 0),
                                      stats)
                 nxt = msgs + [{"role": "assistant", "content": text},
                               {"role": "user", "content": "Good. Now add the flag."}]
@@ -793,7 +793,7 @@ class StructuredAnswers(unittest.TestCase):
             # slot held them, and nothing was sent after them.
             stats = wait_stat(toki, "answers_kept_by_ids", 4)
             self.assertEqual(stats["answers_kept_by_ids"], 4, stats)
-            self.assertEqual((stats["tail_cuts"], stats["tail_cut_tokens"]), (1, 1), stats)
+            self.assertEqual((stats["tail_cuts"], stats["tail_cut_tokens"]), (0, 0), stats)
             # Where the sampler keeps the whole vocabulary, toki asks for no
             # ids: the keep goes by the text, which parts from the answer at
             # the split token, and cuts the rows past it off.

@@ -421,6 +421,7 @@ static void test_msg_ids(void **state)
 	assert_string_equal(m.text.p, " carr col");
 	/* The listed tokens' bytes: the first listed none. */
 	assert_string_equal(m.id_text.p, " col");
+	assert_false(m.finished);
 	answer_msg_reset(&m);
 	assert_int_equal(m.n_ids, 0);
 
@@ -430,6 +431,11 @@ static void test_msg_ids(void **state)
 	    "{\"content\":\"c\",\"completion_probabilities\":[{\"id\":4,\"logprob\":-1}]}",
 	};
 	add_all(&m, whole, 2);
+	assert_false(m.finished);
+	const char *end[] = {"{\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}"};
+	add_all(&m, end, 1);
+	assert_true(m.finished);
+	assert_true(m.cut_at_length);
 	assert_int_equal(m.n_ids, 4);
 	assert_int_equal(m.ids[2], 3);
 	assert_int_equal(m.ids[3], 4);
