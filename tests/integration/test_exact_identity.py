@@ -627,11 +627,14 @@ class StructuredAnswers(unittest.TestCase):
                            "required": ["cmd"], "additionalProperties": False}}}]
         # The server's grammar is lazy: the random model writes text until it
         # happens on the call's opening; on this conversation it does, after
-        # about 100 tokens (greedy, so every run).
+        # about 100 tokens (greedy, so every run). Llama 3.2's template
+        # writes today's date into the system header: the date is pinned
+        # (on the prompt of 7 December the model wrote 200 tokens of text).
+        kw = {"chat_template_kwargs": {"date_string": "06 Dec 2026"}}
         msgs = [{"role": "system", "content": "You are a coding agent."},
                 {"role": "user", "content": "Run the tests."}]
-        first = {"messages": msgs, "tools": tools, "tool_choice": "required",
-                 "max_tokens": 200, "temperature": 0}
+        first = dict(kw, messages=msgs, tools=tools, tool_choice="required", max_tokens=200,
+                     temperature=0)
         try:
             evaluated = {}
             for name, port in (("alone", alone.port), ("toki", toki.port)):
@@ -654,7 +657,7 @@ class StructuredAnswers(unittest.TestCase):
                 nxt = msgs + [
                     {"role": "assistant", "content": content, "tool_calls": calls},
                     {"role": "tool", "tool_call_id": calls[0]["id"], "content": "41 passed"}]
-                body = dict(messages=nxt, tools=tools, max_tokens=8, temperature=0,
+                body = dict(kw, messages=nxt, tools=tools, max_tokens=8, temperature=0,
                             logprobs=True, top_logprobs=2)
                 if name == "toki":
                     # After the streamed call: the keep, whose tokens part
