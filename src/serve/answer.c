@@ -544,16 +544,9 @@ static void add_ids(struct answer_msg *m, const json_t *list)
 	const json_t *e;
 	json_array_foreach(list, i, e)
 	{
-		const json_t *id = json_object_get(e, "id"), *bytes = json_object_get(e, "bytes");
+		const json_t *id = json_object_get(e, "id");
 		if (!json_is_integer(id))
 			continue;
-		size_t k;
-		const json_t *byte;
-		json_array_foreach(bytes, k, byte)
-		{
-			char c = (char)json_integer_value(byte);
-			strbuf_append(&m->id_text, &c, 1);
-		}
 		if (m->n_ids == m->cap_ids) {
 			size_t cap = m->cap_ids ? 2 * m->cap_ids : 64;
 			int32_t *v = realloc(m->ids, cap * sizeof *v);
@@ -596,7 +589,7 @@ void answer_msg_add(struct answer_msg *m, const json_t *obj)
 		m->finished = 1;
 		m->cut_at_length = !strcmp(fr, "length");
 	}
-	if (m->text.failed || m->reasoning.failed || m->id_text.failed)
+	if (m->text.failed || m->reasoning.failed)
 		m->failed = 1;
 }
 
@@ -659,7 +652,6 @@ void answer_msg_free(struct answer_msg *m)
 	free(m->ids);
 	m->ids = NULL;
 	m->n_ids = m->cap_ids = 0;
-	strbuf_free(&m->id_text);
 }
 
 /* ---- the answer's token ids ---- */

@@ -120,10 +120,9 @@ struct answer_msg {
 	 * call's syntax) may be missing. */
 	int32_t *ids;
 	size_t n_ids, cap_ids;
-	struct strbuf id_text; /* ... and their bytes, as the server lists them */
-	int finished;          /* a finish_reason came ... */
-	int cut_at_length;     /* ... and it was "length" */
-	int failed;            /* out of memory, or a tool call delta it cannot place */
+	int finished;      /* a finish_reason came ... */
+	int cut_at_length; /* ... and it was "length" */
+	int failed;        /* out of memory, or a tool call delta it cannot place */
 };
 
 /* Adds what one answer (or stream event) carries. */
