@@ -12,6 +12,12 @@
  * without the flag jansson refuses the whole answer. */
 #define BACKEND_JSON JSON_ALLOW_NUL
 
+/* JSON's blanks between tokens. */
+static int json_blank(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
 /* ---- the cache block, as text ---- */
 
 static void text_put(struct strbuf *t, const char *s, size_t n)
@@ -181,8 +187,7 @@ static int object_span(const char *text, size_t len, size_t *open_at, size_t *cl
 	const char *data = memmem(text, len, "data:", 5);
 	if (data && (data == text || data[-1] == '\n' || data[-1] == '\r'))
 		open = (size_t)(data - text) + 5;
-	while (open < len && (text[open] == ' ' || text[open] == '\n' || text[open] == '\r' ||
-	                      text[open] == '\t'))
+	while (open < len && json_blank(text[open]))
 		open++;
 	size_t close = len;
 	while (close > open && text[close - 1] != '}')
@@ -301,8 +306,7 @@ static char *inject_cache_text(const char *text, size_t len, const char *cs, siz
 		return NULL;
 	/* An empty object must not get a leading comma. */
 	size_t k = close - 1;
-	while (k > open + 1 && (text[k - 1] == ' ' || text[k - 1] == '\n' || text[k - 1] == '\t' ||
-	                        text[k - 1] == '\r'))
+	while (k > open + 1 && json_blank(text[k - 1]))
 		k--;
 	int empty = k == open + 1;
 	size_t cl = strlen(cs);
@@ -382,7 +386,7 @@ int answer_scan_timings(const char *p, const char *end, struct answer_timings *o
 	long long cache_n = -1, prompt_n = -1, predicted_n = 0;
 	double prompt_ms = 0, predicted_ms = 0;
 #define SKIP_WS()                                                                                  \
-	while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))                   \
+	while (p < end && json_blank(*p))                                                          \
 	p++
 	SKIP_WS();
 	if (p >= end || *p++ != '{')
@@ -718,7 +722,7 @@ int answer_ids_ask(json_t *body)
  * array with everything in it, or a bare word (number, true, null). */
 static const char *value_end(const char *p, const char *end)
 {
-	while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+	while (p < end && json_blank(*p))
 		p++;
 	int depth = 0, in_str = 0;
 	for (; p < end; p++) {
@@ -740,8 +744,7 @@ static const char *value_end(const char *p, const char *end)
 				return p; /* a bare word's end */
 			if (!--depth)
 				return p + 1;
-		} else if (!depth &&
-		           (c == ',' || c == ' ' || c == '\n' || c == '\r' || c == '\t')) {
+		} else if (!depth && (c == ',' || json_blank(c))) {
 			return p;
 		}
 	}
@@ -769,7 +772,7 @@ char *answer_drop_probs(const char *text, size_t len, size_t *out_len)
 			in_str = 1;
 			continue;
 		}
-		while (q < end && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'))
+		while (q < end && json_blank(*q))
 			q++;
 		if (q == end || *q != ':') {
 			p = q - 1; /* a string "logprobs", not a key */
@@ -779,14 +782,13 @@ char *answer_drop_probs(const char *text, size_t len, size_t *out_len)
 		 * the one after it). */
 		const char *from = p, *to = value_end(q + 1, end);
 		const char *c = from;
-		while (c > copied &&
-		       (c[-1] == ' ' || c[-1] == '\t' || c[-1] == '\n' || c[-1] == '\r'))
+		while (c > copied && json_blank(c[-1]))
 			c--;
 		if (c > copied && c[-1] == ',') {
 			from = c - 1;
 		} else {
 			const char *n = to;
-			while (n < end && (*n == ' ' || *n == '\t' || *n == '\n' || *n == '\r'))
+			while (n < end && json_blank(*n))
 				n++;
 			if (n < end && *n == ',')
 				to = n + 1;
