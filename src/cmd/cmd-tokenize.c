@@ -41,7 +41,9 @@ static const char usage[] =
     "  --schedule          with --chat: also print \"chunks\", the token positions\n"
     "                      where exact mode's schedule starts a chunk (message starts,\n"
     "                      small chunks merged; the last is the generation prompt,\n"
-    "                      \"header\": true, or it is empty, \"header\": \"empty\")\n"
+    "                      \"header\": true, or it is empty, \"header\": \"empty\";\n"
+    "                      \"joins\": true where its last token is a step of its own,\n"
+    "                      the template writing an answer right after it)\n"
     "                      and \"steps\", where each of a cold evaluation's requests\n"
     "                      ends (chunk ends, tail splits, long chunks in parts, an\n"
     "                      earlier answer's tokens in forced runs of up to 64)\n"
@@ -163,6 +165,7 @@ static int print_chat(struct prompt_engine *pe, const char *text, size_t len, co
 				                    st.header == CHAT_HEADER_EMPTY
 				                        ? json_string("empty")
 				                        : json_boolean(st.header));
+				json_object_set_new(out, "joins", json_boolean(st.joins));
 				json_t *steps = steps_json(st.pos, st.n, t.n, o->ubatch);
 				if (!steps) {
 					json_decref(out);

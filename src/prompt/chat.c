@@ -697,13 +697,58 @@ int chat_starts_finish(struct chat_starts *s, const char *prompt, size_t **offse
 	return rc;
 }
 
+/* Whether the template writes an earlier answer right after this
+ * request's generation prompt (gen, gl bytes; empty where generation
+ * begins at the prompt's end): in the rendering of the messages, an answer
+ * and a user's next message, the answer's text follows that header. It
+ * decides the joined header (prompt/prompt.h), and it is read off the
+ * request alone, as the schedule must be. A template that writes an
+ * earlier answer's header otherwise than generation began it (Qwen 3's
+ * empty think block in non-thinking mode, dropped from history) says no:
+ * its answers get no step region, and their start is where the next
+ * turn's chunk ends. Only the header is looked at: what the template does
+ * to the messages before (Qwen 3 drops their reasoning once a user
+ * speaks) is the message starts' business. */
+static int answer_follows(const struct chat_env *env, const struct jinja_template *t, json_t *g,
+                          json_t *msgs, const char *gen, size_t gl)
+{
+	static const char mark[] = "toki-probe-answer";
+	enum chat_result res;
+	char why[256];
+	json_t *more = json_copy(msgs);
+	json_t *answer = json_pack("{s:s, s:s}", "role", "assistant", "content", mark);
+	json_t *next = json_pack("{s:s, s:s}", "role", "user", "content", "Go on.");
+	json_t *na = answer ? normalize_message(env, answer, &res, why, sizeof why) : NULL;
+	json_t *nn = next ? normalize_message(env, next, &res, why, sizeof why) : NULL;
+	json_decref(answer);
+	json_decref(next);
+	int follows = 0;
+	if (more && na && nn && json_array_append(more, na) == 0 &&
+	    json_array_append(more, nn) == 0) {
+		size_t tl = 0, ml = sizeof mark - 1;
+		char *text = render_prefix(env, t, g, more, json_array_size(more), &tl);
+		/* The answer's text: its last occurrence. */
+		size_t at = text && tl >= ml ? tl - ml + 1 : 0;
+		while (at-- > 0 && memcmp(text + at, mark, ml) != 0)
+			;
+		follows = at != (size_t)-1 && at >= gl && !memcmp(text + at - gl, gen, gl);
+		free(text);
+	}
+	json_decref(na);
+	json_decref(nn);
+	json_decref(more);
+	return follows;
+}
+
 int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt, size_t len,
-                        size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header)
+                        size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header,
+                        int *joins)
 {
 	*offsets = NULL;
 	*kind = NULL;
 	*n = 0;
 	*last_is_header = 0;
+	*joins = 0;
 	if (env->add_eos)
 		return 0; /* a prefix would end in the EOS the full prompt has not */
 	enum chat_result res;
@@ -727,6 +772,7 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 	 * message's start was found, it says how far the message is as
 	 * generation wrote it. */
 	int after_answer = 0;
+	size_t gen_at = len;
 	for (size_t k = 1; !s.failed && k <= m; k++) {
 		if (k == m && !add_gen)
 			break;
@@ -737,9 +783,13 @@ int chat_message_starts(const struct chat_env *env, json_t *request, const char 
 		unsigned char what = chat_start_kind(msgs, k);
 		size_t found = s.n;
 		chat_starts_add(&s, prompt, len, text, tl, what, k == m);
+		if (k == m && s.header == CHAT_HEADER_LAST)
+			gen_at = tl;
 		after_answer = what == SCHED_START_ANSWER && s.n > found;
 		free(text);
 	}
+	if (!s.failed && s.header)
+		*joins = answer_follows(env, t, g, msgs, prompt + gen_at, len - gen_at);
 	json_decref(msgs);
 	json_decref(g);
 	return chat_starts_finish(&s, prompt, offsets, kind, n, last_is_header);

@@ -88,9 +88,12 @@ enum chat_result chat_render_answer(const struct chat_env *env, json_t *request,
  * only where rendering the messages before it gives a prefix of the
  * prompt; a template that is not prefix-stable there gives none. Returns
  * 0 (perhaps with no offsets) or -1 when out of memory; *offsets and *kind
- * are malloc'd. */
+ * are malloc'd. *joins: the template writes an answer right after the
+ * whole prompt once the conversation goes on (the joined header,
+ * prompt/prompt.h). */
 int chat_message_starts(const struct chat_env *env, json_t *request, const char *prompt, size_t len,
-                        size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header);
+                        size_t **offsets, unsigned char **kind, size_t *n, int *last_is_header,
+                        int *joins);
 
 /* What starts at message k of msgs (enum sched_start): an assistant message
  * (k = size: the generation prompt) or another message. */

@@ -373,13 +373,32 @@ int prompt_engine_tokenize(struct prompt_engine *pe, const char *text, size_t le
  * speed for nothing (Qwen 3 drops an answer's reasoning once a user
  * speaks: its text follows the header where <think> was). All of it
  * is read off the request, so the schedule is still a function of the
- * request alone. Returns 0 or -1 (out of memory; the starts are
- * unchanged). */
+ * request alone. With the joined header (st->joins, prompt.h) a region
+ * begins one token earlier, at the header's last token (the token before
+ * the message, where the header is empty), and that step stands for the
+ * message's start, which becomes SCHED_START_PLAIN; the generation
+ * prompt's last token, the prompt's, is a step too: the rows the
+ * generating request left are the next turn's. Where a region runs to an
+ * assistant message's start, that start stays one, not joined. Returns 0
+ * or -1 (out of memory; the starts are unchanged). */
+/* Writes a start (pos, kind non-NULL: the second pass) or counts one more
+ * than the starts had (the first). */
+static void emit(size_t *pos, unsigned char *kind, size_t *k, size_t *extra, size_t p,
+                 unsigned char what)
+{
+	if (pos) {
+		pos[*k] = p;
+		kind[(*k)++] = what;
+	} else {
+		(*extra)++;
+	}
+}
+
 static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
                             struct prompt_starts *st, const size_t *apart, size_t n_apart)
 {
-	int last = st->header == CHAT_HEADER_LAST;
-	if (!st->header || st->n < (size_t)1 + last)
+	int last = st->header == CHAT_HEADER_LAST, joins = st->joins;
+	if (!st->header || (!joins && st->n < (size_t)1 + last))
 		return 0;
 	/* An empty generation prompt (Mistral's) is at the prompt's end: every
 	 * assistant message is where a generation began. */
@@ -398,14 +417,27 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 				return -1;
 			}
 		}
+		/* The region before ran to this start: it stays a start, not
+		 * joined, or the last step's chunk would run on past it. */
+		int ran_to = 0;
 		for (size_t i = 0; i < st->n; i++) {
-			if (pass) {
-				pos[k] = st->pos[i];
-				kind[k++] = st->kind[i];
-			}
 			size_t a = st->pos[i], next = i + 1 < st->n ? st->pos[i + 1] : n;
-			if ((last && i + 1 == st->n) || st->kind[i] != SCHED_START_ANSWER ||
-			    next - a <= h || memcmp(tok + a, tok + g, h * sizeof *tok) != 0)
+			int gen = last && i + 1 == st->n;
+			int region = !gen && st->kind[i] == SCHED_START_ANSWER && next - a > h &&
+			             !memcmp(tok + a, tok + g, h * sizeof *tok);
+			/* The joined header: the step at the header's last token
+			 * (before the message, where the header is empty) stands
+			 * for the message's start. */
+			int join = joins && !ran_to && (gen || region);
+			ran_to = 0;
+			if (join && !h)
+				emit(pos, kind, &k, &extra, a - 1, SCHED_START_STEP);
+			if (pass)
+				emit(pos, kind, &k, &extra, a,
+				     join ? SCHED_START_PLAIN : st->kind[i]);
+			if (join && h)
+				emit(pos, kind, &k, &extra, a + h - 1, SCHED_START_STEP);
+			if (!region)
 				continue;
 			size_t e = vocab_find_control(v, tok, a + h, next), j = 0;
 			while (j < n_apart && apart[j] < a)
@@ -417,18 +449,20 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 			if (j < n_apart && apart[j] < e)
 				e = apart[j] > a + h ? apart[j] : a + h;
 			/* The next start ends the last step's chunk: kept, whatever
-			 * it starts (an answer's is anyway). */
-			if (e == next && i + 1 < st->n && st->kind[i + 1] != SCHED_START_ANSWER)
-				st->kind[i + 1] = SCHED_START_STEP;
-			for (size_t p = a + h; p <= e && p < next; p++) {
-				if (pass) {
-					pos[k] = p;
-					kind[k++] = SCHED_START_STEP;
-				} else {
-					extra++;
-				}
+			 * it starts. */
+			if (e == next && i + 1 < st->n) {
+				if (st->kind[i + 1] != SCHED_START_ANSWER)
+					st->kind[i + 1] = SCHED_START_STEP;
+				else
+					ran_to = 1;
 			}
+			for (size_t p = a + h; p <= e && p < next; p++)
+				emit(pos, kind, &k, &extra, p, SCHED_START_STEP);
 		}
+		/* An empty generation prompt: the prompt's last token is the
+		 * step that begins the answer's region. */
+		if (joins && !last && !ran_to)
+			emit(pos, kind, &k, &extra, n - 1, SCHED_START_STEP);
 		if (pass) {
 			free(st->pos);
 			free(st->kind);
@@ -442,7 +476,7 @@ static int add_step_regions(const struct vocab *v, const token_t *tok, size_t n,
 
 int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, size_t len,
                                   size_t *cuts, unsigned char *kind, size_t n_cuts, int header,
-                                  struct token_list *out, struct prompt_starts *starts)
+                                  int joins, struct token_list *out, struct prompt_starts *starts)
 {
 	size_t *pos = n_cuts ? malloc(n_cuts * sizeof *pos) : NULL;
 	if (n_cuts && !pos) {
@@ -482,6 +516,7 @@ int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, si
 		if (header == CHAT_HEADER_EMPTY && k)
 			starts->header = CHAT_HEADER_EMPTY;
 		starts->messages = msgs;
+		starts->joins = joins && starts->header;
 		pos = NULL;
 		if (add_step_regions(pe->vocab, out->v, out->n, starts, apart, n_apart) != 0)
 			rc = -1;
@@ -553,13 +588,13 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 		return r;
 	size_t *cuts = NULL, n_cuts = 0;
 	unsigned char *kind = NULL;
-	int header = 0;
+	int header = 0, joins = 0;
 	if (starts && chat_message_starts(&pe->env, request, *prompt, *prompt_len, &cuts, &kind,
-	                                  &n_cuts, &header) != 0) {
+	                                  &n_cuts, &header, &joins) != 0) {
 		snprintf(why, whylen, "out of memory");
 		return CHAT_ERROR;
 	}
 	int rc = prompt_engine_tokenize_starts(pe, *prompt, *prompt_len, cuts, kind, n_cuts, header,
-	                                       out, starts);
+	                                       joins, out, starts);
 	return tokenized(rc, why, whylen);
 }

@@ -64,6 +64,15 @@ struct prompt_starts {
 	unsigned char *kind; /* kind[i]: what starts at pos[i] (enum sched_start) */
 	size_t messages;
 	int header;
+	/* The joined header: the template writes an answer right after the
+	 * whole prompt once the conversation goes on (chat_message_starts),
+	 * so the last token of the header generation began after is a step
+	 * of the answer's region, and of this request's own schedule: the
+	 * generation prompt's last token is evaluated alone, in the
+	 * generating request as on a resend, where llama-server evaluates
+	 * only it. Its start (SCHED_START_PLAIN) is the schedule's without
+	 * steps only. */
+	int joins;
 };
 
 /* The tokens of request's conversation followed by answer (an assistant
@@ -84,11 +93,11 @@ enum chat_result prompt_engine_chat_starts(struct prompt_engine *pe, json_t *req
 /* Tokenizes text as prompt_engine_tokenize and, with starts non-NULL, maps
  * the byte offsets cuts[0..n_cuts) (chat_message_starts's, with their kind
  * and header; taken over and freed) to token positions as
- * prompt_engine_chat_starts gives them. 0, -1 (out of memory), -2 (leave it
- * to the server). */
+ * prompt_engine_chat_starts gives them (joins: the joined header). 0, -1
+ * (out of memory), -2 (leave it to the server). */
 int prompt_engine_tokenize_starts(struct prompt_engine *pe, const char *text, size_t len,
                                   size_t *cuts, unsigned char *kind, size_t n_cuts, int header,
-                                  struct token_list *out, struct prompt_starts *starts);
+                                  int joins, struct token_list *out, struct prompt_starts *starts);
 
 /* The enable_thinking llama-server passes when the request does not say. */
 void prompt_engine_set_thinking(struct prompt_engine *pe, int on);

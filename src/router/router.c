@@ -565,9 +565,14 @@ enum route_status router_choose_sched(struct router *r, const token_t *tokens, s
 				/* The server reuses its own longest common prefix, which
 				 * may run past what the router knows (generated tokens
 				 * follow the prompt in the KV); exact mode cuts it back
-				 * whenever it could exceed the grid-aligned reuse. */
-				best.must_trim = reuse_mode_is_exact(r->mode) && reuse > 0 &&
-				                 (m > reuse || (m == s->n_tokens && !s->whole));
+				 * whenever it could exceed the grid-aligned reuse. Of a
+				 * prompt the slot holds whole, the server evaluates the
+				 * last token again: a resend after a joined header
+				 * (prompt/prompt.h) needs no cut. */
+				size_t server = m < n ? m : n - 1;
+				best.must_trim =
+				    reuse_mode_is_exact(r->mode) && reuse > 0 &&
+				    (server > reuse || (m == s->n_tokens && !s->whole));
 				best.est_prefill_s = router_estimate_prefill_s(b, n - reuse);
 				/* A hit: the prompt continues all the slot held, or
 				 * the prompt a kept answer followed (a resend). */

@@ -73,7 +73,7 @@ size_t sched_chunks(size_t *b, const unsigned char *kind, size_t n)
 	int first = 1; /* inside the first message */
 	for (size_t i = 0; i < n; i++) {
 		int keep;
-		if (b[i] <= prev)
+		if (b[i] <= prev || kind[i] == SCHED_START_PLAIN)
 			keep = 0; /* not increasing: never a chunk of no rows */
 		else if (kind[i] == SCHED_START_ANSWER || kind[i] == SCHED_START_STEP)
 			keep = 1;

@@ -71,6 +71,12 @@ enum sched_start {
 	/* A token of an earlier answer, evaluated alone: its own chunk of one
 	 * row, as generation computed it (prompt/prompt.h, step regions). */
 	SCHED_START_STEP = 3,
+	/* An assistant message's start, or the generation prompt's, in the
+	 * schedule without steps only: with steps, the one-token chunk of its
+	 * header's last token stands for it (prompt/prompt.h, the joined
+	 * header), so that the generation prompt's last token is evaluated
+	 * alone, as llama-server evaluates it on a resend. */
+	SCHED_START_PLAIN = 4,
 };
 
 /* The first message's end is a chunk start when the chunk it ends has at
@@ -93,7 +99,8 @@ enum sched_start {
  * SCHED_START_MESSAGE) and the section starts before it, each where the
  * chunk it ends has at least SCHED_MIN_CHUNK or SCHED_MIN_SECTION tokens.
  * Every SCHED_START_STEP is kept too (a chunk of one token of an earlier
- * answer). Later message starts (user turns, tool outputs) are not chunk
+ * answer); a SCHED_START_PLAIN never (the schedule without steps makes it
+ * a SCHED_START_ANSWER). Later message starts (user turns, tool outputs) are not chunk
  * starts: an agent's next turn appends to its conversation and reuses everything before
  * the answer it continues (a SCHED_START_ANSWER), whatever lies between, and
  * every start costs a decode call when a prompt is evaluated cold. Each

@@ -524,7 +524,8 @@ static void take_tokens(struct serve_req *r, struct backend *b, struct token_lis
 static void chat_tokens_ready(struct serve_req *r, struct backend *b, struct token_list *t,
                               struct prompt_starts *st, const char *by)
 {
-	/* Without steps: the same starts but those (prompt.c, step regions). */
+	/* Without steps: the same starts but those (prompt.c, step regions),
+	 * a joined header's start back where its message starts. */
 	size_t k = 0;
 	for (size_t i = 0; i < st->n; i++)
 		k += st->kind[i] == SCHED_START_STEP;
@@ -547,7 +548,8 @@ static void chat_tokens_ready(struct serve_req *r, struct backend *b, struct tok
 		for (size_t i = 0; i < st->n; i++)
 			if (st->kind[i] != SCHED_START_STEP) {
 				plain[k] = st->pos[i];
-				kind[k++] = st->kind[i];
+				kind[k++] = st->kind[i] == SCHED_START_PLAIN ? SCHED_START_ANSWER
+				                                             : st->kind[i];
 			}
 		r->prompt.n_plain_bounds = sched_chunks(plain, kind, k);
 		r->prompt.plain_bounds = plain;
@@ -636,7 +638,7 @@ static void on_render_done(struct prefix_render_result *res, void *arg)
 	struct prompt_starts st = {0};
 	int rc =
 	    prompt_engine_tokenize_starts(b->prompt, json_string_value(p), json_string_length(p),
-	                                  res->offsets, res->kind, res->n, res->header, &t, &st);
+	                                  res->offsets, res->kind, res->n, res->header, 0, &t, &st);
 	if (rc != 0) {
 		token_list_free(&t);
 		free(st.pos);

@@ -210,6 +210,19 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
     step each, up to its end of turn, and the last chunk starts at the last
     answer's end of turn."""
 
+    def joins(self, llama, msgs):
+        """Whether the server's template writes an answer right after the
+        whole prompt once the conversation goes on (the server's rendering
+        of the messages, an answer and a user's turn begins with its
+        prompt): exact mode's joined header, docs/exact.md step 7."""
+        st, full = th.request(llama.port, "POST", "/apply-template", {"messages": msgs})
+        self.assertEqual(st, 200, full)
+        more = msgs + [{"role": "assistant", "content": "X"}, {"role": "user", "content": "Y"}]
+        st, r = th.request(llama.port, "POST", "/apply-template",
+                           {"messages": more, "add_generation_prompt": False})
+        self.assertEqual(st, 200, r)
+        return len(r["prompt"]) > len(full["prompt"]) and r["prompt"].startswith(full["prompt"])
+
     def last_start(self, llama, msgs, last):
         """How many tokens of the server's prompt for msgs come before the
         last chunk: those before the generation prompt (last "header") or
@@ -267,7 +280,10 @@ class FamilySchedules(ExactAnswers, unittest.TestCase):
             if schedule == "messages":
                 self.assertEqual(c["schedule_why"], "messages rendered by toki", c)
                 self.assertGreater(c["chunks"], 1, f"{what}: {c}")
-                start = self.last_start(llama, msgs, last)
+                # Where the header joins, the last chunk is the prompt's
+                # last token alone.
+                start = (c["prompt_tokens"] - 1 if self.joins(llama, msgs)
+                         else self.last_start(llama, msgs, last))
             else:
                 self.assertEqual(c["schedule_why"], "no message start in the prompt", c)
                 start = 0  # the grid: one chunk

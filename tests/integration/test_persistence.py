@@ -31,11 +31,16 @@ class Persistence(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="toki-persist-")
         self.baseline = th.LlamaServer(model=self.model(), slots=1, ctx=self.CTX, ubatch=UB,
                                        name="baseline")
+        # The reference: the same request uncached through a toki of its
+        # own, on exact mode's schedule from an empty slot (docs/exact.md).
+        # llama-server's own uncached answer is another schedule, which a
+        # random model's near-tied logits tell apart.
+        self.ref = th.Toki([self.baseline], mode="exact", ubatch=UB, name="toki-ref")
         self.llama = None
         self.toki = None
 
     def tearDown(self):
-        for p in (self.toki, self.llama, self.baseline):
+        for p in (self.toki, self.llama, self.ref, self.baseline):
             if p:
                 p.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -53,9 +58,7 @@ class Persistence(unittest.TestCase):
                             + self.EXTRA)
 
     def uncached(self, msgs, max_tokens):
-        st, r = th.request(self.baseline.port, "POST", "/v1/chat/completions",
-                           {"messages": msgs, "temperature": 0, "max_tokens": max_tokens,
-                            "cache_prompt": False})
+        st, r = self.ref.chat(msgs, max_tokens=max_tokens, cache_prompt=False)
         self.assertEqual(st, 200, r)
         return r["choices"][0]["message"]["content"]
 

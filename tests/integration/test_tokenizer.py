@@ -186,5 +186,53 @@ class SectionStarts(unittest.TestCase):
                 self.check(th.tokenizer_model(vocab, pre))
 
 
+class JoinedHeader(unittest.TestCase):
+    """The joined header (docs/exact.md, step 7): where the template writes
+    an answer right after the whole prompt once the conversation goes on,
+    the prompt's last token is a chunk of its own, and in the next turn the
+    first step of the answer, with the same chunks before it. Where it
+    does not (Qwen 3 in non-thinking mode: the empty think block of its
+    generation prompt is dropped from history), the generation prompt is
+    the last chunk, and the next turn's chunk ends where the answer
+    starts."""
+
+    def schedule(self, model, msgs, thinking):
+        out = subprocess.run([th.TOKI_BIN, "tokenize", "--model", model, "--chat", "--schedule",
+                              "--thinking", thinking],
+                             input=json.dumps({"messages": msgs}), capture_output=True,
+                             text=True, check=True)
+        return json.loads(out.stdout)
+
+    def test_qwen3_thinking_on_and_off(self):
+        model = th.tokenizer_model("qwen3", "qwen2")
+        first = [{"role": "system", "content": "You are terse. " * 30},
+                 {"role": "user", "content": "Name a colour."}]
+        answer = {"role": "assistant", "content": "Blue, like the sea."}
+        nxt = first + [answer, {"role": "user", "content": "Another?"}]
+        on, on2 = (self.schedule(model, m, "on") for m in (first, nxt))
+        self.assertTrue(on["joins"], on)
+        n = len(on["tokens"])
+        self.assertEqual(on["chunks"][-1], n - 1)
+        self.assertEqual(on["steps"][-2:], [n - 1, n])
+        # The next turn: the same chunks to the first prompt's last token,
+        # then the answer one token at a time.
+        self.assertEqual(on2["tokens"][:n], on["tokens"])
+        self.assertEqual([c for c in on2["chunks"] if c < n], on["chunks"])
+        self.assertIn(n, on2["chunks"])
+        self.assertEqual(on2["chunks"][-1], len(on2["tokens"]) - 1)
+
+        off, off2 = (self.schedule(model, m, "off") for m in (first, nxt))
+        self.assertFalse(off["joins"], off)
+        g = off["chunks"][-1]
+        self.assertLess(g, len(off["tokens"]) - 1)
+        self.assertIn("<think>", off["prompt"][-30:])
+        # The next turn parts from the first prompt inside its generation
+        # prompt, and its chunk there ends where the answer starts.
+        self.assertEqual(off2["tokens"][:g], off["tokens"][:g])
+        self.assertNotEqual(off2["tokens"][:len(off["tokens"])], off["tokens"])
+        self.assertIn(g, off2["chunks"])
+        self.assertFalse(off2["joins"])
+
+
 if __name__ == "__main__":
     th.run_tests()

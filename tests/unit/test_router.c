@@ -1019,6 +1019,27 @@ static void test_kept_answer(void **state)
 	assert_int_equal(router_slot_commit_sched(r, s, a, 1010, rb, 1, 1010, SEC(4)), 0);
 	assert_int_equal(s->whole, 0);
 	assert_int_equal(s->answer_at, 0);
+
+	/* A joined header (prompt/prompt.h): the generation prompt's last
+	 * token, 1009, is a step of its own. A resend reuses everything
+	 * before it, and the server's own reuse stops there too (it
+	 * evaluates the last token of a prompt it holds whole): no cut. */
+	size_t jb[22] = {1000, 1009};
+	for (int i = 0; i < 20; i++)
+		jb[2 + i] = 1010 + (size_t)i;
+	assert_int_equal(router_slot_kept(r, s, a, 1030, 1010, 0, jb, 22, 1030, SEC(5)), 0);
+	size_t jr[] = {1000, 1009};
+	assert_int_equal(router_choose_sched(r, a, 1010, jr, 2, SEC(6), ~0ULL, &c), ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, s);
+	assert_string_equal(c.kind, "hit");
+	assert_int_equal(c.matched, 1010);
+	assert_int_equal(c.reuse, 1009);
+	assert_int_equal(c.must_trim, 0);
+	/* A slot that may hold more than the router knows is still cut. */
+	assert_int_equal(router_slot_commit_sched(r, s, a, 1010, jr, 2, 1010, SEC(7)), 0);
+	assert_int_equal(router_choose_sched(r, a, 1010, jr, 2, SEC(8), ~0ULL, &c), ROUTE_CHOSEN);
+	assert_int_equal(c.reuse, 1009);
+	assert_int_equal(c.must_trim, 1);
 	router_free(r);
 }
 

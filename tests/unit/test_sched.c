@@ -80,7 +80,41 @@ enum {
 	A = SCHED_START_ANSWER,
 	S = SCHED_START_SECTION,
 	T = SCHED_START_STEP,
+	P = SCHED_START_PLAIN,
 };
+
+/* A joined header (prompt/prompt.h): the step at the header's last token
+ * stands for the message's start, which only the schedule without steps
+ * keeps. The generating request's last chunk is then its prompt's last
+ * token, and the next turn's schedule has the same chunks up to there. */
+static void test_joined_header(void **state)
+{
+	(void)state;
+	/* The first turn: its generation prompt at 300, 303 tokens. */
+	size_t t1[] = {200, 300, 302};
+	unsigned char k1[] = {M, P, T};
+	size_t n1 = sched_chunks(t1, k1, N(t1));
+	size_t want1[] = {200, 302};
+	assert_int_equal(n1, N(want1));
+	assert_memory_equal(t1, want1, sizeof want1);
+	/* The next turn: that answer at 300, its steps from 302. */
+	size_t t2[] = {200, 300, 302, 303, 304, 305, 310, 340, 342};
+	unsigned char k2[] = {M, P, T, T, T, T, M, P, T};
+	size_t n2 = sched_chunks(t2, k2, N(t2));
+	size_t want2[] = {200, 302, 303, 304, 305, 342};
+	assert_int_equal(n2, N(want2));
+	assert_memory_equal(t2, want2, sizeof want2);
+	/* The slot after the first turn, its answer kept: the next turn
+	 * reuses all of it; a resend all but the last token. */
+	size_t slot[] = {200, 302, 303, 304};
+	assert_int_equal(sched_common(slot, N(slot), 305, t2, n2, 343, 342, 512), 305);
+	assert_int_equal(sched_common(slot, N(slot), 305, t1, n1, 303, 302, 512), 302);
+	/* A plain start is never a chunk start, and ends the first message
+	 * as any kind but a section does. */
+	size_t t3[] = {100, 250};
+	unsigned char k3[] = {P, M};
+	assert_int_equal(sched_chunks(t3, k3, N(t3)), 0);
+}
 
 /* An earlier answer's tokens are one-token chunks (steps), all kept: a
  * slot whose answer generation computed one token at a time (the prompt's
@@ -407,6 +441,7 @@ int main(void)
 	    cmocka_unit_test(test_floor),
 	    cmocka_unit_test(test_chunks_left_to_right),
 	    cmocka_unit_test(test_steps),
+	    cmocka_unit_test(test_joined_header),
 	    cmocka_unit_test(test_plan),
 	    cmocka_unit_test(test_tail_split),
 	    cmocka_unit_test(test_plan_makes_the_schedule),

@@ -578,9 +578,9 @@ static void test_fragment_cache(void **state)
  * the prompt parts from the answer as generation wrote it (a
  * CHAT_CUT_APART at byte apart; SIZE_MAX: none); one that does not begin
  * so, none. */
-static size_t step_starts_apart(struct prompt_engine *pe, const char *text, const char *answer,
-                                const char *user, const char *gen, size_t apart,
-                                struct token_list *t, struct prompt_starts *st)
+static size_t step_starts_joined(struct prompt_engine *pe, const char *text, const char *answer,
+                                 const char *user, const char *gen, size_t apart, int joins,
+                                 struct token_list *t, struct prompt_starts *st)
 {
 	size_t n_cuts = apart == SIZE_MAX ? 3 : 4, i = 0;
 	size_t *cuts = malloc(n_cuts * sizeof *cuts);
@@ -597,12 +597,20 @@ static size_t step_starts_apart(struct prompt_engine *pe, const char *text, cons
 	kind[i++] = SCHED_START_MESSAGE;
 	cuts[i] = strlen(text) - strlen(gen); /* the generation prompt ends the text */
 	kind[i++] = SCHED_START_ANSWER;
-	assert_int_equal(
-	    prompt_engine_tokenize_starts(pe, text, strlen(text), cuts, kind, n_cuts, 1, t, st), 0);
+	assert_int_equal(prompt_engine_tokenize_starts(pe, text, strlen(text), cuts, kind, n_cuts,
+	                                               1, joins, t, st),
+	                 0);
 	size_t steps = 0;
 	for (i = 0; i < st->n; i++)
 		steps += st->kind[i] == SCHED_START_STEP;
 	return steps;
+}
+
+static size_t step_starts_apart(struct prompt_engine *pe, const char *text, const char *answer,
+                                const char *user, const char *gen, size_t apart,
+                                struct token_list *t, struct prompt_starts *st)
+{
+	return step_starts_joined(pe, text, answer, user, gen, apart, 0, t, st);
 }
 
 static size_t step_starts(struct prompt_engine *pe, const char *text, const char *answer,
@@ -688,6 +696,32 @@ static void test_step_regions(void **state)
 	assert_int_equal(
 	    step_starts_apart(pe, text, "B:Once", "C: more", "B:", (size_t)(at - text), &t, &st),
 	    e - (a + h) + 1);
+	free(st.pos);
+	free(st.kind);
+	token_list_free(&t);
+
+	/* The joined header: the step at the header's last token stands for
+	 * the answer's start, and the prompt's last token is a step of its
+	 * own, where the generation prompt's start was. Without steps
+	 * (SCHED_START_PLAIN made an answer's start again), the starts are
+	 * as without the join. */
+	st = (struct prompt_starts){0};
+	size_t jsteps =
+	    step_starts_joined(pe, text, "B:Once", "C: more", "B:", SIZE_MAX, 1, &t, &st);
+	assert_true(st.joins);
+	assert_int_equal(jsteps, (e - (a + h) + 1) + 2);
+	assert_int_equal(st.pos[0], a);
+	assert_int_equal(st.kind[0], SCHED_START_PLAIN);
+	assert_int_equal(st.pos[1], a + h - 1);
+	assert_int_equal(st.kind[1], SCHED_START_STEP);
+	assert_int_equal(st.pos[st.n - 2], g);
+	assert_int_equal(st.kind[st.n - 2], SCHED_START_PLAIN);
+	assert_int_equal(st.pos[st.n - 1], t.n - 1);
+	assert_int_equal(st.kind[st.n - 1], SCHED_START_STEP);
+	n = sched_chunks(st.pos, st.kind, st.n);
+	assert_int_equal(n, jsteps);
+	assert_int_equal(st.pos[0], a + h - 1);
+	assert_int_equal(st.pos[n - 1], t.n - 1);
 	free(st.pos);
 	free(st.kind);
 	token_list_free(&t);
