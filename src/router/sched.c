@@ -74,7 +74,8 @@ size_t sched_chunks(size_t *b, const unsigned char *kind, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		int keep;
 		if (b[i] <= prev || kind[i] == SCHED_START_PLAIN)
-			keep = 0; /* not increasing: never a chunk of no rows */
+			keep = 0; /* not increasing (never a chunk of no rows), or
+			           * the schedule without steps' only */
 		else if (kind[i] == SCHED_START_ANSWER || kind[i] == SCHED_START_STEP)
 			keep = 1;
 		else if (kind[i] == SCHED_START_SECTION)

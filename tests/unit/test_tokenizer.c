@@ -620,6 +620,68 @@ static size_t step_starts(struct prompt_engine *pe, const char *text, const char
 	return step_starts_apart(pe, text, answer, user, gen, SIZE_MAX, t, st);
 }
 
+/* The joined header (prompt.h): a chat request's starts say it joins where
+ * the template writes an earlier answer right after the generation prompt;
+ * not where history writes it otherwise, nor where the template fails on
+ * the probe conversation (the request itself is still rendered, with its
+ * generation prompt as the last chunk). */
+static int joins_with(const char *tmpl, const char *req_json, struct prompt_starts *st)
+{
+	struct prompt_engine_config cfg = {.model_path = spm_model.path, .chat_template = tmpl};
+	char err[256], why[256], *prompt = NULL;
+	size_t plen = 0;
+	struct prompt_engine *pe = prompt_engine_new(&cfg, err, sizeof err);
+	if (!pe)
+		fail_msg("engine: %s", err);
+	json_t *req = json_loads(req_json, 0, NULL);
+	assert_non_null(req);
+	struct token_list t = {0};
+	*st = (struct prompt_starts){0};
+	assert_int_equal(
+	    prompt_engine_chat_starts(pe, req, 0, &prompt, &plen, &t, st, why, sizeof why),
+	    CHAT_OK);
+	int joins = st->joins;
+	/* Joined: the prompt's last token is a step; else the generation
+	 * prompt's start is the last. */
+	assert_true(st->n > 0);
+	assert_int_equal(st->pos[st->n - 1] == t.n - 1, joins);
+	assert_int_equal(st->kind[st->n - 1], joins ? SCHED_START_STEP : SCHED_START_ANSWER);
+	free(prompt);
+	token_list_free(&t);
+	json_decref(req);
+	prompt_engine_free(pe);
+	return joins;
+}
+
+static void test_joined_header_probe(void **state)
+{
+	(void)state;
+	const char *req = "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+	                  " {\"role\": \"user\", \"content\": \"Hi there\"}]}";
+#define CHATML_TURNS                                                                               \
+	"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+	struct prompt_starts st;
+	assert_true(joins_with(CHATML_TURNS "{% if add_generation_prompt %}<|im_start|>assistant\n"
+	                                    "{% endif %}",
+	                       req, &st));
+	free(st.pos);
+	free(st.kind);
+	/* A generation prompt with an empty think block that history drops. */
+	assert_false(joins_with(CHATML_TURNS "{% if add_generation_prompt %}<|im_start|>assistant\n"
+	                                     "<think>\n\n</think>\n\n{% endif %}",
+	                        req, &st));
+	free(st.pos);
+	free(st.kind);
+	/* A template that refuses the probe's longer conversation. */
+	assert_false(joins_with("{% if messages|length > 2 %}{{ raise_exception('two at most') }}"
+	                        "{% endif %}" CHATML_TURNS
+	                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+	                        req, &st));
+	free(st.pos);
+	free(st.kind);
+#undef CHATML_TURNS
+}
+
 static void test_step_regions(void **state)
 {
 	(void)state;
@@ -741,11 +803,17 @@ static void test_step_regions(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-	    cmocka_unit_test(test_strmap),          cmocka_unit_test(test_unicode_round_trip),
-	    cmocka_unit_test(test_unicode_invalid), cmocka_unit_test(test_unicode_flags),
-	    cmocka_unit_test(test_pretokenizers),   cmocka_unit_test(test_bpe_merges_by_rank),
-	    cmocka_unit_test(test_vocab_refusals),  cmocka_unit_test(test_sentencepiece),
-	    cmocka_unit_test(test_fragment_cache),  cmocka_unit_test(test_step_regions),
+	    cmocka_unit_test(test_strmap),
+	    cmocka_unit_test(test_unicode_round_trip),
+	    cmocka_unit_test(test_unicode_invalid),
+	    cmocka_unit_test(test_unicode_flags),
+	    cmocka_unit_test(test_pretokenizers),
+	    cmocka_unit_test(test_bpe_merges_by_rank),
+	    cmocka_unit_test(test_vocab_refusals),
+	    cmocka_unit_test(test_sentencepiece),
+	    cmocka_unit_test(test_fragment_cache),
+	    cmocka_unit_test(test_step_regions),
+	    cmocka_unit_test(test_joined_header_probe),
 	};
 	return cmocka_run_group_tests(tests, find_spm_model, remove_spm_model);
 }
