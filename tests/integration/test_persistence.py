@@ -27,25 +27,39 @@ class Persistence(unittest.TestCase):
     EXTRA = []    # more toki serve options
     EXT = ".bin"  # how saved states are stored
 
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="toki-persist-")
-        self.baseline = th.LlamaServer(model=self.model(), slots=1, ctx=self.CTX, ubatch=UB,
-                                       name="baseline")
-        # The reference: the same request uncached through a toki of its
-        # own, on exact mode's schedule from an empty slot (docs/exact.md).
+    @classmethod
+    def setUpClass(cls):
+        # The reference, one for the class's tests: the same request
+        # uncached through a toki of its own, on exact mode's schedule from
+        # an empty slot (docs/exact.md), whatever it answered before.
         # llama-server's own uncached answer is another schedule, which a
         # random model's near-tied logits tell apart.
-        self.ref = th.Toki([self.baseline], mode="exact", ubatch=UB, name="toki-ref")
+        cls.baseline = th.LlamaServer(model=cls.model(), slots=1, ctx=cls.CTX, ubatch=UB,
+                                      name="baseline")
+        try:
+            cls.ref = th.Toki([cls.baseline], mode="exact", ubatch=UB, name="toki-ref")
+        except BaseException:
+            cls.baseline.kill()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ref.kill()
+        cls.baseline.kill()
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="toki-persist-")
         self.llama = None
         self.toki = None
 
     def tearDown(self):
-        for p in (self.toki, self.llama, self.ref, self.baseline):
+        for p in (self.toki, self.llama):
             if p:
                 p.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def model(self):
+    @classmethod
+    def model(cls):
         return th.test_model()
 
     def start_llama(self, ctx=None, model=None):
@@ -236,7 +250,8 @@ class PersistenceLongContext(Persistence):
     """On a generated model with a 32k context."""
     CTX = 32768
 
-    def model(self):
+    @classmethod
+    def model(cls):
         return th.generated_model("persist", params="4M", ctx=32768)
 
 
