@@ -26,7 +26,7 @@ struct jval *jinja_kwarg(struct jval **args, size_t n, const char *key)
 }
 
 struct jval *jinja_kwarg_or_pos(struct rt *rt, struct jval **args, size_t n, const char *key,
-				size_t pos)
+                                size_t pos)
 {
 	struct jval *v = jinja_kwarg(args, n, key);
 	if (v && v->t != JT_UNDEF)
@@ -39,7 +39,8 @@ struct jval *jinja_kwarg_or_pos(struct rt *rt, struct jval **args, size_t n, con
 void jinja_need(struct rt *rt, const char *fn, size_t n, size_t min, size_t max)
 {
 	if (n < min || n > max)
-		FAIL("Function '%s' expected between %zu and %zu arguments, got %zu", fn, min, max, n);
+		FAIL("Function '%s' expected between %zu and %zu arguments, got %zu", fn, min, max,
+		     n);
 }
 
 static struct jval *arg(struct rt *rt, struct jval **args, size_t n, size_t i, const char *fn)
@@ -154,7 +155,8 @@ struct slice_spec {
 static struct slice_spec slice_args(struct rt *rt, struct jval **a, size_t n, const char *fn)
 {
 	jinja_need(rt, fn, n, 2, 4);
-	struct jval *a0 = arg(rt, a, n, 1, fn), *a1 = arg_or(rt, a, n, 2), *a2 = arg_or(rt, a, n, 3);
+	struct jval *a0 = arg(rt, a, n, 1, fn), *a1 = arg_or(rt, a, n, 2),
+	            *a2 = arg_or(rt, a, n, 3);
 	if (a0->t != JT_INT)
 		FAIL("Function '%s' expected an integer", fn);
 	struct slice_spec s;
@@ -181,8 +183,10 @@ static size_t slice_indices(struct slice_spec s, int64_t len, int64_t *out)
 {
 	int64_t dir = s.step > 0 ? 1 : -1, start, stop;
 	if (dir > 0) {
-		start = s.start < 0 ? (len + s.start > 0 ? len + s.start : 0) : (s.start < len ? s.start : len);
-		stop = s.stop < 0 ? (len + s.stop > 0 ? len + s.stop : 0) : (s.stop < len ? s.stop : len);
+		start = s.start < 0 ? (len + s.start > 0 ? len + s.start : 0)
+		                    : (s.start < len ? s.start : len);
+		stop = s.stop < 0 ? (len + s.stop > 0 ? len + s.stop : 0)
+		                  : (s.stop < len ? s.stop : len);
 	} else {
 		start = len - 1;
 		stop = -1;
@@ -333,7 +337,7 @@ static int strip_match(const struct jval *chars, unsigned char c)
 /* strip over the parts: empty parts at either end go, the rest keep their
  * boundaries. */
 static struct jval *do_strip(struct rt *rt, struct jval *s, int left, int right,
-			     const struct jval *chars)
+                             const struct jval *chars)
 {
 	size_t start = 0, end = s->len;
 	if (left)
@@ -395,16 +399,17 @@ static struct jval *str_startswith(struct rt *rt, struct jval **a, size_t n)
 {
 	want(rt, arg(rt, a, n, 0, "startswith"), JT_STR, "startswith");
 	want(rt, arg(rt, a, n, 1, "startswith"), JT_STR, "startswith");
-	return jv_bool(rt, a[0]->len >= a[1]->len && (!a[1]->len || !memcmp(a[0]->s, a[1]->s, a[1]->len)));
+	return jv_bool(rt, a[0]->len >= a[1]->len &&
+	                       (!a[1]->len || !memcmp(a[0]->s, a[1]->s, a[1]->len)));
 }
 
 static struct jval *str_endswith(struct rt *rt, struct jval **a, size_t n)
 {
 	want(rt, arg(rt, a, n, 0, "endswith"), JT_STR, "endswith");
 	want(rt, arg(rt, a, n, 1, "endswith"), JT_STR, "endswith");
-	return jv_bool(rt, a[0]->len >= a[1]->len &&
-			       (!a[1]->len ||
-				!memcmp(a[0]->s + a[0]->len - a[1]->len, a[1]->s, a[1]->len)));
+	return jv_bool(
+	    rt, a[0]->len >= a[1]->len &&
+	            (!a[1]->len || !memcmp(a[0]->s + a[0]->len - a[1]->len, a[1]->s, a[1]->len)));
 }
 
 static const char *find_bytes(const char *h, size_t hl, const char *nd, size_t nl)
@@ -791,7 +796,7 @@ static struct jval *arr_pop(struct rt *rt, struct jval **a, size_t n)
 		FAIL("Index %" PRId64 " out of bounds for array of size %zu", idx, a[0]->n);
 	struct jval *v = a[0]->items[idx];
 	memmove(a[0]->items + idx, a[0]->items + idx + 1,
-		(a[0]->n - (size_t)idx - 1) * sizeof *a[0]->items);
+	        (a[0]->n - (size_t)idx - 1) * sizeof *a[0]->items);
 	a[0]->n--;
 	return v;
 }
@@ -824,7 +829,8 @@ static struct jval *sort_key(struct sort_ctx *c, struct jval *v, struct jval *ot
 /* A stable merge sort by llama.cpp's value_compare (std::sort leaves equal
  * items in an unspecified order; equal items rarely matter in templates). */
 static void merge_sort(struct jval **v, struct jval **tmp, size_t n,
-		       int (*less)(struct sort_ctx *, struct jval *, struct jval *), struct sort_ctx *c)
+                       int (*less)(struct sort_ctx *, struct jval *, struct jval *),
+                       struct sort_ctx *c)
 {
 	if (n < 2)
 		return;
@@ -853,7 +859,7 @@ static struct jval *arr_sort(struct rt *rt, struct jval **a, size_t n)
 	if (!jv_is_array(a[0]))
 		FAIL("sort: first argument must be an array");
 	struct sort_ctx c = {rt, jinja_kwarg_or_pos(rt, a, n, "attribute", 3),
-			     jv_truthy(rt, jinja_kwarg_or_pos(rt, a, n, "reverse", 1)), 0};
+	                     jv_truthy(rt, jinja_kwarg_or_pos(rt, a, n, "reverse", 1)), 0};
 	struct jval *out = copy_array(rt, a[0], a[0]->t);
 	struct jval **tmp = arena_alloc(&rt->arena, (out->n + 1) * sizeof *tmp);
 	if (!tmp)
@@ -938,7 +944,7 @@ static struct jval *obj_dictsort(struct rt *rt, struct jval **a, size_t n)
 	want(rt, in, JT_OBJECT, "dictsort");
 	struct jval *by = jinja_kwarg_or_pos(rt, a, n, "by", 2);
 	struct sort_ctx c = {rt, NULL, jv_truthy(rt, jinja_kwarg_or_pos(rt, a, n, "reverse", 3)),
-			     by->t == JT_STR && by->len == 5 && !memcmp(by->s, "value", 5)};
+	                     by->t == JT_STR && by->len == 5 && !memcmp(by->s, "value", 5)};
 	struct jval *pairs = jv_array(rt, JT_ARRAY);
 	for (size_t i = 0; i < in->n; i++)
 		jv_push(rt, pairs, pair(rt, in->keys[i], in->items[i]));
@@ -960,10 +966,10 @@ static struct jval *test_type(struct rt *rt, struct jval **a, size_t n, unsigned
 	return jv_bool(rt, (mask >> a[0]->t) & 1);
 }
 
-#define TYPE_TEST(name, mask)                                                      \
-	static struct jval *name(struct rt *rt, struct jval **a, size_t n)          \
-	{                                                                          \
-		return test_type(rt, a, n, (mask));                                 \
+#define TYPE_TEST(name, mask)                                                                      \
+	static struct jval *name(struct rt *rt, struct jval **a, size_t n)                         \
+	{                                                                                          \
+		return test_type(rt, a, n, (mask));                                                \
 	}
 TYPE_TEST(t_boolean, 1u << JT_BOOL)
 TYPE_TEST(t_callable, 1u << JT_FUNC)
@@ -1040,10 +1046,10 @@ static struct jval *t_compare(struct rt *rt, struct jval **a, size_t n, enum jcm
 	jinja_need(rt, "compare", n, 2, 2);
 	return jv_bool(rt, jv_compare(rt, a[0], a[1], op));
 }
-#define CMP_TEST(name, op)                                                         \
-	static struct jval *name(struct rt *rt, struct jval **a, size_t n)          \
-	{                                                                          \
-		return t_compare(rt, a, n, op);                                     \
+#define CMP_TEST(name, op)                                                                         \
+	static struct jval *name(struct rt *rt, struct jval **a, size_t n)                         \
+	{                                                                                          \
+		return t_compare(rt, a, n, op);                                                    \
 	}
 CMP_TEST(t_eq, JCMP_EQ)
 CMP_TEST(t_ge, JCMP_GE)
@@ -1156,124 +1162,138 @@ static jbuiltin lookup(const struct entry *t, const char *name)
 }
 
 static const struct entry globals[] = {
-	{"raise_exception", g_raise},
-	{"namespace", g_namespace},
-	{"strftime_now", g_strftime_now},
-	{"range", g_range},
-	{"tojson", b_tojson},
-	{"test_is_boolean", t_boolean},
-	{"test_is_callable", t_callable},
-	{"test_is_odd", t_odd},
-	{"test_is_even", t_even},
-	{"test_is_false", t_false},
-	{"test_is_true", t_true},
-	{"test_is_divisibleby", t_divisibleby},
-	{"test_is_string", t_string},
-	{"test_is_integer", t_integer},
-	{"test_is_float", t_float},
-	{"test_is_number", t_number},
-	{"test_is_iterable", t_iterable},
-	{"test_is_sequence", t_iterable},
-	{"test_is_mapping", t_mapping},
-	{"test_is_lower", t_lower},
-	{"test_is_upper", t_upper},
-	{"test_is_none", t_none},
-	{"test_is_defined", t_defined},
-	{"test_is_undefined", t_undefined},
-	{"test_is_eq", t_eq},
-	{"test_is_equalto", t_eq},
-	{"test_is_ge", t_ge},
-	{"test_is_gt", t_gt},
-	{"test_is_greaterthan", t_gt},
-	{"test_is_lt", t_lt},
-	{"test_is_lessthan", t_lt},
-	{"test_is_ne", t_ne},
-	{"test_is_in", t_in},
-	{"test_is_test", t_test},
-	{"test_is_sameas", not_implemented},
-	{"test_is_escaped", not_implemented},
-	{"test_is_filter", not_implemented},
-	{NULL, NULL},
+    {"raise_exception", g_raise},
+    {"namespace", g_namespace},
+    {"strftime_now", g_strftime_now},
+    {"range", g_range},
+    {"tojson", b_tojson},
+    {"test_is_boolean", t_boolean},
+    {"test_is_callable", t_callable},
+    {"test_is_odd", t_odd},
+    {"test_is_even", t_even},
+    {"test_is_false", t_false},
+    {"test_is_true", t_true},
+    {"test_is_divisibleby", t_divisibleby},
+    {"test_is_string", t_string},
+    {"test_is_integer", t_integer},
+    {"test_is_float", t_float},
+    {"test_is_number", t_number},
+    {"test_is_iterable", t_iterable},
+    {"test_is_sequence", t_iterable},
+    {"test_is_mapping", t_mapping},
+    {"test_is_lower", t_lower},
+    {"test_is_upper", t_upper},
+    {"test_is_none", t_none},
+    {"test_is_defined", t_defined},
+    {"test_is_undefined", t_undefined},
+    {"test_is_eq", t_eq},
+    {"test_is_equalto", t_eq},
+    {"test_is_ge", t_ge},
+    {"test_is_gt", t_gt},
+    {"test_is_greaterthan", t_gt},
+    {"test_is_lt", t_lt},
+    {"test_is_lessthan", t_lt},
+    {"test_is_ne", t_ne},
+    {"test_is_in", t_in},
+    {"test_is_test", t_test},
+    {"test_is_sameas", not_implemented},
+    {"test_is_escaped", not_implemented},
+    {"test_is_filter", not_implemented},
+    {NULL, NULL},
 };
 
 static const struct entry int_methods[] = {
-	{"default", b_default}, {"abs", int_abs},   {"float", int_float},
-	{"tojson", b_tojson},	{"string", b_tojson}, {NULL, NULL},
+    {"default", b_default}, {"abs", int_abs},     {"float", int_float},
+    {"tojson", b_tojson},   {"string", b_tojson}, {NULL, NULL},
 };
 
 static const struct entry float_methods[] = {
-	{"default", b_default}, {"abs", float_abs},   {"int", float_int},
-	{"tojson", b_tojson},	{"string", b_tojson}, {NULL, NULL},
+    {"default", b_default}, {"abs", float_abs},   {"int", float_int},
+    {"tojson", b_tojson},   {"string", b_tojson}, {NULL, NULL},
 };
 
 static const struct entry string_methods[] = {
-	{"default", b_default},
-	{"upper", str_upper},
-	{"lower", str_lower},
-	{"strip", str_strip},
-	{"rstrip", str_rstrip},
-	{"lstrip", str_lstrip},
-	{"title", str_title},
-	{"capitalize", str_capitalize},
-	{"length", str_length},
-	{"startswith", str_startswith},
-	{"endswith", str_endswith},
-	{"split", str_split},
-	{"rsplit", str_rsplit},
-	{"replace", str_replace},
-	{"int", str_int},
-	{"float", str_float},
-	{"string", str_string},
-	{"slice", str_slice},
-	{"safe", str_string},
-	{"tojson", b_tojson},
-	{"indent", str_indent},
-	{"format", str_format},
-	{"join", not_implemented},
-	{NULL, NULL},
+    {"default", b_default},         {"upper", str_upper},           {"lower", str_lower},
+    {"strip", str_strip},           {"rstrip", str_rstrip},         {"lstrip", str_lstrip},
+    {"title", str_title},           {"capitalize", str_capitalize}, {"length", str_length},
+    {"startswith", str_startswith}, {"endswith", str_endswith},     {"split", str_split},
+    {"rsplit", str_rsplit},         {"replace", str_replace},       {"int", str_int},
+    {"float", str_float},           {"string", str_string},         {"slice", str_slice},
+    {"safe", str_string},           {"tojson", b_tojson},           {"indent", str_indent},
+    {"format", str_format},         {"join", not_implemented},      {NULL, NULL},
 };
 
 static const struct entry bool_methods[] = {
-	{"default", b_default}, {"int", bool_int},  {"float", bool_float},
-	{"string", bool_string}, {"tojson", b_tojson}, {NULL, NULL},
+    {"default", b_default},  {"int", bool_int},    {"float", bool_float},
+    {"string", bool_string}, {"tojson", b_tojson}, {NULL, NULL},
 };
 
 static const struct entry array_methods[] = {
-	{"default", b_default},	 {"list", arr_list},	   {"first", arr_first},
-	{"last", arr_last},	 {"length", arr_length},   {"slice", arr_slice},
-	{"selectattr", arr_select}, {"select", arr_select}, {"rejectattr", arr_reject},
-	{"reject", arr_reject},	 {"join", arr_join},	   {"string", any_string},
-	{"tojson", b_tojson},	 {"map", arr_map},	   {"append", arr_append},
-	{"pop", arr_pop},	 {"sort", arr_sort},	   {"reverse", arr_reverse},
-	{"unique", not_implemented}, {NULL, NULL},
+    {"default", b_default},      {"list", arr_list},
+    {"first", arr_first},        {"last", arr_last},
+    {"length", arr_length},      {"slice", arr_slice},
+    {"selectattr", arr_select},  {"select", arr_select},
+    {"rejectattr", arr_reject},  {"reject", arr_reject},
+    {"join", arr_join},          {"string", any_string},
+    {"tojson", b_tojson},        {"map", arr_map},
+    {"append", arr_append},      {"pop", arr_pop},
+    {"sort", arr_sort},          {"reverse", arr_reverse},
+    {"unique", not_implemented}, {NULL, NULL},
 };
 
 static const struct entry object_methods[] = {
-	{"get", obj_get},	{"keys", obj_keys},	  {"values", obj_values},
-	{"items", obj_items},	{"tojson", b_tojson},	  {"string", any_string},
-	{"length", obj_length}, {"dictsort", obj_dictsort}, {"join", not_implemented},
-	{NULL, NULL},
+    {"get", obj_get},       {"keys", obj_keys},         {"values", obj_values},
+    {"items", obj_items},   {"tojson", b_tojson},       {"string", any_string},
+    {"length", obj_length}, {"dictsort", obj_dictsort}, {"join", not_implemented},
+    {NULL, NULL},
 };
 
 static const struct entry none_methods[] = {
-	{"default", b_default},	 {"tojson", b_tojson},	  {"string", none_string},
-	{"safe", none_string},	 {"strip", none_string},  {"items", empty_array},
-	{"map", empty_array},	 {"reject", empty_array}, {"rejectattr", empty_array},
-	{"select", empty_array}, {"selectattr", empty_array}, {"unique", empty_array},
-	{NULL, NULL},
+    {"default", b_default},
+    {"tojson", b_tojson},
+    {"string", none_string},
+    {"safe", none_string},
+    {"strip", none_string},
+    {"items", empty_array},
+    {"map", empty_array},
+    {"reject", empty_array},
+    {"rejectattr", empty_array},
+    {"select", empty_array},
+    {"selectattr", empty_array},
+    {"unique", empty_array},
+    {NULL, NULL},
 };
 
 static const struct entry undefined_methods[] = {
-	{"default", b_default},	     {"capitalize", empty_string}, {"first", empty_undef},
-	{"items", empty_array},	     {"join", empty_string},	   {"last", empty_undef},
-	{"length", empty_int},	     {"list", empty_array},	   {"lower", empty_string},
-	{"map", empty_array},	     {"max", empty_undef},	   {"min", empty_undef},
-	{"reject", empty_array},     {"rejectattr", empty_array},  {"replace", empty_string},
-	{"reverse", empty_array},    {"safe", empty_string},	   {"select", empty_array},
-	{"selectattr", empty_array}, {"sort", empty_array},	   {"string", empty_string},
-	{"strip", empty_string},     {"sum", empty_int},	   {"title", empty_string},
-	{"truncate", empty_string},  {"unique", empty_array},	   {"upper", empty_string},
-	{"wordcount", empty_int},    {NULL, NULL},
+    {"default", b_default},
+    {"capitalize", empty_string},
+    {"first", empty_undef},
+    {"items", empty_array},
+    {"join", empty_string},
+    {"last", empty_undef},
+    {"length", empty_int},
+    {"list", empty_array},
+    {"lower", empty_string},
+    {"map", empty_array},
+    {"max", empty_undef},
+    {"min", empty_undef},
+    {"reject", empty_array},
+    {"rejectattr", empty_array},
+    {"replace", empty_string},
+    {"reverse", empty_array},
+    {"safe", empty_string},
+    {"select", empty_array},
+    {"selectattr", empty_array},
+    {"sort", empty_array},
+    {"string", empty_string},
+    {"strip", empty_string},
+    {"sum", empty_int},
+    {"title", empty_string},
+    {"truncate", empty_string},
+    {"unique", empty_array},
+    {"upper", empty_string},
+    {"wordcount", empty_int},
+    {NULL, NULL},
 };
 
 jbuiltin jinja_global_builtin(const char *name)
@@ -1284,15 +1304,24 @@ jbuiltin jinja_global_builtin(const char *name)
 jbuiltin jinja_type_builtin(const struct jval *v, const char *name)
 {
 	switch (v->t) {
-	case JT_INT: return lookup(int_methods, name);
-	case JT_FLOAT: return lookup(float_methods, name);
-	case JT_STR: return lookup(string_methods, name);
-	case JT_BOOL: return lookup(bool_methods, name);
+	case JT_INT:
+		return lookup(int_methods, name);
+	case JT_FLOAT:
+		return lookup(float_methods, name);
+	case JT_STR:
+		return lookup(string_methods, name);
+	case JT_BOOL:
+		return lookup(bool_methods, name);
 	case JT_ARRAY:
-	case JT_TUPLE: return lookup(array_methods, name);
-	case JT_OBJECT: return v->no_builtins ? NULL : lookup(object_methods, name);
-	case JT_NONE: return lookup(none_methods, name);
-	case JT_UNDEF: return lookup(undefined_methods, name);
-	default: return NULL;
+	case JT_TUPLE:
+		return lookup(array_methods, name);
+	case JT_OBJECT:
+		return v->no_builtins ? NULL : lookup(object_methods, name);
+	case JT_NONE:
+		return lookup(none_methods, name);
+	case JT_UNDEF:
+		return lookup(undefined_methods, name);
+	default:
+		return NULL;
 	}
 }
