@@ -7,6 +7,7 @@
 
 #include "router/sched.h"
 #include "template/jinja.h"
+#include "util/bytes.h"
 #include "util/dtoa.h"
 #include "util/grow.h"
 #include "util/strbuf.h"
@@ -728,10 +729,8 @@ static int answer_follows(const struct chat_env *env, const struct jinja_templat
 		size_t tl = 0, ml = sizeof mark - 1;
 		char *text = render_prefix(env, t, g, more, json_array_size(more), &tl);
 		/* The answer's text: its last occurrence. */
-		size_t at = text && tl >= ml ? tl - ml + 1 : 0;
-		while (at-- > 0 && memcmp(text + at, mark, ml) != 0)
-			;
-		follows = at != (size_t)-1 && at >= gl && !memcmp(text + at - gl, gen, gl);
+		const char *at = text ? bytes_rfind(text, tl, mark, ml) : NULL;
+		follows = at && (size_t)(at - text) >= gl && !memcmp(at - gl, gen, gl);
 		free(text);
 	}
 	json_decref(na);

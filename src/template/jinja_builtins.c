@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "template/jinja_impl.h"
+#include "util/bytes.h"
 
 #define FAIL(...) jinja_fail(&rt->err, __VA_ARGS__)
 
@@ -419,16 +420,6 @@ static const char *find_bytes(const char *h, size_t hl, const char *nd, size_t n
 	return memmem(h, hl, nd, nl);
 }
 
-static const char *rfind_bytes(const char *h, size_t hl, const char *nd, size_t nl)
-{
-	if (nl > hl)
-		return NULL;
-	for (size_t i = hl - nl + 1; i-- > 0;)
-		if (!memcmp(h + i, nd, nl))
-			return h + i;
-	return NULL;
-}
-
 static struct jval *str_split(struct rt *rt, struct jval **a, size_t n)
 {
 	jinja_need(rt, "split", n, 1, 3);
@@ -465,7 +456,7 @@ static struct jval *str_rsplit(struct rt *rt, struct jval **a, size_t n)
 	const char *s = a[0]->s;
 	size_t len = a[0]->len;
 	const char *hit;
-	while (max != 0 && (hit = rfind_bytes(s, len, delim->s, delim->len))) {
+	while (max != 0 && (hit = bytes_rfind(s, len, delim->s, delim->len))) {
 		size_t after = (size_t)(hit - s) + delim->len;
 		jv_push(rt, rev, jv_str(rt, s + after, len - after, 0));
 		len = (size_t)(hit - s);

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "template/jinja.h"
+#include "util/bytes.h"
 #include "util/dtoa.h"
 
 /* Renders src with globals (JSON text, or NULL for none); returns the text
@@ -323,10 +324,28 @@ static void test_dtoa(void **state)
 	dtoa_is(1.7976931348623157e308, "1.7976931348623157e+308");
 }
 
+/* rsplit()'s search, and the joined-header probe's (prompt/chat.c): the
+ * last occurrence, found past NULs, none where the needle is longer. */
+static void test_bytes_rfind(void **state)
+{
+	(void)state;
+	static const char h[] = "ab\0abXab";
+	size_t hl = sizeof h - 1;
+	assert_ptr_equal(bytes_rfind(h, hl, "ab", 2), h + 6);
+	assert_ptr_equal(bytes_rfind(h, hl, "\0a", 2), h + 2);
+	assert_ptr_equal(bytes_rfind(h, hl, "b", 1), h + 7);
+	assert_ptr_equal(bytes_rfind(h, hl, "", 0), h + hl);
+	assert_ptr_equal(bytes_rfind(h, 2, "ab", 2), h);
+	assert_null(bytes_rfind(h, 1, "ab", 2));
+	assert_null(bytes_rfind(h, hl, "ba", 2));
+	assert_null(bytes_rfind(h, 0, "a", 1));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_printing),
+	    cmocka_unit_test(test_bytes_rfind),
 	    cmocka_unit_test(test_whitespace),
 	    cmocka_unit_test(test_loops),
 	    cmocka_unit_test(test_macros),

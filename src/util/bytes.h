@@ -1,0 +1,13 @@
+/* Byte strings that are not C strings: a template's rendering, a prompt's
+ * text, a Jinja string value may hold NULs, so these take lengths. glibc's
+ * memmem finds the first occurrence; nothing in libc finds the last. */
+#ifndef TOKI_UTIL_BYTES_H
+#define TOKI_UTIL_BYTES_H
+
+#include <stddef.h>
+
+/* The last occurrence of needle (nl bytes) in hay (hl bytes): where it
+ * starts, or NULL. An empty needle is found at hay's end. */
+const char *bytes_rfind(const char *hay, size_t hl, const char *needle, size_t nl);
+
+#endif
