@@ -138,6 +138,12 @@ json_t *selftest_request(const int32_t *toks, int run, int step, int slot);
 json_t *selftest_insert_request(const int32_t *toks, int slot);
 /* The cache_n a step must report: what the step before left in the slot. */
 int selftest_expected_cache(int step);
+/* The backend's bits (router_backend.bits): the hash, as 64 hex digits in
+ * out, of run 0's answer and (NULL where steps do not hold) the steps
+ * check's answer as generation left the slot. Servers whose tests gave the
+ * same bits compute the same rows: in exact mode one restores the other's
+ * saved states. 0, or -1 with out "" (out of memory). */
+int selftest_bits(const json_t *answer, const json_t *gen_answer, char out[65]);
 /* Compares two answers (completion_probabilities arrays); 0 when they are
  * the same bits, else 1 with the first difference in why. */
 int selftest_compare(json_t *a, json_t *b, char *why, size_t n);

@@ -266,6 +266,8 @@ static int write_sidecar(struct daemon *d, struct router_saved *e, const char *c
 	                      (json_int_t)e->bytes, "n_tokens", (json_int_t)e->n_tokens, "aligned",
 	                      (json_int_t)e->aligned, "hits", (int)e->hits, "tokens", toks);
 	json_object_set_new(o, "compressed", json_boolean(e->compressed));
+	/* The arithmetic of the server that wrote it (router_saved.bits). */
+	json_object_set_new(o, "bits", json_string(e->bits));
 	/* The schedule the rows were computed on (exact mode's chunk starts;
 	 * none: the grid). */
 	json_t *bounds = json_array();
@@ -346,6 +348,7 @@ static void save_remote_done(struct save_op *op, long long written, double ms)
 	struct router_saved *e = index_saved(op, (uint64_t)written);
 	if (e) {
 		snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->rb->fingerprint);
+		snprintf(e->bits, sizeof e->bits, "%s", op->b->rb->bits);
 		d->stats.saves++;
 		log_info("saved slot %d as %s in the server's folder (%zu tokens, %lld bytes, "
 		         "%.1f ms)",
@@ -430,6 +433,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 		return;
 	}
 	snprintf(e->fingerprint, sizeof e->fingerprint, "%s", op->b->rb->fingerprint);
+	snprintf(e->bits, sizeof e->bits, "%s", op->b->rb->bits);
 	if (write_sidecar(d, e, sum) != 0) {
 		log_warn("cannot write the index file of %s: %s", e->name, strerror(errno));
 		slot_store_delete(d, e);
@@ -704,6 +708,9 @@ static void load_from_disk(struct daemon *d, struct backend *b)
 				e->aligned = 0;
 			if (e) {
 				snprintf(e->fingerprint, sizeof e->fingerprint, "%s", fp);
+				const char *bits = json_string_value(json_object_get(o, "bits"));
+				snprintf(e->bits, sizeof e->bits, "%s",
+				         bits && strlen(bits) < sizeof e->bits ? bits : "");
 				e->compressed = json_is_true(json_object_get(o, "compressed"));
 				loaded++;
 			}

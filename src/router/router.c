@@ -414,17 +414,27 @@ static double fast_load_penalty(const struct router *r, const struct router_back
  * shared files (--slot-dir, which every backend's --slot-save-path must
  * be) one made under b's fingerprint on another backend, so that a
  * conversation whose backend is busy continues on an idle one instead of
- * being evaluated again there. Fast mode only: in exact mode a state's bits
- * are the machine's that computed them, and the fingerprint names the
- * build, not the CPU or GPU, so a backend restores only its own. */
+ * being evaluated again there.
+ *
+ * In exact mode a state's rows are the arithmetic of the machine that
+ * computed them, and the fingerprint names the build, not the CPU or GPU.
+ * So there the state must also have been made with b's bits (the
+ * self-test's answers, bit for bit): another backend's state then holds
+ * the rows b would have computed, and b's own state from before a change
+ * of its arithmetic (a driver, a device) is not used. Where either's bits
+ * are unknown, a backend restores only its own. */
 static int restorable_on(const struct router *r, const struct router_saved *e,
                          const struct router_backend *b)
 {
-	if (reuse_mode_is_exact(r->mode) && b->restore_inexact)
+	int exact = reuse_mode_is_exact(r->mode);
+	if (exact && b->restore_inexact)
+		return 0;
+	int same_bits = e->bits[0] && b->bits[0] && strcmp(e->bits, b->bits) == 0;
+	if (exact && e->bits[0] && b->bits[0] && !same_bits)
 		return 0;
 	if (e->backend == b)
 		return 1;
-	return r->shared_saved && !reuse_mode_is_exact(r->mode) && b->can_save &&
+	return r->shared_saved && (!exact || same_bits) && b->can_save &&
 	       !b->foreign_restore_failed && b->fingerprint[0] &&
 	       strcmp(e->fingerprint, b->fingerprint) == 0;
 }

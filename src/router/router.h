@@ -103,6 +103,7 @@ struct router_saved {
 	int verified;         /* its checksum was checked since this daemon indexed it */
 	int compressed;       /* stored as <name>.zst, expanded to <name>.bin to restore */
 	char fingerprint[72]; /* model, server build and KV settings it was made under */
+	char bits[65];        /* its writer's arithmetic (router_backend.bits); "" unknown */
 	struct router_saved *prev, *next;
 };
 
@@ -142,6 +143,13 @@ struct router_backend {
 	 * the model, server build and KV settings, as hex (slot_store computes
 	 * it at each discovery; its file names start with it); "" until then. */
 	char fingerprint[72];
+	/* What the server's arithmetic gives (exact mode's self-test: a hash of
+	 * its answers' logprobs, bit for bit, backend/selftest.h); "" where the
+	 * test did not verify the backend, or in fast mode. The fingerprint
+	 * names the build, not the CPU or GPU: two servers with the same bits
+	 * here compute the same rows, so in exact mode one restores the
+	 * other's states (restorable_on). */
+	char bits[65];
 	/* A state another backend saved failed to restore here: this server's
 	 * --slot-save-path is not the folder the others write. Only its own
 	 * states are restored here from then on. */

@@ -188,9 +188,19 @@ class Lifecycle(unittest.TestCase):
             return lines[0]
 
         self.assertIn("exact: verified on this backend (self-test, ", start())
-        self.assertTrue(json.load(open(verdicts)))
+        kept = json.load(open(verdicts))
+        self.assertEqual(len(kept), 1, kept)
+        # The backend's bits are kept with it (docs/exact.md).
+        bits = next(iter(kept.values()))["bits"]
+        self.assertRegex(bits, "^[0-9a-f]{64}$")
         self.assertTrue(start().endswith(
             "exact: verified on this backend (at an earlier start of the same server)"))
+        # One kept before bits existed is tested again, and gives the same.
+        with open(verdicts, "w") as f:
+            json.dump({k: {f: v for f, v in e.items() if f != "bits"}
+                       for k, e in kept.items()}, f)
+        self.assertIn("(self-test, ", start())
+        self.assertEqual(next(iter(json.load(open(verdicts)).values()))["bits"], bits)
         st = os.stat(self.model)
         os.utime(self.model, (st.st_atime, st.st_mtime + 10))
         self.assertIn("(self-test, ", start())

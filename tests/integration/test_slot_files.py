@@ -7,7 +7,10 @@ AcrossBackends: two one-slot servers, fast mode; a conversation saved by the
 first, whose slot is busy with a long answer, continues on the second from
 the file when both write --slot-dir; when the second's --slot-save-path is
 another folder, the restore fails there, the turn is evaluated instead, and
-the file stays for its own backend."""
+the file stays for its own backend. In exact mode the same holds where the
+two servers' self-tests gave the same bits (both on this machine, one
+build), and the restored turn's answer, text and logprobs, is toki's
+uncached one."""
 import http.client
 import json
 import os
@@ -21,7 +24,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toki_harness as th
-from test_exact_identity import conversations
+from test_exact_identity import answer, conversations
 
 
 class SlotFiles(unittest.TestCase):
@@ -109,22 +112,22 @@ class AcrossBackends(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
         shutil.rmtree(self.other, ignore_errors=True)
 
-    def run_case(self, shared):
+    def run_case(self, shared, mode="fast"):
         a = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=512,
                            extra=["--slot-save-path", self.dir], name="across-a")
         b = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=512,
                            extra=["--slot-save-path", self.dir if shared else self.other],
                            name="across-b")
-        toki = th.Toki([a, b], mode="fast", ubatch=512,
+        toki = th.Toki([a, b], mode=mode, ubatch=512,
                        extra=["--slot-dir", self.dir, "--slot-save-idle-ms", "100"])
         try:
-            return self._run(a, b, toki)
+            return self._run(a, b, toki, mode)
         finally:
             toki.kill(signal.SIGTERM)
             a.kill()
             b.kill()
 
-    def _run(self, a, b, toki):
+    def _run(self, a, b, toki, mode):
         system = " ".join(f"rule {i}: keep the answer short and exact." for i in range(60))
         x1 = [{"role": "system", "content": system},
               {"role": "user", "content": "What is the first rule?"}]
@@ -171,7 +174,7 @@ class AcrossBackends(unittest.TestCase):
             time.sleep(0.02)
 
         x2 = x1 + [x1_answer, {"role": "user", "content": "And the second?"}]
-        st, r2 = toki.chat(x2, max_tokens=8)
+        st, r2 = toki.chat(x2, max_tokens=8, logprobs=True, top_logprobs=2)
         _, slots = th.request(home_port, "GET", "/slots")
         still_busy = slots[0].get("is_processing")
         done["stop"] = True
@@ -179,6 +182,12 @@ class AcrossBackends(unittest.TestCase):
         self.assertTrue(still_busy, "the long answer ended before the second turn ran")
         self.assertEqual(r2["cache"]["backend"], away, r2["cache"])
         t.join(timeout=60)
+        self.ref = None
+        if mode == "exact":
+            st, self.ref = toki.chat(x2, max_tokens=8, logprobs=True, top_logprobs=2,
+                                     cache_prompt=False)
+            self.assertEqual(st, 200, self.ref)
+            self.bits = [be["exact"]["bits"] for be in toki.stats()["backends"]]
         return r1, r2, toki.log_text(), saved[0][:-5]
 
     def test_restored_on_the_idle_backend(self):
@@ -191,6 +200,20 @@ class AcrossBackends(unittest.TestCase):
                         c["prompt_tokens"] - r1["cache"]["prompt_tokens"] + 32, c)
         self.assertIn(f"restored {name} ", log)
         self.assertIn(f"of {c['backend']}", log)
+
+    def test_exact_restored_on_the_idle_backend_with_the_same_bits(self):
+        r1, r2, log, name = self.run_case(shared=True, mode="exact")
+        self.assertEqual(len(self.bits), 2)
+        self.assertEqual(len(self.bits[0]), 64, self.bits)
+        self.assertEqual(self.bits[0], self.bits[1])
+        c = r2["cache"]
+        self.assertEqual(c["route"], "disk", c)
+        self.assertEqual(c["restored"], name, c)
+        self.assertIn(f"of {c['backend']}", log)
+        self.assertLess(r2["timings"]["prompt_n"],
+                        c["prompt_tokens"] - r1["cache"]["prompt_tokens"] + 32, c)
+        self.assertEqual(answer(r2), answer(self.ref))
+        self.assertTrue(answer(r2)[1], "no logprobs in the answer")
 
     def test_restore_refused_where_the_folder_differs(self):
         r1, r2, log, name = self.run_case(shared=False)

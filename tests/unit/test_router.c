@@ -1321,8 +1321,10 @@ static void test_two_backends_balance(void **state)
 
 /* A conversation saved by one backend whose slot is busy now: with shared
  * files (--slot-dir) and the same fingerprint, fast mode restores it into an
- * idle backend; not without shared files, under another fingerprint, in
- * exact mode, or on a backend where such a restore failed. */
+ * idle backend, and exact mode where both servers' self-tests gave the same
+ * bits; not without shared files, under another fingerprint, in exact mode
+ * with other or unknown bits, or on a backend where such a restore
+ * failed. */
 static struct router *saved_on_busy_backend(enum reuse_mode mode, int shared, const char *fp1,
                                             struct router_backend **bs, struct router_saved **saved)
 {
@@ -1350,7 +1352,17 @@ static void test_saved_restored_on_another_backend(void **state)
 	struct route_choice c;
 	const token_t *next = conv(1, 1100);
 
-	struct router *r = saved_on_busy_backend(REUSE_FAST, 1, "fp-a", bs, &e);
+	/* Exact mode, where both servers' tests gave the same bits: the same. */
+	struct router *r = saved_on_busy_backend(REUSE_EXACT, 1, "fp-a", bs, &e);
+	snprintf(bs[0]->bits, sizeof bs[0]->bits, "bits-a");
+	snprintf(bs[1]->bits, sizeof bs[1]->bits, "bits-a");
+	snprintf(e->bits, sizeof e->bits, "bits-a");
+	assert_int_equal(choose(r, next, 1100, SEC(2), &c), ROUTE_CHOSEN);
+	assert_ptr_equal(c.slot, slot_of(bs[1], 0));
+	assert_ptr_equal(c.restore, e);
+	router_free(r);
+
+	r = saved_on_busy_backend(REUSE_FAST, 1, "fp-a", bs, &e);
 	assert_int_equal(choose(r, next, 1100, SEC(2), &c), ROUTE_CHOSEN);
 	assert_ptr_equal(c.slot, slot_of(bs[1], 0));
 	assert_ptr_equal(c.restore, e);
@@ -1373,16 +1385,24 @@ static void test_saved_restored_on_another_backend(void **state)
 		int shared;
 		const char *fp;
 		int failed;
+		const char *bits1, *bits_e; /* backend 1's and the state's */
 	} no[] = {
-	    {REUSE_FAST, 0, "fp-a", 0},  /* each server its own folder */
-	    {REUSE_FAST, 1, "fp-b", 0},  /* another model, build or KV setting */
-	    {REUSE_FAST, 1, "", 0},      /* not discovered yet */
-	    {REUSE_EXACT, 1, "fp-a", 0}, /* bits are the machine's */
-	    {REUSE_FAST, 1, "fp-a", 1},  /* a restore of another's state failed there */
+	    {REUSE_FAST, 0, "fp-a", 0, "", ""},        /* each server its own folder */
+	    {REUSE_FAST, 1, "fp-b", 0, "", ""},        /* another model, build or KV setting */
+	    {REUSE_FAST, 1, "", 0, "", ""},            /* not discovered yet */
+	    {REUSE_EXACT, 1, "fp-a", 0, "", ""},       /* bits unknown: the machine's */
+	    {REUSE_EXACT, 1, "fp-a", 0, "bits-a", ""}, /* the state's unknown */
+	    {REUSE_EXACT, 1, "fp-a", 0, "", "bits-a"}, /* backend 1's unknown */
+	    {REUSE_EXACT, 1, "fp-a", 0, "bits-b", "bits-a"}, /* another arithmetic */
+	    {REUSE_EXACT, 1, "fp-b", 0, "bits-a", "bits-a"}, /* the same bits, another build */
+	    {REUSE_FAST, 1, "fp-a", 1, "", ""}, /* a restore of another's state failed there */
 	};
 	for (size_t k = 0; k < sizeof no / sizeof no[0]; k++) {
 		r = saved_on_busy_backend(no[k].mode, no[k].shared, no[k].fp, bs, &e);
 		bs[1]->foreign_restore_failed = no[k].failed;
+		snprintf(bs[0]->bits, sizeof bs[0]->bits, "%s", no[k].bits_e);
+		snprintf(bs[1]->bits, sizeof bs[1]->bits, "%s", no[k].bits1);
+		snprintf(e->bits, sizeof e->bits, "%s", no[k].bits_e);
 		enum route_status st = choose(r, next, 1100, SEC(2), &c);
 		assert_true(st == ROUTE_CHOSEN || st == ROUTE_WAIT);
 		assert_false(c.slot == slot_of(bs[1], 0) && c.restore);
@@ -1390,6 +1410,25 @@ static void test_saved_restored_on_another_backend(void **state)
 		if (c.restore) {
 			assert_ptr_equal(c.slot, slot_of(bs[0], 0));
 			assert_int_equal(st, ROUTE_WAIT);
+		}
+		router_free(r);
+	}
+
+	/* Exact mode: a backend whose bits changed since it saved a state (a
+	 * driver, a device) does not restore that state, its own; where its
+	 * bits or the state's are unknown, it does, as before bits. */
+	const char *own[][2] = {{"bits-b", "bits-a"}, {"bits-a", "bits-a"}, {"", "bits-a"}};
+	for (size_t k = 0; k < sizeof own / sizeof own[0]; k++) {
+		r = saved_on_busy_backend(REUSE_EXACT, 0, "fp-a", bs, &e);
+		router_slot_end(r, slot_of(bs[0], 0), SEC(1)); /* its slot idle again */
+		snprintf(bs[0]->bits, sizeof bs[0]->bits, "%s", own[k][0]);
+		snprintf(e->bits, sizeof e->bits, "%s", own[k][1]);
+		assert_int_equal(choose(r, next, 1100, SEC(2), &c), ROUTE_CHOSEN);
+		if (k == 0) {
+			assert_null(c.restore);
+		} else {
+			assert_ptr_equal(c.slot, slot_of(bs[0], 0));
+			assert_ptr_equal(c.restore, e);
 		}
 		router_free(r);
 	}

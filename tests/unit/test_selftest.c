@@ -161,6 +161,31 @@ static void test_compare_last_bit(void **state)
 	json_decref(b);
 }
 
+/* The bits two servers compare before one restores the other's states:
+ * the same answers give the same hash, one ulp or the steps check's answer
+ * another. */
+static void test_bits(void **state)
+{
+	(void)state;
+	json_t *a = answer(-0.5, -1.25, 7), *b = answer(-0.5, -1.25, 7);
+	json_t *ulp = answer(-0.5, -1.2500000000000002, 7), *g = answer(-0.25, -2.0, 9);
+	char ha[65], hb[65], hu[65], hg[65];
+	assert_int_equal(selftest_bits(a, NULL, ha), 0);
+	assert_int_equal(selftest_bits(b, NULL, hb), 0);
+	assert_int_equal(strlen(ha), 64);
+	assert_string_equal(ha, hb);
+	assert_int_equal(selftest_bits(ulp, NULL, hu), 0);
+	assert_string_not_equal(ha, hu);
+	assert_int_equal(selftest_bits(a, g, hg), 0);
+	assert_string_not_equal(ha, hg);
+	assert_int_equal(selftest_bits(b, g, hb), 0);
+	assert_string_equal(hg, hb);
+	json_decref(a);
+	json_decref(b);
+	json_decref(ulp);
+	json_decref(g);
+}
+
 static void test_compare_other_token(void **state)
 {
 	(void)state;
@@ -269,6 +294,7 @@ int main(void)
 	    cmocka_unit_test(test_compare_same_bits),
 	    cmocka_unit_test(test_compare_last_bit),
 	    cmocka_unit_test(test_compare_other_token),
+	    cmocka_unit_test(test_bits),
 	    cmocka_unit_test(test_verdicts),
 	    cmocka_unit_test(test_steps_check),
 	};
