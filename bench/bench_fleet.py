@@ -5,8 +5,13 @@ to server i mod n, no id_slot: llama-server picks the slot itself), on the
 interleaved agent workload of bench/workload.py widened to six sessions.
 
   python3 bench/bench_fleet.py [--backends 1,2,3] [--slot-files] [--repeat N]
-                               [--mode fast|exact] [--toki build/toki] [--against OTHER]
-                               [--out FILE.json]
+                               [--mode fast|exact] [--pin] [--toki build/toki]
+                               [--against OTHER] [--out FILE.json]
+
+--pin gives each server a core of its own and one thread (-t 1), as a host
+each: without it, servers that share this machine's cores slow each other
+down tenfold whenever two compute at once, and the router's choices (which
+read the speeds it measures) vary with that from run to run.
 
 The sessions run concurrently, as six agents would: the workload's schedule
 (session s starts s events after session 0) is replayed in steps, the
@@ -196,10 +201,31 @@ def summarize(results, limit, wall):
 
 # ---- the benchmark ----
 
-def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mode="fast"):
+PIN_ARGS = ("-t", "1", "-tb", "1")  # a pinned server's threads: one core's
+
+
+def start_server(th, k, pin, **kw):
+    """Server k; with pin, on core k alone with one thread: the affinity
+    is this process's while it starts the server, which inherits it."""
+    if not pin:
+        return th.LlamaServer(**kw)
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < k + 1:
+        sys.exit(f"--pin: server {k} needs core {k}; this machine lends {len(cores)}")
+    kw["extra"] = tuple(kw.get("extra", ())) + PIN_ARGS
+    os.sched_setaffinity(0, {cores[k]})
+    try:
+        return th.LlamaServer(**kw)
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mode="fast",
+            pin=False):
     """One configuration on fresh servers. slot_dir (toki only): the
     servers share one --slot-save-path, toki's --slot-dir. toki_bin: another
-    toki binary than the harness's (--against). mode: toki's --reuse."""
+    toki binary than the harness's (--against). mode: toki's --reuse. pin:
+    each server on a core of its own (start_server)."""
     import shutil
     import tempfile
     th = common.harness()
@@ -209,9 +235,9 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mo
     extra = ("--slot-save-path", sd) if sd else ()
     try:
         for k in range(n):
-            servers.append(th.LlamaServer(model=model, slots=SLOTS, ctx=FLEET["per_slot_ctx"],
-                                          ubatch=512, cache_ram=0, extra=extra,
-                                          name=f"fleet-bench-{n}-{k}"))
+            servers.append(start_server(th, k, pin, model=model, slots=SLOTS,
+                                        ctx=FLEET["per_slot_ctx"], ubatch=512, cache_ram=0,
+                                        extra=extra, name=f"fleet-bench-{n}-{k}"))
         if target == "toki":
             default_bin = th.TOKI_BIN
             th.TOKI_BIN = toki_bin or default_bin
@@ -245,7 +271,7 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mo
         if sd:
             shutil.rmtree(sd, ignore_errors=True)
     s.update(backends=n, target=target, slot_dir=bool(sd), load_start=load0,
-             mode=mode if target == "toki" else None)
+             mode=mode if target == "toki" else None, pinned=pin)
     common.log(f"  {n} backend(s), {target}: {s['ok']}/{s['n']} ok, evaluated {s['evaluated']} "
                f"({s['eval_over_limit']:.2f}x limit), {s['req_per_s']:.2f} req/s, "
                f"{s['gen_tok_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms, "
@@ -254,7 +280,8 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mo
     return s
 
 
-def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode="fast"):
+def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode="fast",
+                pin=False):
     """Every configuration `repeat` times, the repeats interleaved (this
     machine is shared and its speed drifts); the table gives medians.
     against: (label, binary) of another toki, run beside every toki
@@ -263,7 +290,9 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode
     model = model_path()
     requests, tokens, limit, ref_secs = reference(model)
     if mode == "exact":
-        workload.toki_reference("fleet", model, requests, 512)
+        # The servers' thread count is in their bits: the reference runs
+        # with the same.
+        workload.toki_reference("fleet", model, requests, 512, PIN_ARGS if pin else ())
     kinds = {}
     for r in requests:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
@@ -281,7 +310,7 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode
     for rep in range(repeat):
         for n, target, sd, other in configs:
             r = run_one(n, target, requests, limit, model, slot_dir=sd,
-                        toki_bin=other[1] if other else None, mode=mode)
+                        toki_bin=other[1] if other else None, mode=mode, pin=pin)
             r["repeat"] = rep
             r["against"] = other[0] if other else None
             runs.append(r)
@@ -312,7 +341,8 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode
     md = (f"{len(requests)} requests ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
           f"{sum(map(len, tokens))} prompt tokens in all, longest prompt "
           f"{max(map(len, tokens))}, limit {limit} tokens; model {MODEL[1]} generated "
-          f"(ctx {FLEET['per_slot_ctx']} a slot), -ub 512, `--cache-ram 0`. Medians of "
+          f"(ctx {FLEET['per_slot_ctx']} a slot), -ub 512, `--cache-ram 0`"
+          f"{', each server on a core of its own with -t 1 (--pin)' if pin else ''}. Medians of "
           f"{repeat} run{'s' if repeat > 1 else ''} per row, the repeats interleaved.\n\n{t}\n")
     return {"workload": {"requests": len(requests), "kinds": kinds, "limit": limit,
                          "prompt_tokens": sum(map(len, tokens)), "reference_s": ref_secs},
@@ -333,6 +363,9 @@ def main():
     ap.add_argument("--mode", choices=["fast", "exact"], default="fast",
                     help="toki's --reuse (default fast); exact checks every answer against "
                          "toki's uncached one, text and logprobs")
+    ap.add_argument("--pin", action="store_true",
+                    help="each server on a core of its own with one thread, as a host each "
+                         "(needs a core per server)")
     ap.add_argument("--against", metavar="OTHER",
                     help="another toki binary (an older build, say), run beside --toki in "
                          "every toki configuration, interleaved; its rows carry its path")
@@ -356,7 +389,7 @@ def main():
     info["command"] = " ".join(["python3", "bench/bench_fleet.py"] + sys.argv[1:])
     t0 = time.perf_counter()
     r = bench_fleet(tuple(int(x) for x in args.backends.split(",")), args.slot_files,
-                    args.repeat, against, args.mode)
+                    args.repeat, against, args.mode, args.pin)
     info["total_s"] = time.perf_counter() - t0
     info["loadavg_end"] = common.loadavg()
     header = (f"## Fleet benchmark\n\n- date: {info['date']}\n- machine: {info.get('cpu')}, "
