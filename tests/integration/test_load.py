@@ -302,9 +302,20 @@ def read_status(s, timeout):
         pass
     if not got.startswith(b"HTTP/1."):
         return None, got
-    # The rest of the answer (the error body).
+    # The rest of the answer (the error body): to its Content-Length, or
+    # to the close (a kept-alive connection would otherwise hold the read
+    # for the whole timeout).
+    def whole():
+        head, sep, body = got.partition(b"\r\n\r\n")
+        if not sep:
+            return False
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                return len(body) >= int(v)
+        return False
     try:
-        while True:
+        while not whole():
             d = s.recv(65536)
             if not d:
                 break
