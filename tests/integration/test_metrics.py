@@ -49,9 +49,11 @@ class Metrics(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.model = th.generated_model("ui", params="4M", ctx=8192)
+        # One thread each: the two compute at once (their self-tests).
         cls.a = th.LlamaServer(model=cls.model, slots=2, ctx=4096, ubatch=64,
-                               extra=["--metrics"], name="metrics-a")
-        cls.b = th.LlamaServer(model=cls.model, slots=1, ctx=4096, ubatch=64, name="metrics-b")
+                               extra=["--metrics"], name="metrics-a", threads=1)
+        cls.b = th.LlamaServer(model=cls.model, slots=1, ctx=4096, ubatch=64, name="metrics-b",
+                               threads=1)
         cls.toki = th.Toki([cls.a, cls.b], ubatch=64, name="toki-metrics")
         cls.tmp = tempfile.mkdtemp(prefix="toki-prom-", dir=th.WORK_DIR)
 

@@ -113,11 +113,12 @@ class AcrossBackends(unittest.TestCase):
         shutil.rmtree(self.other, ignore_errors=True)
 
     def run_case(self, shared, mode="fast"):
+        # One thread each: one answers at length while the other serves.
         a = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=512,
-                           extra=["--slot-save-path", self.dir], name="across-a")
+                           extra=["--slot-save-path", self.dir], name="across-a", threads=1)
         b = th.LlamaServer(model=self.model, slots=1, ctx=8192, ubatch=512,
                            extra=["--slot-save-path", self.dir if shared else self.other],
-                           name="across-b")
+                           name="across-b", threads=1)
         toki = th.Toki([a, b], mode=mode, ubatch=512,
                        extra=["--slot-dir", self.dir, "--slot-save-idle-ms", "100"])
         try:

@@ -387,18 +387,21 @@ class LlamaServer(Process):
     """A real llama-server on a free port."""
 
     def __init__(self, model=None, slots=2, ctx=None, ubatch=None, extra=(), port=None,
-                 cache_ram=0, name="llama", np_flag=True, backend="cpu", env=None):
+                 cache_ram=0, name="llama", np_flag=True, backend="cpu", env=None, threads=2):
         """np_flag=False leaves -np out: llama-server then picks its own
         number of slots (4) with a unified KV cache, its default set-up.
         backend: "cpu" or "vulkan" (llama_server_path); env: more
-        environment for the server."""
+        environment for the server. threads: -t; 1 where two servers
+        compute at once (two servers of two threads on two cores took 0.4 to
+        12 s for the self-test that takes 0.3 s with one thread each: ggml's
+        threads wait for each other's turn on the cores)."""
         self.model = model or test_model()
         self.port = port or free_port()
         self.slots = slots
         self.ubatch = ubatch
         args = [llama_server_path(backend), "-m", self.model, "--host", "127.0.0.1", "--port",
                 str(self.port)] + (["-np", str(slots)] if np_flag else []) + [
-                "-t", "2", "--cache-ram", str(cache_ram)]
+                "-t", str(threads), "--cache-ram", str(cache_ram)]
         if ctx:
             args += ["-c", str(ctx * slots)]
             args += ["--override-kv", f"llama.context_length=int:{max(ctx, 2048)}"]
