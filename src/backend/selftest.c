@@ -287,11 +287,11 @@ void selftest_clear(struct selftest *t)
 	}
 }
 
-int selftest_bits(const json_t *answer, const json_t *gen_answer, char out[65])
+/* The SHA-256 of o (taken; NULL: out of memory) as compact JSON with
+ * sorted keys, as 64 hex digits in out. 0, or -1 with out "". */
+static int hash_json(json_t *o, char out[65])
 {
 	out[0] = '\0';
-	json_t *o =
-	    json_pack("{s:O, s:O?}", "answer", (json_t *)answer, "steps", (json_t *)gen_answer);
 	char *text = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
 	json_decref(o);
 	if (!text)
@@ -302,6 +302,13 @@ int selftest_bits(const json_t *answer, const json_t *gen_answer, char out[65])
 	for (int i = 0; i < 32; i++)
 		snprintf(out + 2 * i, 3, "%02x", dig[i]);
 	return 0;
+}
+
+int selftest_bits(const json_t *answer, const json_t *gen_answer, char out[65])
+{
+	return hash_json(
+	    json_pack("{s:O, s:O?}", "answer", (json_t *)answer, "steps", (json_t *)gen_answer),
+	    out);
 }
 
 /* --- the run ----------------------------------------------------------- */
@@ -360,16 +367,7 @@ static int verdict_key(struct backend *b, char out[65])
 	                      b->rb->n_ctx_slot, "n_ubatch", b->rb->n_ubatch, "kv_settings",
 	                      b->d->cfg.kv_settings ? b->d->cfg.kv_settings : "", "boot", boot,
 	                      "test", SELFTEST_TOKENS);
-	char *text = k ? json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-	json_decref(k);
-	if (!text)
-		return -1;
-	unsigned char dig[SHA256_DIGEST_LENGTH];
-	SHA256((const unsigned char *)text, strlen(text), dig);
-	free(text);
-	for (int i = 0; i < 32; i++)
-		snprintf(out + 2 * i, 3, "%02x", dig[i]);
-	return 0;
+	return hash_json(k, out);
 }
 
 static json_t *verdicts_load(char *path, size_t n)
