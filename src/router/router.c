@@ -429,8 +429,9 @@ static int restorable_on(const struct router *r, const struct router_saved *e,
 	int exact = reuse_mode_is_exact(r->mode);
 	if (exact && b->restore_inexact)
 		return 0;
-	int same_bits = e->bits[0] && b->bits[0] && strcmp(e->bits, b->bits) == 0;
-	if (exact && e->bits[0] && b->bits[0] && !same_bits)
+	int known = e->bits[0] && b->bits[0];
+	int same_bits = known && strcmp(e->bits, b->bits) == 0;
+	if (exact && known && !same_bits)
 		return 0;
 	if (e->backend == b)
 		return 1;
