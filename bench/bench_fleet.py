@@ -5,13 +5,16 @@ to server i mod n, no id_slot: llama-server picks the slot itself), on the
 interleaved agent workload of bench/workload.py widened to six sessions.
 
   python3 bench/bench_fleet.py [--backends 1,2,3] [--slot-files] [--repeat N]
-                               [--mode fast|exact] [--pin] [--toki build/toki]
-                               [--against OTHER] [--out FILE.json]
+                               [--mode fast|exact] [--pin] [--per-request]
+                               [--toki build/toki] [--against OTHER] [--out FILE.json]
 
 --pin gives each server a core of its own and one thread (-t 1), as a host
 each: without it, servers that share this machine's cores slow each other
 down tenfold whenever two compute at once, and the router's choices (which
 read the speeds it measures) vary with that from run to run.
+--per-request prints, after each run, the requests that evaluated more than
+their own share of the limit (+2), with the route toki took (the JSON has
+them for every run: over_limit).
 
 The sessions run concurrently, as six agents would: the workload's schedule
 (session s starts s events after session 0) is replayed in steps, the
@@ -220,12 +223,27 @@ def start_server(th, k, pin, **kw):
         os.sched_setaffinity(0, cores)
 
 
+def over_limit(requests, results, per):
+    """The requests that evaluated more than their share of the limit (per,
+    bench/common.py prefix_limit) plus 2: index, session, kind, evaluated,
+    share, and toki's route, backend and restored file."""
+    out = []
+    for i, (q, r) in enumerate(zip(requests, results)):
+        if r is None or not r.get("timings") or r["timings"]["prompt_n"] <= per[i] + 2:
+            continue
+        c = r.get("cache") or {}
+        out.append([i, q["session"], q.get("kind"), r["timings"]["prompt_n"], per[i],
+                    c.get("route"), c.get("backend") or r.get("backend"), c.get("restored")])
+    return out
+
+
 def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mode="fast",
-            pin=False):
+            pin=False, per=None, show=False):
     """One configuration on fresh servers. slot_dir (toki only): the
     servers share one --slot-save-path, toki's --slot-dir. toki_bin: another
     toki binary than the harness's (--against). mode: toki's --reuse. pin:
-    each server on a core of its own (start_server)."""
+    each server on a core of its own (start_server). per: each request's
+    share of the limit, for over_limit; show: print those."""
     import shutil
     import tempfile
     th = common.harness()
@@ -257,6 +275,8 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mo
         results, wall = replay(requests, send, body_of=workload.body_of if exact else body_of,
                                stop_on_error=True)
         s = summarize(results, limit, wall)
+        if per:
+            s["over_limit"] = over_limit(requests, results, per)
         if checked:
             s["identical"] = sum(r is not None and r["status"] == 200 and
                                  common.answer_of(r) == (q["toki_reply"], q["toki_reply_logprobs"])
@@ -277,11 +297,14 @@ def run_one(n, target, requests, limit, model, slot_dir=False, toki_bin=None, mo
                f"{s['gen_tok_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']:.0f} ms, "
                f"wall {wall:.1f} s"
                + (f", identical {s['identical']}/{s['n']}" if "identical" in s else ""))
+    for row in s.get("over_limit", []) if show else []:
+        common.log("    request {} (session {}, {}): evaluated {}, its share {}; route {}, "
+                   "{}, restored {}".format(*row))
     return s
 
 
 def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode="fast",
-                pin=False):
+                pin=False, show=False):
     """Every configuration `repeat` times, the repeats interleaved (this
     machine is shared and its speed drifts); the table gives medians.
     against: (label, binary) of another toki, run beside every toki
@@ -289,6 +312,7 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode
     against toki's uncached one)."""
     model = model_path()
     requests, tokens, limit, ref_secs = reference(model)
+    _, per = common.prefix_limit(tokens)
     if mode == "exact":
         # The servers' thread count is in their bits: the reference runs
         # with the same.
@@ -310,7 +334,8 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode
     for rep in range(repeat):
         for n, target, sd, other in configs:
             r = run_one(n, target, requests, limit, model, slot_dir=sd,
-                        toki_bin=other[1] if other else None, mode=mode, pin=pin)
+                        toki_bin=other[1] if other else None, mode=mode, pin=pin, per=per,
+                        show=show)
             r["repeat"] = rep
             r["against"] = other[0] if other else None
             runs.append(r)
@@ -366,6 +391,8 @@ def main():
     ap.add_argument("--pin", action="store_true",
                     help="each server on a core of its own with one thread, as a host each "
                          "(needs a core per server)")
+    ap.add_argument("--per-request", action="store_true",
+                    help="print the requests over their share of the limit after each run")
     ap.add_argument("--against", metavar="OTHER",
                     help="another toki binary (an older build, say), run beside --toki in "
                          "every toki configuration, interleaved; its rows carry its path")
@@ -389,7 +416,7 @@ def main():
     info["command"] = " ".join(["python3", "bench/bench_fleet.py"] + sys.argv[1:])
     t0 = time.perf_counter()
     r = bench_fleet(tuple(int(x) for x in args.backends.split(",")), args.slot_files,
-                    args.repeat, against, args.mode, args.pin)
+                    args.repeat, against, args.mode, args.pin, args.per_request)
     info["total_s"] = time.perf_counter() - t0
     info["loadavg_end"] = common.loadavg()
     header = (f"## Fleet benchmark\n\n- date: {info['date']}\n- machine: {info.get('cpu')}, "
