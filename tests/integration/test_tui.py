@@ -179,7 +179,11 @@ class Tui(unittest.TestCase):
         t.keys("F3")
         t.wait(lambda s: "[F3 compare]" in status(s))
         self.send(t, "Tell me about herons.")
-        s = t.wait(r"speed-up: TTFT [\d.]+x")
+        # The comparison's line and the status line are drawn apart: wait
+        # for both (the status line once still showed only the raw turn).
+        compared = r"TTFT [\d.]+m?s→[\d.]+m?s [\d.]+x · eval \d+→\d+/\d+"
+        s = t.wait(lambda s: re.search(r"speed-up: TTFT [\d.]+x", s) and
+                   re.search(compared, status(s)))
         header = [l for l in s.split("\n") if "raw (no cache)" in l and "cached (toki router)" in l]
         self.assertEqual(len(header), 1, s)
         self.assertLess(header[0].index("raw (no cache)"), header[0].index("cached (toki router)"))
@@ -191,7 +195,7 @@ class Tui(unittest.TestCase):
         self.assertEqual(raw_ev, total)
         self.assertLess(cached_ev, raw_ev)
         self.assertEqual(m.group(4), "identical")
-        self.assertRegex(status(s), r"TTFT [\d.]+m?s→[\d.]+m?s [\d.]+x · eval \d+→\d+/\d+")
+        self.assertRegex(status(s), compared)
         t.save("compare")
 
     def test_multiline_input_and_history(self):
