@@ -204,7 +204,7 @@ def summarize(results, limit, wall):
 
 # ---- the benchmark ----
 
-PIN_ARGS = ("-t", "1", "-tb", "1")  # a pinned server's threads: one core's
+PIN_THREADS = 1  # a pinned server's threads: one core's
 
 
 def start_server(th, k, pin, **kw):
@@ -215,7 +215,7 @@ def start_server(th, k, pin, **kw):
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < k + 1:
         sys.exit(f"--pin: server {k} needs core {k}; this machine lends {len(cores)}")
-    kw["extra"] = tuple(kw.get("extra", ())) + PIN_ARGS
+    kw["threads"] = PIN_THREADS
     os.sched_setaffinity(0, {cores[k]})
     try:
         return th.LlamaServer(**kw)
@@ -316,7 +316,8 @@ def bench_fleet(counts=(1, 2, 3), slot_files=False, repeat=1, against=None, mode
     if mode == "exact":
         # The servers' thread count is in their bits: the reference runs
         # with the same.
-        workload.toki_reference("fleet", model, requests, 512, PIN_ARGS if pin else ())
+        workload.toki_reference("fleet", model, requests, 512,
+                                **({"threads": PIN_THREADS} if pin else {}))
     kinds = {}
     for r in requests:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1

@@ -181,10 +181,10 @@ def reference(quick, model, ubatch=512, requests=None):
     return _cache[key]
 
 
-def toki_reference(quick, model, requests, ubatch=512, extra=()):
+def toki_reference(quick, model, requests, ubatch=512, threads=2):
     """toki's own uncached answers, exact mode's reference: the same request
     list through a fresh toki in exact mode (a 1-slot llama-server, the same
-    -ub and the server arguments extra, which must be those of the servers
+    -ub and the servers' threads, which must be those of the servers
     compared: -t changes the bits) with `cache_prompt: false`, so each prompt
     is evaluated from an empty slot on toki's schedule. The list is fixed, so
     the answers do not depend on history. Sets toki_reply,
@@ -192,12 +192,12 @@ def toki_reference(quick, model, requests, ubatch=512, extra=()):
     returns seconds."""
     import time
     if requests and requests[0].get("toki_ref_ub") == ubatch and \
-            requests[0].get("toki_ref_extra") == list(extra):
+            requests[0].get("toki_ref_threads") == threads:
         return 0.0
     th = harness()
     p = params(quick)
     ls = th.LlamaServer(model=model, slots=1, ctx=p["per_slot_ctx"], ubatch=ubatch, cache_ram=0,
-                        extra=extra, name=f"bench-tokiref-ub{ubatch}")
+                        threads=threads, name=f"bench-tokiref-ub{ubatch}")
     toki = None
     try:
         toki = th.Toki([ls], mode="exact", ubatch=ubatch, name=f"toki-bench-tokiref-ub{ubatch}")
@@ -212,7 +212,7 @@ def toki_reference(quick, model, requests, ubatch=512, extra=()):
             r["toki_reply"], r["toki_reply_logprobs"] = answer_of(j)
             r["toki_ref_cache"] = j.get("cache")
             r["toki_ref_ub"] = ubatch
-            r["toki_ref_extra"] = list(extra)
+            r["toki_ref_threads"] = threads
         secs = time.perf_counter() - t0
         c.close()
     finally:
