@@ -39,7 +39,7 @@ int launch_find_llama_server(char *path, size_t n, char *gfx, size_t gfxn)
 		snprintf(path, n, "%s/tokirecur/llama-server/bin/llama-server", xdg);
 	else
 		snprintf(path, n, "%s/.cache/tokirecur/llama-server/bin/llama-server",
-			 home ? home : "");
+		         home ? home : "");
 	return access(path, X_OK) == 0 ? 0 : -1;
 }
 
@@ -76,8 +76,8 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 			snprintf(gfx, sizeof gfx, "%s", b.gfx);
 	} else if (launch_find_llama_server(p->binary, sizeof p->binary, gfx, sizeof gfx) != 0) {
 		snprintf(err, errlen,
-			 "no llama-server found: install one with `toki model install-llama`, put "
-			 "llama-server on PATH, or set TOKI_LLAMA_SERVER");
+		         "no llama-server found: install one with `toki model install-llama`, put "
+		         "llama-server on PATH, or set TOKI_LLAMA_SERVER");
 		return -1;
 	}
 	struct gguf_error gerr;
@@ -85,7 +85,7 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	struct gguf_model_info mi;
 	if (!g || !gguf_model_info_read(g, &mi)) {
 		snprintf(err, errlen, "cannot read %s: %s", o->model_path,
-			 g ? "no architecture in its header" : gerr.text);
+		         g ? "no architecture in its header" : gerr.text);
 		gguf_close(g);
 		return -1;
 	}
@@ -136,8 +136,10 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	long fit = memsize_fit_context(&mi, &budget, kv_type_of(o->llama_args, o->n_llama_args),
 	                               slots, &rep);
 	if (fit < 0) {
-		snprintf(err, errlen, "cannot size the context for %s (unknown KV cache type, or no "
-				      "layer/head counts in its header)", o->model_path);
+		snprintf(err, errlen,
+		         "cannot size the context for %s (unknown KV cache type, or no "
+		         "layer/head counts in its header)",
+		         o->model_path);
 		return -1;
 	}
 	if (o->ctx > 0 && rep.ctx_train > 0 && o->ctx > rep.ctx_train) {

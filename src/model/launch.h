@@ -10,19 +10,19 @@
 #include <stdint.h>
 
 struct launch_opts {
-	const char *name;	/* the run's name */
+	const char *name;       /* the run's name */
 	const char *model_path; /* the GGUF */
-	const char *binary;	/* llama-server; NULL: find one */
-	long ctx;		/* asked-for context per slot; 0: the largest that fits */
-	int slots;		/* 0: 2 */
+	const char *binary;     /* llama-server; NULL: find one */
+	long ctx;               /* asked-for context per slot; 0: the largest that fits */
+	int slots;              /* 0: 2 */
 	long max_output;
-	int port;		/* toki's; 0: 8787 */
+	int port; /* toki's; 0: 8787 */
 	const char *host;
 	const char *mode;
 	char *const *llama_args;
 	int n_llama_args;
-	int wait_s; /* how long to wait for the model to load; 0: 600 */
-	int foreground; /* become toki serve instead of starting it in the background */
+	int wait_s;           /* how long to wait for the model to load; 0: 600 */
+	int foreground;       /* become toki serve instead of starting it in the background */
 	int max_body_mb;      /* toki serve --max-body-mb (0: its default) */
 	int client_timeout_s; /* toki serve --client-timeout (0: its default) */
 };
