@@ -13,14 +13,21 @@ model, models taking turns), side by side in one run:
   latency  everything warm: p50 of /tokenize and of a 1-token chat through
            the endpoint against a single-model toki (`toki up --model
            FILE`), interleaved.
+  turns    two agents at once, each on a model of its own, both models on
+           the CPU: every request's seconds and the wall time until both are
+           done, through the endpoint (models on the CPU take turns),
+           through --against's endpoint (an older toki, which relays both at
+           once), two llama-servers alone at once, and each the agents one
+           after the other (the work itself); the answers of both endpoints
+           compared, text and logprobs.
   soak     --soak-s seconds, 3 models, a memory cap (TOKI_MEMORY_MB) that
            fits 2, 8 clients, a random llama-server killed every 5-15 s:
            requests lost (failed with no kill of their model's server while
            they ran), the endpoint's RSS and open fds after the warm-up and
            at the end, and llama-servers left after `toki down`.
 
-  python3 bench/bench_endpoint.py [swap] [latency] [soak] [--quick]
-      [--soak-s 600] [--toki BIN | --build-head] [--out F.json]
+  python3 bench/bench_endpoint.py [swap] [latency] [turns] [soak] [--quick]
+      [--soak-s 600] [--toki BIN | --build-head] [--against OLD_BIN] [--out F.json]
 """
 import argparse
 import json
@@ -55,7 +62,8 @@ def answer(resp):
 class Endpoint:
     """A `toki up` with a registry of its own, in a state folder of its own."""
 
-    def __init__(self, models, env_extra=None, single=None, ctx=2048):
+    def __init__(self, models, env_extra=None, single=None, ctx=2048, binary=None):
+        self.binary = binary or th.TOKI_BIN
         self.tmp = tempfile.mkdtemp(prefix="toki-bench-ep-")
         self.state = os.path.join(self.tmp, "state")
         self.env = dict(os.environ, TOKI_STATE_DIR=self.state,
@@ -78,7 +86,7 @@ class Endpoint:
             raise RuntimeError("toki up: " + r.stdout + r.stderr)
 
     def toki(self, *args):
-        return subprocess.run([th.TOKI_BIN, *args], capture_output=True, text=True,
+        return subprocess.run([self.binary, *args], capture_output=True, text=True,
                               env=self.env, timeout=300)
 
     def slots_dir(self, name):
@@ -333,6 +341,111 @@ def bench_latency(args, models, res):
                     "endpoint − single p50 ms", "single p90 ms", "endpoint p90 ms"], rows) + "\n"
 
 
+def turns_agent(port, model, prompts, tokens, out, t0):
+    """One agent: its requests one after another, each timed."""
+    cl = c.Client(port)
+    for k, p in enumerate(prompts):
+        body = chat_body(model, [{"role": "user", "content": p}], max_tokens=tokens,
+                         ignore_eos=True)
+        s = time.perf_counter()
+        st, r = cl.json("POST", "/v1/chat/completions", body)
+        if st != 200:
+            raise RuntimeError(f"{model} on {port}: {st} {r}")
+        out.append({"model": model, "k": k, "seconds": time.perf_counter() - s,
+                    "end": time.perf_counter() - t0, "answer": answer(r)})
+    cl.close()
+
+
+def turns_run(ports, prompts, tokens, together=True):
+    """Both agents (ports: model -> (port, name sent)); returns (wall s, records)."""
+    recs = []
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=turns_agent, args=(port, name, prompts[m], tokens, recs, t0))
+          for m, (port, name) in ports.items()]
+    for t in ts:
+        t.start()
+        if not together:
+            t.join()
+    for t in ts:
+        t.join()
+    if len(recs) != sum(len(p) for p in prompts.values()):
+        raise RuntimeError("a request failed (see above)")
+    return time.perf_counter() - t0, recs
+
+
+def bench_turns(args, models, res):
+    n, tokens = (3, 64) if args.quick else (6, 128)
+    paths = {"a": th.generated_model("ep-turn-a", "24M", ctx=4096, seed=1),
+             "b": th.generated_model("ep-turn-b", "24M", ctx=4096, seed=2)}
+    rng = random.Random(7)
+    words = "the a little dog ran over hill and far away to see sun moon".split()
+    prompts = {m: [" ".join(rng.choice(words) for _ in range(200)) for _ in range(n)]
+               for m in paths}
+    rows, out = [], {}
+    eps = [("endpoint", None, True), ("endpoint, one after the other", None, False)]
+    if args.against:
+        eps.append(("endpoint (--against)", args.against, True))
+    for label, binary, together in eps:
+        ep = Endpoint(paths, binary=binary)
+        try:
+            for m in paths:  # both loaded before the clock starts
+                st, r = c.Client(ep.port).json("POST", "/v1/chat/completions", chat_body(
+                    m, [{"role": "user", "content": "hi"}], max_tokens=1))
+                if st != 200:
+                    raise RuntimeError(f"{label} {m}: {st} {r}")
+            wall, recs = turns_run({m: (ep.port, m) for m in paths}, prompts, tokens, together)
+            st, stats = th.request(ep.port, "GET", "/toki/stats")
+            waits = sum(x.get("turn_waits", 0) for x in stats["models"])
+            # What each model's exact mode decided at its start: answers
+            # of two endpoints differ where a schedule does.
+            verdicts = {}
+            for m in paths:
+                with open(os.path.join(ep.state, "run", m, "serve.log")) as f:
+                    verdicts[m] = [ln.split(" exact: ", 1)[1].strip() for ln in f
+                                   if " exact: " in ln]
+        finally:
+            ep.close()
+        out[label] = {"wall": wall, "recs": recs, "turn_waits": waits, "exact": verdicts}
+    servers = {m: th.LlamaServer(model=p, slots=2, ctx=4096, name=f"turn-{m}")
+               for m, p in paths.items()}
+    try:
+        ports = {m: (s.port, None) for m, s in servers.items()}
+        for label, together in (("llama-server alone, both at once", True),
+                                ("llama-server alone, one after the other", False)):
+            wall, recs = turns_run(ports, prompts, tokens, together)
+            out[label] = {"wall": wall, "recs": recs, "turn_waits": None}
+    finally:
+        for s in servers.values():
+            s.kill()
+    base = out["endpoint, one after the other"]["wall"]
+    for label, o in out.items():
+        secs = [r["seconds"] for r in o["recs"]]
+        rows.append([label, f"{o['wall']:.2f}", f"{o['wall'] / base:.2f}", f"{c.median(secs):.2f}",
+                     f"{max(secs):.2f}", "" if o["turn_waits"] is None else o["turn_waits"]])
+    same = None
+    if args.against:
+        key = lambda o: {(r["model"], r["k"]): r["answer"] for r in o["recs"]}
+        new, old = key(out["endpoint"]), key(out["endpoint (--against)"])
+        same = sum(new[k] == old[k] for k in new)
+        for k in new:  # where they part: the request and its first token that differs
+            if new[k] != old[k]:
+                a, b = new[k][1], old[k][1]
+                at = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+                c.log(f"turns: {k} differs at token {at}: {a[at] if at is not None else ''} "
+                      f"against {b[at] if at is not None else ''}")
+    res["turns"] = {"requests": 2 * n, "tokens": tokens,
+                    "rows": {k: {"wall": v["wall"], "turn_waits": v["turn_waits"],
+                                 "exact": v.get("exact"),
+                                 "seconds": [r["seconds"] for r in v["recs"]]}
+                             for k, v in out.items()},
+                    "identical_new_old": same}
+    text = c.table(["path", "wall s (both agents done)", "× the endpoint one after the other",
+                    "request p50 s", "request max s", "turn waits"], rows) + "\n"
+    if same is not None:
+        text += f"\nAnswers, endpoint against --against: {same}/{2 * n} identical (text and logprobs).\n"
+    return text
+
+
 def fds(pid):
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -455,7 +568,8 @@ def bench_soak(args, models3, res):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", default=["swap", "latency", "soak"])
+    ap.add_argument("which", nargs="*", default=["swap", "latency", "turns", "soak"])
+    ap.add_argument("--against", help="an older toki: its endpoint in the turns table")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--soak-s", type=int, default=600)
     ap.add_argument("--toki")
@@ -493,7 +607,7 @@ def main():
     for w in args.which:
         t0 = time.time()
         c.log(f"== {w}")
-        part = {"swap": bench_swap, "latency": bench_latency,
+        part = {"swap": bench_swap, "latency": bench_latency, "turns": bench_turns,
                 "soak": bench_soak}[w](args, models3 if w == "soak" else models, res)
         md.append(f"### {w} ({time.time() - t0:.0f} s)\n\n{part}")
         print(md[-1], flush=True)
@@ -511,6 +625,11 @@ def main():
     if "latency" in res:
         ok &= all(v["endpoint"]["p50"] - v["single"]["p50"] <= 0.5
                   for v in res["latency"]["routes"].values())
+    if "turns" in res:
+        # Toki must not be the slower way to run two models on the CPU.
+        r = res["turns"]["rows"]
+        ok &= r["endpoint"]["wall"] <= 1.10 * r["endpoint, one after the other"]["wall"]
+        ok &= r["endpoint"]["wall"] <= r["llama-server alone, both at once"]["wall"]
     if "soak" in res:
         s = res["soak"]
         ok &= s["lost"] == 0 and not s["left_after_down"]

@@ -265,8 +265,10 @@ def machine_info(toki_bin):
     except OSError:
         pass
     def git(*a):
+        # Only the end stripped: a porcelain line begins with its status,
+        # whose first column may be a space.
         return subprocess.run(["git", "-C", SOURCE_DIR] + list(a), capture_output=True,
-                              text=True).stdout.strip()
+                              text=True).stdout.rstrip()
     info["commit"] = git("rev-parse", "--short", "HEAD")
     dirty = git("status", "--porcelain", "--untracked-files=no")
     info["dirty"] = bool(dirty)

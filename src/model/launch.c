@@ -161,6 +161,7 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	p->slots = slots;
 	p->used = rep.weights + rep.kv_per_token * (uint64_t)p->ctx * (uint64_t)slots;
 	p->capacity = rep.memory > rep.margin ? rep.memory - rep.margin : 0;
+	p->gpu = rep.gpu;
 	memsize_explain(&rep, o->ctx, p->why, sizeof p->why);
 	return 0;
 }

@@ -39,6 +39,7 @@ struct launch_plan {
 	long ctx_train;     /* the training context, 0 when unknown */
 	char ctx_args[200]; /* the llama-server arguments that changed it, or "" */
 	char why[512];      /* the sizing in one sentence (memsize_explain) */
+	int gpu;            /* sized against a GPU's memory: its layers run there, not on the CPU */
 };
 /* Sizes o's model (o->port and o->foreground are not used). held_bytes: the
  * memory models toki runs hold now (the endpoint's), which the machine

@@ -157,23 +157,110 @@ void pool_fail_waiters(struct pool *p, struct pool_model *m, int status, const c
  * served; the first whose model is not makes it start, or makes room for
  * it (stopping the least recently used idle model), or waits for room.
  * Later waiters for other unready models wait behind it. */
+int pool_request_computes(const struct http_request *req)
+{
+	const char *method = http_request_method(req);
+	return strcmp(method, "GET") && strcmp(method, "HEAD");
+}
+
+/* Every model as pool_pick.h's choices see it. */
+static void views_of(struct pool *p, struct pool_view *v)
+{
+	for (int i = 0; i < p->n_models; i++) {
+		struct pool_model *o = p->models[i];
+		v[i] = (struct pool_view){
+		    .running = o->state != PM_UNLOADED,
+		    .stoppable = o->state == PM_LOADED && o->in_flight == 0,
+		    .last_used = o->last_used,
+		    .used = o->used,
+		    .stopping = o->state == PM_STOPPING,
+		    .ready = o->state == PM_LOADED,
+		    .group = registry_group_of(&p->reg, o->name) + 1,
+		    .cpu = o->cpu,
+		    .busy = o->state == PM_STARTING || o->computing > 0,
+		    .takes = o->state == PM_LOADED && !o->draining,
+		};
+	}
+}
+
+static int model_index(struct pool *p, const struct pool_model *m)
+{
+	for (int i = 0; i < p->n_models; i++)
+		if (p->models[i] == m)
+			return i;
+	return -1;
+}
+
+int pool_turn_free_for(struct pool *p, const struct pool_model *m)
+{
+	struct pool_view *v = calloc((size_t)p->n_models, sizeof *v);
+	if (!v)
+		return 0; /* it queues, and the pump decides */
+	views_of(p, v);
+	int i = model_index(p, m), free_now = i >= 0 && pool_turn_free(v, p->n_models, i);
+	free(v);
+	return free_now;
+}
+
+/* Serves the waiters whose model takes requests, where the CPU turn lets
+ * them (pool_turn_queue). Returns the model of the first waiter whose
+ * model does not take requests, or NULL. -1 when out of memory. */
+static int serve_waiters(struct pool *p, struct pool_model **blocked)
+{
+	*blocked = NULL;
+	int k = 0;
+	for (struct pool_waiter *w = p->head; w; w = w->next)
+		k++;
+	if (!k)
+		return 0;
+	struct pool_view *v = calloc((size_t)p->n_models, sizeof *v);
+	struct pool_queue_view *q = calloc((size_t)k, sizeof *q);
+	unsigned char *go = calloc((size_t)k, 1);
+	struct pool_waiter **ws = calloc((size_t)k, sizeof *ws);
+	if (!v || !q || !go || !ws) {
+		free(v);
+		free(q);
+		free(go);
+		free(ws);
+		return -1;
+	}
+	views_of(p, v);
+	int j = 0;
+	for (struct pool_waiter *w = p->head; w; w = w->next, j++) {
+		ws[j] = w;
+		q[j].model = model_index(p, w->m);
+		q[j].computes = !w->load_only && pool_request_computes(w->req);
+	}
+	pool_turn_queue(v, p->n_models, q, k, go);
+	for (j = 0; j < k; j++) {
+		struct pool_waiter *w = ws[j];
+		if (go[j]) {
+			pool_waiter_unlink(p, w);
+			pool_waiter_serve(p, w);
+			continue;
+		}
+		if (!*blocked && !v[q[j].model].takes)
+			*blocked = w->m;
+		/* Its model takes requests: it waits for the CPU turn. */
+		if (v[q[j].model].takes && !w->turn_waited) {
+			w->turn_waited = 1;
+			w->m->turn_waits++;
+		}
+	}
+	free(v);
+	free(q);
+	free(go);
+	free(ws);
+	return 0;
+}
+
 void pool_pump(struct pool *p)
 {
 	if (p->shutting_down)
 		return;
 	struct pool_model *blocked = NULL; /* the model at the head of the line */
-	struct pool_waiter *w = p->head;
-	while (w) {
-		struct pool_waiter *next = w->next;
-		struct pool_model *m = w->m;
-		if (m->state == PM_LOADED && !m->draining) {
-			pool_waiter_unlink(p, w);
-			pool_waiter_serve(p, w);
-		} else if (!blocked) {
-			blocked = m;
-		}
-		w = next;
-	}
+	if (serve_waiters(p, &blocked) != 0)
+		return;
 	if (!blocked || blocked->state != PM_UNLOADED) {
 		/* Nobody waits for room: models held back to make some take
 		 * requests again. */
@@ -197,21 +284,11 @@ void pool_pump(struct pool *p)
 	struct pool_view *v = calloc((size_t)p->n_models, sizeof *v);
 	if (!v)
 		return;
-	int target = -1;
-	for (int i = 0; i < p->n_models; i++) {
-		struct pool_model *o = p->models[i];
-		if (o == m)
-			target = i;
-		v[i].running = o->state != PM_UNLOADED;
-		v[i].stoppable = o->state == PM_LOADED && o->in_flight == 0;
-		v[i].last_used = o->last_used;
-		v[i].used = o->used;
-		v[i].stopping = o->state == PM_STOPPING;
-		v[i].ready = o->state == PM_LOADED;
-		v[i].group = registry_group_of(&p->reg, o->name) + 1;
-		if (v[i].running && o != m)
-			held += o->used;
-	}
+	int target = model_index(p, m);
+	views_of(p, v);
+	for (int i = 0; i < p->n_models; i++)
+		if (v[i].running && i != target)
+			held += v[i].used;
 	struct launch_opts o = {
 	    .name = rm->name,
 	    .model_path = rm->path,
@@ -234,7 +311,19 @@ void pool_pump(struct pool *p)
 	}
 	int pick =
 	    pool_pick(v, p->n_models, target, plan->used, plan->capacity, pool_max_loaded(p));
-	if (pick == POOL_FITS) {
+	m->cpu = v[target].cpu = !plan->gpu;
+	if (pick == POOL_FITS && !pool_turn_free(v, p->n_models, target)) {
+		/* Its load and self-test compute: it starts when the model on
+		 * the CPU ends its requests (later ones on the CPU wait behind
+		 * it). */
+		if (!m->turn_held) {
+			m->turn_held = 1;
+			m->turn_waits++;
+			log_info("pool: %s starts once the CPU is free (another model computes)",
+			         m->name);
+		}
+	} else if (pick == POOL_FITS) {
+		m->turn_held = 0;
 		if (pool_model_start(p, m, rm, plan) != 0) {
 			log_error("pool: %s", m->error);
 			pool_fail_waiters(p, m, 503, m->error);

@@ -51,6 +51,8 @@ struct pool_model {
 	long max_output;
 	uint64_t used;      /* its memory at ctx */
 	int in_flight;      /* requests relayed to it and not ended */
+	int computing;      /* of those, the ones that compute (pool_request_computes) */
+	int cpu;            /* computes on the CPU, as its last sizing found: takes turns */
 	int draining;       /* chosen to stop: new requests queue instead */
 	int64_t last_used;  /* when its last request ended (us) */
 	int64_t started_us; /* when its start began */
@@ -73,6 +75,8 @@ struct pool_model {
 	struct timespec start_wall; /* when its start began, as file times say it */
 	uint64_t saved_bytes;       /* slot files its children wrote, over every run */
 	uint64_t restored_bytes;    /* slot files there at its starts, over every start */
+	int turn_waits;             /* its requests and starts that waited for the CPU turn */
+	int turn_held;              /* its start waits for the CPU turn now (logged once) */
 };
 
 struct pool_waiter;
@@ -108,10 +112,11 @@ struct pool_waiter {
 	struct pool_model *m;
 	struct http_request *req;
 	int load_only;
-	int stream;    /* the client asked for a stream: keep-alives while it waits */
-	int progress;  /* and for progress (return_progress): load events too */
-	int64_t since; /* when it began to wait */
-	int began;     /* the stream began with those keep-alives */
+	int stream;      /* the client asked for a stream: keep-alives while it waits */
+	int progress;    /* and for progress (return_progress): load events too */
+	int64_t since;   /* when it began to wait */
+	int began;       /* the stream began with those keep-alives */
+	int turn_waited; /* counted in its model's turn_waits */
 	int64_t deadline;
 	struct event *keepalive;
 	struct pool_waiter *next;
@@ -141,6 +146,12 @@ void pool_fail_waiters(struct pool *p, struct pool_model *m, int status, const c
  * whenever something changed: a request came or ended, a child started or
  * exited, a second went by. */
 void pool_pump(struct pool *p);
+/* Whether a request computes (pool_pick.h, the CPU turn): any but a GET or
+ * HEAD. */
+int pool_request_computes(const struct http_request *req);
+/* Whether m may relay a request that computes now, with nobody queued:
+ * the CPU turn is free or its own. */
+int pool_turn_free_for(struct pool *p, const struct pool_model *m);
 
 /* ---- pool_child.c: a model's child toki serve ---- */
 

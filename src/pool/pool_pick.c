@@ -101,3 +101,39 @@ int pool_pick_drain(const struct pool_view *v, int n, int target)
 			lru = i;
 	return lru;
 }
+
+int pool_turn_free(const struct pool_view *v, int n, int target)
+{
+	if (!v[target].cpu)
+		return 1;
+	for (int i = 0; i < n; i++)
+		if (i != target && v[i].cpu && v[i].busy)
+			return 0;
+	return 1;
+}
+
+int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q, int k,
+                    unsigned char *go)
+{
+	int held = 0, gone = 0;
+	for (int j = 0; j < k; j++) {
+		const struct pool_view *m = &v[q[j].model];
+		go[j] = 0;
+		if (!m->takes) {
+			/* Its start (or the room for it) comes first: a start on
+			 * the CPU takes the turn. */
+			held |= m->cpu;
+			continue;
+		}
+		if (!q[j].computes || !m->cpu) {
+			go[j] = 1;
+		} else if (!held && pool_turn_free(v, n, q[j].model)) {
+			go[j] = 1;
+			v[q[j].model].busy = 1;
+		} else {
+			held = 1;
+		}
+		gone += go[j];
+	}
+	return gone;
+}

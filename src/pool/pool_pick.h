@@ -31,6 +31,10 @@ struct pool_view {
 	/* its registry group, 1-based (registry_group_of + 1), so that a view
 	 * left zeroed is in none: 0 */
 	int group;
+	/* The CPU turn (pool_turn_queue): */
+	int cpu;   /* computes on the CPU (no GPU sized for it), as its last start found */
+	int busy;  /* starting, or answering a request that computes */
+	int takes; /* ready and not held back: takes requests */
 };
 
 enum {
@@ -52,5 +56,34 @@ int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint6
  * recently used ready model, never one of the target's group, to take no
  * new requests and stop once its last one ends; -1 when there is none. */
 int pool_pick_drain(const struct pool_view *v, int n, int target);
+
+/* The CPU turn. llama.cpp's CPU threads wait for each other by spinning,
+ * each server with as many threads as the machine has cores, so two
+ * models that compute on the CPU at once do not share the cores: they
+ * stall each other (two 24M models generating 200 tokens each, on 2
+ * cores: 0.95 s one after the other, 32 s at once; docs/benchmarks.md).
+ * So models on the CPU take turns: one at a time starts (its load and
+ * self-test compute) or answers requests that compute (any but GET and
+ * HEAD); requests to the same model go together, as its llama-server
+ * batches them. A model on a GPU never waits for the turn. */
+
+/* Whether model `target` may take the turn now: it is not on the CPU, or
+ * no other model on the CPU is busy. */
+int pool_turn_free(const struct pool_view *v, int n, int target);
+
+/* A waiter of the queue, as the turn sees it. */
+struct pool_queue_view {
+	int model;    /* its model's index in the views */
+	int computes; /* a request that computes (not a load, a GET or HEAD) */
+};
+/* Which waiters go now, in queue order: go[k] = 1 where waiter k's model
+ * takes requests and, for a request that computes on a CPU model, the
+ * turn is free or its own. A CPU model's waiter that cannot go (its model
+ * starts, waits for room or for the turn) holds back every later waiter
+ * of a CPU model, whatever its model: the turn passes in queue order, so
+ * a model whose requests keep coming does not keep it. v[].busy is set
+ * for the models of the requests that go. Returns how many go. */
+int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q, int k,
+                    unsigned char *go);
 
 #endif

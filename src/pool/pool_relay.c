@@ -25,6 +25,7 @@ struct relay {
 	struct http_request *req;
 	struct backend_call *call;
 	int began;     /* the client's stream began (keep-alives, or the child's stream) */
+	int computes;  /* counted in m->computing */
 	int streaming; /* the child answers with a stream: bytes go on as they come */
 	int status;
 	char ct[128];
@@ -81,6 +82,7 @@ static void relay_end(struct relay *r)
 	struct pool_model *m = r->m;
 	struct pool *p = r->p;
 	m->in_flight--;
+	m->computing -= r->computes;
 	m->last_used = clock_now_us();
 	pool_conn_release(r->conn);
 	free(r->buf);
@@ -205,6 +207,8 @@ void pool_relay_start(struct pool *p, struct pool_model *m, struct http_request 
 	const char *body = http_request_body(req, &len);
 	int has_body = strcmp(method, "GET") && strcmp(method, "HEAD");
 	m->in_flight++;
+	r->computes = pool_request_computes(req);
+	m->computing += r->computes;
 	r->conn = m->conn;
 	r->conn->users++;
 	r->call =
@@ -213,6 +217,7 @@ void pool_relay_start(struct pool *p, struct pool_model *m, struct http_request 
 	free(target);
 	if (!r->call) {
 		m->in_flight--;
+		m->computing -= r->computes;
 		pool_conn_release(r->conn);
 		free(r);
 		http_respond_error(req, 500, "out of memory");

@@ -102,12 +102,26 @@ static void handle_stats(struct pool *p, struct http_request *req)
 		json_object_set_new(e, "saved_bytes", json_integer((json_int_t)m->saved_bytes));
 		json_object_set_new(e, "restored_bytes",
 		                    json_integer((json_int_t)m->restored_bytes));
+		json_object_set_new(e, "cpu", json_boolean(m->cpu));
+		json_object_set_new(e, "computing", json_integer(m->computing));
+		json_object_set_new(e, "turn_waits", json_integer(m->turn_waits));
 		if (m->error[0])
 			json_object_set_new(e, "error", json_string(m->error));
 		json_array_append_new(models, e);
 	}
 	json_t *o = json_pack("{s:b, s:o, s:i, s:I}", "endpoint", 1, "models", models, "waiting",
 	                      waiting, "max_loaded", (json_int_t)pool_max_loaded(p));
+	/* Who has the CPU turn (pool_pick.h): the model on the CPU that starts
+	 * or computes. */
+	json_t *turn = json_null();
+	for (int i = 0; i < p->n_models; i++) {
+		const struct pool_model *m = p->models[i];
+		if (m->cpu && (m->state == PM_STARTING || m->computing > 0)) {
+			json_decref(turn);
+			turn = json_string(m->name);
+		}
+	}
+	json_object_set_new(o, "cpu_turn", turn);
 	reply_json_obj(req, 200, o);
 	json_decref(o);
 }
@@ -153,6 +167,7 @@ static void handle_metrics(struct pool *p, struct http_request *req)
 	FAMILY("last_stop_seconds", "gauge", "%.3f", m->last_stop_s);
 	FAMILY("saved_bytes_total", "counter", "%llu", (unsigned long long)m->saved_bytes);
 	FAMILY("restored_bytes_total", "counter", "%llu", (unsigned long long)m->restored_bytes);
+	FAMILY("turn_waits_total", "counter", "%d", m->turn_waits);
 #undef FAMILY
 #undef PUT
 	http_respond(req, 200, "text/plain; version=0.0.4", out, len < cap ? len : cap - 1);
@@ -275,7 +290,8 @@ void pool_handle(struct http_request *req, void *ctx)
 		return;
 	}
 	/* Ready, and nobody queued ahead: straight on. */
-	if (m->state == PM_LOADED && !m->draining && !p->head && !load_only) {
+	if (m->state == PM_LOADED && !m->draining && !p->head && !load_only &&
+	    (!pool_request_computes(req) || pool_turn_free_for(p, m))) {
 		pool_relay_start(p, m, req, 0);
 		return;
 	}

@@ -327,6 +327,94 @@ class Endpoint(unittest.TestCase):
         self.assertIn("pool: stopping c", self.log_text())
         self.assertEqual(self.starts("a"), 1)
 
+    def test_models_on_the_cpu_take_turns(self):
+        # llama.cpp's CPU threads spin while they wait for each other, so two
+        # models computing at once on the same cores stall each other (32 s
+        # against 0.95 s one after the other, docs/benchmarks.md). a, b and c
+        # all compute on the CPU here. While a's request is in flight (its
+        # toki serve stopped, so that it stays so), b's request waits, c's
+        # start waits, and a's next request waits behind both (the turn
+        # passes in order); a GET of b's goes at once. Once a's answer is
+        # back: b's, then c's start and request, then a's.
+        self.env.pop("TOKI_MAX_LOADED")
+        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
+        reg = self.env["TOKI_MODEL_REGISTRY"]
+        with open(reg) as f:
+            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
+                                    "active:" % self.tmp)
+        with open(reg, "w") as f:
+            f.write(text)
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+        for name in ("a", "b"):
+            self.assertEqual(self.chat(name, msgs)["model"], name)
+
+        def stats():
+            st, s = th.request(self.port, "GET", "/toki/stats")
+            self.assertEqual(st, 200, s)
+            return s, {m["name"]: m for m in s["models"]}
+
+        s, m = stats()
+        self.assertEqual((m["a"]["cpu"], m["b"]["cpu"], s["cpu_turn"]), (True, True, None))
+        self.assertEqual((m["a"]["turn_waits"], m["b"]["turn_waits"]), (0, 0))
+
+        def until(what, cond, timeout=30):
+            deadline = time.time() + timeout
+            while True:
+                s, m = stats()
+                if cond(s, m):
+                    return s, m
+                self.assertLess(time.time(), deadline, f"{what}: {s}")
+                time.sleep(0.02)
+
+        results, order = {}, []
+
+        def ask(key, model):
+            results[key] = th.request(self.port, "POST", "/v1/chat/completions",
+                                      {"model": model, "messages": msgs, "max_tokens": 8})
+            order.append(key)
+
+        def start(key, model):
+            t = threading.Thread(target=ask, args=(key, model))
+            t.start()
+            return t
+
+        pid = self.child_pid("a")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            threads = [start("a1", "a")]
+            until("a computes", lambda s, m: m["a"]["computing"] == 1 and s["cpu_turn"] == "a")
+            threads.append(start("b1", "b"))
+            until("b's request waits for the turn",
+                  lambda s, m: m["b"]["turn_waits"] == 1 and m["b"]["queued"] == 1)
+            threads.append(start("c1", "c"))
+            until("c's start waits for the turn", lambda s, m: m["c"]["turn_waits"] == 1)
+            self.assertIn("pool: c starts once the CPU is free", self.log_text())
+            threads.append(start("a2", "a"))
+            s, m = until("a's next request waits behind them",
+                         lambda s, m: m["a"]["turn_waits"] == 1 and m["a"]["queued"] == 1)
+            self.assertEqual((m["a"]["computing"], m["b"]["computing"], m["c"]["state"]),
+                             (1, 0, "unloaded"))
+            self.assertEqual(s["waiting"], 3)
+            # A request that does not compute goes through at once.
+            st, props = th.request(self.port, "GET", "/props?model=b")
+            self.assertEqual(st, 200, props)
+            self.assertEqual(order, [])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for t in threads:
+            t.join(120)
+        for key in ("a1", "b1", "c1", "a2"):
+            st, r = results[key]
+            self.assertEqual(st, 200, r)
+        self.assertEqual(order, ["a1", "b1", "c1", "a2"])
+        s, m = stats()
+        self.assertEqual([m[k]["turn_waits"] for k in "abc"], [1, 1, 1])
+        self.assertEqual((s["cpu_turn"], s["waiting"]), (None, 0))
+        st, metrics = th.request(self.port, "GET", "/metrics")
+        self.assertIn('toki_endpoint_model_turn_waits_total{model="c"} 1', str(metrics))
+
     def in_flight(self, name):
         st, stats = th.request(self.port, "GET", "/toki/stats")
         return [m["in_flight"] for m in stats["models"] if m["name"] == name][0]

@@ -155,6 +155,65 @@ static void test_pick_drain(void **state)
 	assert_int_equal(pool_pick_drain(v, 4, 3), -1);
 }
 
+static void test_cpu_turn(void **state)
+{
+	/* a and b compute on the CPU, g on a GPU; all take requests. */
+	struct pool_view v[3] = {
+	    {.cpu = 1, .takes = 1},
+	    {.cpu = 1, .takes = 1},
+	    {.cpu = 0, .takes = 1},
+	};
+	assert_true(pool_turn_free(v, 3, 0));
+	v[1].busy = 1;
+	/* b computes: a waits, b goes on, g never waits. */
+	assert_false(pool_turn_free(v, 3, 0));
+	assert_true(pool_turn_free(v, 3, 1));
+	assert_true(pool_turn_free(v, 3, 2));
+	v[2].busy = 1;
+	v[1].busy = 0;
+	assert_true(pool_turn_free(v, 3, 0)); /* a GPU model's work is not the CPU's */
+
+	/* The queue, b computing: a's request waits, and so does b's after
+	 * it (the turn passes in order); g's goes; a GET of a's goes. */
+	struct pool_view w[3] = {
+	    {.cpu = 1, .takes = 1},
+	    {.cpu = 1, .takes = 1, .busy = 1},
+	    {.cpu = 0, .takes = 1},
+	};
+	struct pool_queue_view q[5] = {{1, 1}, {0, 1}, {1, 1}, {2, 1}, {0, 0}};
+	unsigned char go[5];
+	assert_int_equal(pool_turn_queue(w, 3, q, 5, go), 3);
+	assert_int_equal(go[0], 1); /* b's, ahead of a's: b has the turn */
+	assert_int_equal(go[1], 0);
+	assert_int_equal(go[2], 0);
+	assert_int_equal(go[3], 1);
+	assert_int_equal(go[4], 1);
+	/* b's requests end: a's go, and b's waits for them. */
+	w[1].busy = 0;
+	struct pool_queue_view q2[2] = {{0, 1}, {1, 1}};
+	assert_int_equal(pool_turn_queue(w, 3, q2, 2, go), 1);
+	assert_int_equal(go[0], 1);
+	assert_int_equal(go[1], 0);
+	assert_int_equal(w[0].busy, 1); /* set by the one that went */
+	/* Two of a's together: the same model's requests go together. */
+	w[0].busy = 0;
+	struct pool_queue_view q3[3] = {{0, 1}, {0, 1}, {1, 1}};
+	assert_int_equal(pool_turn_queue(w, 3, q3, 3, go), 2);
+	assert_int_equal(go[2], 0);
+	/* A CPU model that starts (takes nothing yet) holds back the CPU
+	 * waiters after it, not a GPU model's. */
+	w[0].busy = 0;
+	w[0].takes = 0;
+	struct pool_queue_view q4[3] = {{0, 1}, {1, 1}, {2, 1}};
+	assert_int_equal(pool_turn_queue(w, 3, q4, 3, go), 1);
+	assert_int_equal(go[1], 0);
+	assert_int_equal(go[2], 1);
+	/* A model whose start is a GPU's holds nothing back. */
+	w[0].cpu = 0;
+	assert_int_equal(pool_turn_queue(w, 3, q4, 3, go), 2);
+	assert_int_equal(go[1], 1);
+}
+
 static void test_pick_groups(void **state)
 {
 	/* a and b are a group (1), c is in none, d is the one to start. */
@@ -250,6 +309,7 @@ int main(void)
 	    cmocka_unit_test(test_pick),
 	    cmocka_unit_test(test_pick_groups),
 	    cmocka_unit_test(test_pick_drain),
+	    cmocka_unit_test(test_cpu_turn),
 	    cmocka_unit_test(test_group_ids_from_registry),
 	    cmocka_unit_test(test_error_shapes),
 	};
