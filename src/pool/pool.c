@@ -261,6 +261,11 @@ void pool_pump(struct pool *p)
 	struct pool_model *blocked = NULL; /* the model at the head of the line */
 	if (serve_waiters(p, &blocked) != 0)
 		return;
+	/* A start held for the CPU turn is the head of the line's only: one
+	 * whose waiters left is logged and counted again when it next waits. */
+	for (int i = 0; i < p->n_models; i++)
+		if (p->models[i] != blocked)
+			p->models[i]->turn_held = 0;
 	if (!blocked || blocked->state != PM_UNLOADED) {
 		/* Nobody waits for room: models held back to make some take
 		 * requests again. */

@@ -61,7 +61,12 @@ void pool_on_keepalive(evutil_socket_t fd, short what, void *arg)
 		w->began = 1;
 	}
 	char line[512];
-	int n = snprintf(line, sizeof line, ": toki loading %s\n\n", w->m->name);
+	/* A model that takes requests keeps this one waiting for the CPU
+	 * turn (pool_pick.h); any other is on its way to taking them. */
+	int turn = w->m->state == PM_LOADED && !w->m->draining;
+	int n = snprintf(line, sizeof line,
+	                 turn ? ": toki %s waits for the CPU\n\n" : ": toki loading %s\n\n",
+	                 w->m->name);
 	http_stream_write(w->req, line, (size_t)n);
 	if (w->progress) {
 		/* A client that asked for llama-server's progress events gets the

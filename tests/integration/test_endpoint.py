@@ -7,6 +7,7 @@ comes back from its slot files (route "disk") evaluating what it would have
 without the swap, with exact mode's answer. A model's server that dies under
 requests fails them (502, or an error event) and starts again on the next,
 the other model untouched. `toki down` leaves nothing."""
+import http.client
 import json
 import os
 import re
@@ -375,8 +376,32 @@ class Endpoint(unittest.TestCase):
                                       {"model": model, "messages": msgs, "max_tokens": 8})
             order.append(key)
 
-        def start(key, model):
-            t = threading.Thread(target=ask, args=(key, model))
+        kept_alive = threading.Event()
+
+        def ask_stream(key, model):
+            # Read as it comes, to tell when the first keep-alive is in.
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            conn.request("POST", "/v1/chat/completions",
+                         body=json.dumps({"model": model, "messages": msgs, "max_tokens": 8,
+                                          "temperature": 0, "stream": True}),
+                         headers={"Content-Type": "application/json",
+                                  "Authorization": "Bearer " + th.TEST_TOKEN})
+            resp = conn.getresponse()
+            seen = b""
+            while True:
+                chunk = resp.read1(4096)
+                if not chunk:
+                    break
+                seen += chunk
+                if b"\n\n" in seen:
+                    kept_alive.set()
+            conn.close()
+            events = [e for e in seen.decode().split("\n\n") if e.strip()]
+            results[key] = (resp.status, events)
+            order.append(key)
+
+        def start(key, model, stream=False):
+            t = threading.Thread(target=ask_stream if stream else ask, args=(key, model))
             t.start()
             return t
 
@@ -385,7 +410,7 @@ class Endpoint(unittest.TestCase):
         try:
             threads = [start("a1", "a")]
             until("a computes", lambda s, m: m["a"]["computing"] == 1 and s["cpu_turn"] == "a")
-            threads.append(start("b1", "b"))
+            threads.append(start("b1", "b", stream=True))
             until("b's request waits for the turn",
                   lambda s, m: m["b"]["turn_waits"] == 1 and m["b"]["queued"] == 1)
             threads.append(start("c1", "c"))
@@ -400,6 +425,7 @@ class Endpoint(unittest.TestCase):
             # A request that does not compute goes through at once.
             st, props = th.request(self.port, "GET", "/props?model=b")
             self.assertEqual(st, 200, props)
+            self.assertTrue(kept_alive.wait(30), "b's stream got no keep-alive")
             self.assertEqual(order, [])
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -408,6 +434,15 @@ class Endpoint(unittest.TestCase):
         for key in ("a1", "b1", "c1", "a2"):
             st, r = results[key]
             self.assertEqual(st, 200, r)
+        # b's stream said what it waited for (a comment, every
+        # keep-alive), then gave the answer as a stream does.
+        events = results["b1"][1]
+        self.assertEqual(events[0], ": toki b waits for the CPU", events)
+        self.assertEqual(events[-1], "data: [DONE]", events)
+        text = "".join(th.event_json(e)["choices"][0]["delta"].get("content") or ""
+                       for e in events if e.startswith("data: {"))
+        alone = self.chat("a", msgs, max_tokens=8)["choices"][0]["message"]["content"]
+        self.assertEqual(text, alone)
         self.assertEqual(order, ["a1", "b1", "c1", "a2"])
         s, m = stats()
         self.assertEqual([m[k]["turn_waits"] for k in "abc"], [1, 1, 1])
