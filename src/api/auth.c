@@ -38,7 +38,8 @@ int auth_load_token(char *token, size_t n, char *err, size_t errlen)
 	}
 	char dir[4096], path[4200];
 	if (paths_state_dir(dir, sizeof dir) != 0 || paths_mkdir_p(dir, 0700) != 0) {
-		snprintf(err, errlen, "cannot create the state directory %s: %s", dir, strerror(errno));
+		snprintf(err, errlen, "cannot create the state directory %s: %s", dir,
+		         strerror(errno));
 		return -1;
 	}
 	snprintf(path, sizeof path, "%s/token", dir);
