@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/bytes.h"
 #include "util/paths.h"
 
 static int read_token_file(const char *path, char *token, size_t n)
@@ -50,8 +51,7 @@ int auth_load_token(char *token, size_t n, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot make a random token");
 		return -1;
 	}
-	for (size_t i = 0; i < sizeof raw; i++)
-		snprintf(token + 2 * i, 3, "%02x", raw[i]);
+	bytes_hex(raw, sizeof raw, token);
 	/* O_EXCL: if another daemon wrote one meanwhile, use that one. */
 	char tmp[4300];
 	snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());

@@ -8,11 +8,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include <openssl/sha.h>
-
 #include "backend/backend.h"
 #include "backend/supervise.h"
 #include "daemon.h"
+#include "util/bytes.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/paths.h"
@@ -296,11 +295,8 @@ static int hash_json(json_t *o, char out[65])
 	json_decref(o);
 	if (!text)
 		return -1;
-	unsigned char dig[SHA256_DIGEST_LENGTH];
-	SHA256((const unsigned char *)text, strlen(text), dig);
+	bytes_sha256_hex(text, strlen(text), out);
 	free(text);
-	for (int i = 0; i < 32; i++)
-		snprintf(out + 2 * i, 3, "%02x", dig[i]);
 	return 0;
 }
 

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include "daemon.h"
 #include "platform/platform.h"
 #include "router/sched.h"
+#include "util/bytes.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/paths.h"
@@ -117,10 +117,7 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 	              d->cfg.kv_settings ? d->cfg.kv_settings : "", "schedule", SCHED_LAYOUT);
 	char *s = json_dumps(fp, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(fp);
-	unsigned char dig[SHA256_DIGEST_LENGTH];
-	SHA256((const unsigned char *)(s ? s : ""), s ? strlen(s) : 0, dig);
-	for (int i = 0; i < 32; i++)
-		snprintf(b->rb->fingerprint + 2 * i, 3, "%02x", dig[i]);
+	bytes_sha256_hex(s ? s : "", s ? strlen(s) : 0, b->rb->fingerprint);
 	log_info("backend %s fingerprint %.16s (%s)", b->rb->url, b->rb->fingerprint, s ? s : "");
 	free(s);
 }

@@ -6,6 +6,7 @@
  * so two pulls of the same file at once cannot interleave their bytes. */
 #include "model/download.h"
 #include "platform/platform.h"
+#include "util/bytes.h"
 #include "util/err.h"
 #include "util/grow.h"
 
@@ -52,16 +53,6 @@ static int curl_ready(char *err, size_t errlen)
 	return 0;
 }
 
-static void hex_of(const unsigned char *md, unsigned len, char *hex)
-{
-	static const char digits[] = "0123456789abcdef";
-	for (unsigned i = 0; i < len; i++) {
-		hex[2 * i] = digits[md[i] >> 4];
-		hex[2 * i + 1] = digits[md[i] & 15];
-	}
-	hex[2 * len] = '\0';
-}
-
 /* Hashes the whole of fd from its current position into ctx. */
 static int hash_fd(int fd, EVP_MD_CTX *ctx)
 {
@@ -90,7 +81,7 @@ int sha256_file(const char *path, char hex[65])
 		unsigned char md[EVP_MAX_MD_SIZE];
 		unsigned len = 0;
 		if (EVP_DigestFinal_ex(ctx, md, &len) == 1 && len == 32) {
-			hex_of(md, len, hex);
+			bytes_hex(md, len, hex);
 			rc = 0;
 		}
 	}
@@ -652,7 +643,7 @@ int download_file(const struct download_opts *o, char *err, size_t errlen)
 			err_set(err, errlen, "SHA-256 computation failed");
 			goto out;
 		}
-		hex_of(md, len, hex);
+		bytes_hex(md, len, hex);
 		if (o->expect_sha256 && strcasecmp(hex, o->expect_sha256) != 0) {
 			if (resumed && round == 0) {
 				/* What an earlier attempt left may be of another version

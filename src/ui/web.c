@@ -12,6 +12,7 @@
 #include "http/http_server.h"
 #include "model/run.h"
 #include "ui/client.h"
+#include "util/bytes.h"
 #include "util/log.h"
 
 struct web {
@@ -62,8 +63,7 @@ int web_make_secret(char *out, size_t n)
 	unsigned char raw[32];
 	if (n < 2 * sizeof raw + 1 || RAND_bytes(raw, sizeof raw) != 1)
 		return -1;
-	for (size_t i = 0; i < sizeof raw; i++)
-		snprintf(out + 2 * i, 3, "%02x", raw[i]);
+	bytes_hex(raw, sizeof raw, out);
 	return 0;
 }
 

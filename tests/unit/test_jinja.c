@@ -326,6 +326,25 @@ static void test_dtoa(void **state)
 
 /* rsplit()'s search, and the joined-header probe's (prompt/chat.c): the
  * last occurrence, found past NULs, none where the needle is longer. */
+/* util/bytes' hex and SHA-256, which tokens, secrets, fingerprints and a
+ * verdict's bits are written with (FIPS 180-2's "abc"). */
+static void test_bytes_hex(void **state)
+{
+	(void)state;
+	char out[65];
+	const unsigned char raw[] = {0x00, 0xff, 0x1a, 0x90};
+	bytes_hex(raw, sizeof raw, out);
+	assert_string_equal(out, "00ff1a90");
+	bytes_hex(raw, 0, out);
+	assert_string_equal(out, "");
+	bytes_sha256_hex("abc", 3, out);
+	assert_string_equal(out,
+	                    "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+	bytes_sha256_hex("", 0, out);
+	assert_string_equal(out,
+	                    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
 static void test_bytes_rfind(void **state)
 {
 	(void)state;
@@ -346,6 +365,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 	    cmocka_unit_test(test_printing),
 	    cmocka_unit_test(test_bytes_rfind),
+	    cmocka_unit_test(test_bytes_hex),
 	    cmocka_unit_test(test_whitespace),
 	    cmocka_unit_test(test_loops),
 	    cmocka_unit_test(test_macros),
