@@ -241,7 +241,13 @@ static int serve_waiters(struct pool *p, struct pool_model **blocked)
 		}
 		if (!*blocked && !v[q[j].model].takes)
 			*blocked = w->m;
-		/* Its model takes requests: it waits for the CPU turn. */
+		if (!v[q[j].model].takes && !w->m->turn_held)
+			continue;
+		/* It waits for the CPU turn (its model takes requests, or its
+		 * start waits for the turn), which passes when the requests
+		 * ahead end, each within a backend timeout of its own: that
+		 * wait does not count against its own. */
+		w->deadline = clock_now_us() + (int64_t)p->cfg.backend_timeout_s * 1000000;
 		if (v[q[j].model].takes && !w->turn_waited) {
 			w->turn_waited = 1;
 			w->m->turn_waits++;

@@ -450,6 +450,71 @@ class Endpoint(unittest.TestCase):
         st, metrics = th.request(self.port, "GET", "/metrics")
         self.assertIn('toki_endpoint_model_turn_waits_total{model="c"} 1', str(metrics))
 
+    def test_the_turn_passes_when_a_request_times_out(self):
+        # TOKI_BACKEND_TIMEOUT=4. a's and b's toki serves are stopped; a's
+        # request holds the CPU turn, b's and c's wait for it. After 4 s the
+        # endpoint gives up on a's (504) and b's goes, to be given up on 4 s
+        # later; only then does c's go, 8 s after it came: the wait for the
+        # turn does not count against a request's own timeout (else c's
+        # would be a 504 at 4 s), and a model that hangs holds the turn no
+        # longer than a timeout.
+        self.env.pop("TOKI_MAX_LOADED")
+        self.env["TOKI_BACKEND_TIMEOUT"] = "4"
+        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
+        reg = self.env["TOKI_MODEL_REGISTRY"]
+        with open(reg) as f:
+            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
+                                    "active:" % self.tmp)
+        with open(reg, "w") as f:
+            f.write(text)
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+        for name in ("a", "b", "c"):
+            self.assertEqual(self.chat(name, msgs)["model"], name)
+        results, ends = {}, {}
+
+        def ask(model):
+            results[model] = th.request(self.port, "POST", "/v1/chat/completions",
+                                        {"model": model, "messages": msgs, "max_tokens": 8})
+            ends[model] = time.time()
+
+        def models():
+            st, s = th.request(self.port, "GET", "/toki/stats")
+            return {m["name"]: m for m in s["models"]}
+
+        pids = [self.child_pid("a"), self.child_pid("b")]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        threads = []
+        try:
+            for name, ready in (("a", lambda m: m["a"]["computing"] == 1),
+                                ("b", lambda m: m["b"]["turn_waits"] == 1),
+                                ("c", lambda m: m["c"]["turn_waits"] == 1)):
+                threads.append(threading.Thread(target=ask, args=(name,)))
+                threads[-1].start()
+                deadline = time.time() + 20
+                while not ready(models()):
+                    self.assertLess(time.time(), deadline, name)
+                    time.sleep(0.02)
+            c_came = time.time()
+            threads[-1].join(60)
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        for t in threads:
+            t.join(60)
+        self.assertEqual(results["a"][0], 504, results["a"])
+        self.assertEqual(results["b"][0], 504, results["b"])
+        self.assertEqual(results["c"][0], 200, results["c"])
+        self.assertLess(ends["a"], ends["b"])
+        self.assertLess(ends["b"], ends["c"])
+        self.assertGreater(ends["c"] - c_came, 4.0)
+        self.assertNotIn("timed out waiting for model c", self.log_text())
+        # Both stopped models answer again.
+        for name in ("a", "b"):
+            self.assertEqual(self.chat(name, msgs)["model"], name)
+
     def in_flight(self, name):
         st, stats = th.request(self.port, "GET", "/toki/stats")
         return [m["in_flight"] for m in stats["models"] if m["name"] == name][0]
