@@ -75,6 +75,11 @@ static void print_endpoint(json_t *o, json_t *stats)
 		       json_integer_value(json_object_get(m, "unloads")));
 		if (json_integer_value(json_object_get(m, "exits")))
 			printf(", exits %lld", json_integer_value(json_object_get(m, "exits")));
+		/* Its requests and starts that waited for another model on the
+		 * CPU (pool/pool_pick.h, the CPU turn). */
+		if (json_integer_value(json_object_get(m, "turn_waits")))
+			printf(", CPU turn waits %lld",
+			       json_integer_value(json_object_get(m, "turn_waits")));
 		char saved[32], restored[32];
 		put_bytes(saved, sizeof saved,
 		          json_integer_value(json_object_get(m, "saved_bytes")));
@@ -86,6 +91,9 @@ static void print_endpoint(json_t *o, json_t *stats)
 	}
 	printf("  waiting      %lld requests\n",
 	       json_integer_value(json_object_get(stats, "waiting")));
+	const char *turn = json_string_value(json_object_get(stats, "cpu_turn"));
+	if (turn)
+		printf("  cpu turn     %s (the others on the CPU wait for it)\n", turn);
 	if (cap > 0)
 		printf("  max loaded   %lld\n", cap);
 	printf("  memory       toki %.1f MiB\n",

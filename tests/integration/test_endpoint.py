@@ -422,6 +422,11 @@ class Endpoint(unittest.TestCase):
             self.assertEqual((m["a"]["computing"], m["b"]["computing"], m["c"]["state"]),
                              (1, 0, "unloaded"))
             self.assertEqual(s["waiting"], 3)
+            # toki status says who has the turn (a's own run, stopped,
+            # is left out after its 3 s).
+            r = self.toki("status")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("\n  cpu turn     a (the others on the CPU wait for it)\n", r.stdout)
             # A request that does not compute goes through at once.
             st, props = th.request(self.port, "GET", "/props?model=b")
             self.assertEqual(st, 200, props)
@@ -449,6 +454,10 @@ class Endpoint(unittest.TestCase):
         self.assertEqual((s["cpu_turn"], s["waiting"]), (None, 0))
         st, metrics = th.request(self.port, "GET", "/metrics")
         self.assertIn('toki_endpoint_model_turn_waits_total{model="c"} 1', str(metrics))
+        r = self.toki("status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"(?m)^  model +b loaded: loads 1, unloads 0, "
+                         r"CPU turn waits 1, last start")
 
     def test_the_turn_passes_when_a_request_times_out(self):
         # TOKI_BACKEND_TIMEOUT=4. a's and b's toki serves are stopped; a's
