@@ -49,6 +49,18 @@ class Endpoint(unittest.TestCase):
         return subprocess.run([th.TOKI_BIN, *args], capture_output=True, text=True,
                               env=self.env, timeout=120)
 
+    def add_c(self, more=""):
+        """A third model, c (the same weights again), in the registry, and
+        `more` after it. Returns the registry's text without `more`."""
+        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
+        reg = self.env["TOKI_MODEL_REGISTRY"]
+        with open(reg) as f:
+            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
+                                    "active:" % self.tmp)
+        with open(reg, "w") as f:
+            f.write(text + more)
+        return text
+
     def log_text(self):
         with open(self.log) as f:
             return f.read()
@@ -289,13 +301,8 @@ class Endpoint(unittest.TestCase):
         # a and b are a group; c is in none. The cap comes from the registry
         # (no TOKI_MAX_LOADED) so that it can change while the endpoint runs.
         self.env.pop("TOKI_MAX_LOADED")
-        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
         reg = self.env["TOKI_MODEL_REGISTRY"]
-        with open(reg) as f:
-            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
-                                    "active:" % self.tmp)
-        with open(reg, "w") as f:
-            f.write(text + "groups:\n  pair: [a, b]\nmax_loaded: 1\n")
+        text = self.add_c("groups:\n  pair: [a, b]\nmax_loaded: 1\n")
         r = self.toki("up", "--port", str(self.port))
         self.assertEqual(r.returncode, 0, r.stderr)
 
@@ -338,13 +345,7 @@ class Endpoint(unittest.TestCase):
         # passes in order); a GET of b's goes at once. Once a's answer is
         # back: b's, then c's start and request, then a's.
         self.env.pop("TOKI_MAX_LOADED")
-        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
-        reg = self.env["TOKI_MODEL_REGISTRY"]
-        with open(reg) as f:
-            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
-                                    "active:" % self.tmp)
-        with open(reg, "w") as f:
-            f.write(text)
+        self.add_c()
         r = self.toki("up", "--port", str(self.port))
         self.assertEqual(r.returncode, 0, r.stderr)
         msgs = [{"role": "user", "content": "Once upon a time"}]
@@ -469,13 +470,7 @@ class Endpoint(unittest.TestCase):
         # longer than a timeout.
         self.env.pop("TOKI_MAX_LOADED")
         self.env["TOKI_BACKEND_TIMEOUT"] = "4"
-        shutil.copy(th.test_model(), os.path.join(self.tmp, "c.gguf"))
-        reg = self.env["TOKI_MODEL_REGISTRY"]
-        with open(reg) as f:
-            text = f.read().replace("active:", "  c:\n    path: %s/c.gguf\n    ctx: 1024\n"
-                                    "active:" % self.tmp)
-        with open(reg, "w") as f:
-            f.write(text)
+        self.add_c()
         r = self.toki("up", "--port", str(self.port))
         self.assertEqual(r.returncode, 0, r.stderr)
         msgs = [{"role": "user", "content": "Once upon a time"}]
