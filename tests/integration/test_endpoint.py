@@ -461,15 +461,15 @@ class Endpoint(unittest.TestCase):
                          r"CPU turn waits 1, last start")
 
     def test_the_turn_passes_when_a_request_times_out(self):
-        # TOKI_BACKEND_TIMEOUT=4. a's and b's toki serves are stopped; a's
-        # request holds the CPU turn, b's and c's wait for it. After 4 s the
-        # endpoint gives up on a's (504) and b's goes, to be given up on 4 s
-        # later; only then does c's go, 8 s after it came: the wait for the
+        # TOKI_BACKEND_TIMEOUT=5. a's and b's toki serves are stopped; a's
+        # request holds the CPU turn, b's and c's wait for it. After 5 s the
+        # endpoint gives up on a's (504) and b's goes, to be given up on 5 s
+        # later; only then does c's go, about 10 s after it came: the wait for the
         # turn does not count against a request's own timeout (else c's
-        # would be a 504 at 4 s), and a model that hangs holds the turn no
+        # would be a 504 at 5 s), and a model that hangs holds the turn no
         # longer than a timeout.
         self.env.pop("TOKI_MAX_LOADED")
-        self.env["TOKI_BACKEND_TIMEOUT"] = "4"
+        self.env["TOKI_BACKEND_TIMEOUT"] = "5"
         self.add_c()
         r = self.toki("up", "--port", str(self.port))
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -513,7 +513,7 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(results["c"][0], 200, results["c"])
         self.assertLess(ends["a"], ends["b"])
         self.assertLess(ends["b"], ends["c"])
-        self.assertGreater(ends["c"] - c_came, 4.0)
+        self.assertGreater(ends["c"] - c_came, 5.0)
         self.assertNotIn("timed out waiting for model c", self.log_text())
         # Both stopped models answer again.
         for name in ("a", "b"):
