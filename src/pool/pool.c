@@ -153,10 +153,6 @@ void pool_fail_waiters(struct pool *p, struct pool_model *m, int status, const c
 	}
 }
 
-/* Makes progress on the queue, in order: waiters whose model is ready are
- * served; the first whose model is not makes it start, or makes room for
- * it (stopping the least recently used idle model), or waits for room.
- * Later waiters for other unready models wait behind it. */
 int pool_request_computes(const struct http_request *req)
 {
 	const char *method = http_request_method(req);
@@ -260,6 +256,11 @@ static int serve_waiters(struct pool *p, struct pool_model **blocked)
 	return 0;
 }
 
+/* Makes progress on the queue, in order: waiters whose model is ready are
+ * served where the CPU turn lets them; the first whose model is not makes
+ * it start (once the CPU turn is free, for a model on the CPU), or makes
+ * room for it (stopping the least recently used idle model), or waits for
+ * room. Later waiters for other unready models wait behind it. */
 void pool_pump(struct pool *p)
 {
 	if (p->shutting_down)
