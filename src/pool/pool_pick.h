@@ -58,7 +58,7 @@ int pool_pick(const struct pool_view *v, int n, int target, uint64_t need, uint6
 int pool_pick_drain(const struct pool_view *v, int n, int target);
 
 /* The CPU turn. llama.cpp's CPU threads wait for each other by spinning,
- * each server with as many threads as the machine has cores, so two
+ * each server with a thread per core by default, so two
  * models that compute on the CPU at once do not share the cores: they
  * stall each other (two 24M models generating 200 tokens each, on 2
  * cores: 0.95 s one after the other, 32 s at once; docs/benchmarks.md).
