@@ -210,9 +210,9 @@ void pool_relay_start(struct pool *p, struct pool_model *m, struct http_request 
 	const char *method = http_request_method(req);
 	size_t len = 0;
 	const char *body = http_request_body(req, &len);
-	int has_body = strcmp(method, "GET") && strcmp(method, "HEAD");
+	/* What has a body computes (pool_request_computes). */
+	int has_body = r->computes = pool_request_computes(req);
 	m->in_flight++;
-	r->computes = pool_request_computes(req);
 	m->computing += r->computes;
 	r->conn = m->conn;
 	r->conn->users++;
