@@ -159,6 +159,11 @@ int pool_request_computes(const struct http_request *req)
 	return strcmp(method, "GET") && strcmp(method, "HEAD");
 }
 
+int pool_model_busy(const struct pool_model *m)
+{
+	return m->state == PM_STARTING || m->computing > 0;
+}
+
 /* Every model as pool_pick.h's choices see it. */
 static void views_of(struct pool *p, struct pool_view *v)
 {
@@ -173,7 +178,7 @@ static void views_of(struct pool *p, struct pool_view *v)
 		    .ready = o->state == PM_LOADED,
 		    .group = registry_group_of(&p->reg, o->name) + 1,
 		    .cpu = o->cpu,
-		    .busy = o->state == PM_STARTING || o->computing > 0,
+		    .busy = pool_model_busy(o),
 		    .takes = o->state == PM_LOADED && !o->draining,
 		};
 	}

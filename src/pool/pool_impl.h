@@ -152,6 +152,9 @@ int pool_request_computes(const struct http_request *req);
 /* Whether m may relay a request that computes now, with nobody queued:
  * the CPU turn is free or its own. */
 int pool_turn_free_for(struct pool *p, const struct pool_model *m);
+/* Whether m starts or answers a request that computes: on the CPU, it has
+ * the turn then (pool_view.busy). */
+int pool_model_busy(const struct pool_model *m);
 
 /* ---- pool_child.c: a model's child toki serve ---- */
 

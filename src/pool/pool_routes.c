@@ -116,7 +116,7 @@ static void handle_stats(struct pool *p, struct http_request *req)
 	json_t *turn = json_null();
 	for (int i = 0; i < p->n_models; i++) {
 		const struct pool_model *m = p->models[i];
-		if (m->cpu && (m->state == PM_STARTING || m->computing > 0)) {
+		if (m->cpu && pool_model_busy(m)) {
 			json_decref(turn);
 			turn = json_string(m->name);
 		}
