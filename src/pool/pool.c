@@ -161,7 +161,7 @@ int pool_request_computes(const struct http_request *req)
 
 int pool_model_busy(const struct pool_model *m)
 {
-	return m->state == PM_STARTING || m->computing > 0;
+	return m->state == PM_STARTING || m->computing > 0 || m->settle;
 }
 
 /* Every model as pool_pick.h's choices see it. */

@@ -94,6 +94,15 @@ static uint64_t slot_bytes(const char *name, const struct timespec *since)
 	return sum;
 }
 
+/* No more waiting for the child's idle: the turn is free of it. */
+static void settle_cancel(struct pool_model *m)
+{
+	if (m->settle) {
+		backend_call_cancel(m->settle);
+		m->settle = NULL;
+	}
+}
+
 void pool_model_reset(struct pool_model *m)
 {
 	if (m->poll) {
@@ -104,6 +113,7 @@ void pool_model_reset(struct pool_model *m)
 		backend_call_cancel(m->probe);
 		m->probe = NULL;
 	}
+	settle_cancel(m);
 	if (m->conn) {
 		m->conn->retired = 1;
 		m->conn->users++;
@@ -125,6 +135,7 @@ void pool_model_stop(struct pool *p, struct pool_model *m, const char *why)
 		backend_call_cancel(m->probe);
 		m->probe = NULL;
 	}
+	settle_cancel(m);
 	if (m->poll) {
 		event_free(m->poll);
 		m->poll = NULL;
@@ -167,6 +178,78 @@ static const struct backend_call_handlers probe_handlers = {
     .on_done = on_probe_done,
     .on_error = on_probe_error,
 };
+
+/* ---- the work after an answer ----
+ *
+ * A child's answer is not the end of its work on the cores: in exact mode
+ * a keep, a tail cut or (after a client left) the settle until llama-server
+ * stops run after it, a token or a prefill's end each. A model on the CPU
+ * keeps the turn until its child's GET /toki/idle says that nothing runs
+ * there (the child holds the call until then, a second at most, and is
+ * asked again while it still works), so that the next model does
+ * not compute beside it (ggml's threads spin: two servers on the same
+ * cores stall each other many times over). A child that stays busy longer
+ * than the backend timeout, or does not answer, lets the turn go. */
+
+static void settle_send(struct pool_model *m);
+
+/* The turn is free of m's answers: the time it was held counted, the queue
+ * run. */
+static void settle_end(struct pool_model *m)
+{
+	m->settle = NULL;
+	m->settle_s += (double)(clock_now_us() - m->settle_since) / 1e6;
+	pool_pump(m->pool);
+}
+
+static void on_settle_done(struct backend_call *call, int status, const char *body, size_t len,
+                           void *arg)
+{
+	struct pool_model *m = arg;
+	json_t *o = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
+	int idle = !o || !json_is_false(json_object_get(o, "idle"));
+	json_decref(o);
+	if (!idle &&
+	    clock_now_us() - m->settle_since <= (int64_t)m->pool->cfg.backend_timeout_s * 1000000) {
+		settle_send(m); /* still working: ask again */
+		if (m->settle)
+			return;
+	} else if (!idle) {
+		log_warn("pool: %s still works %d s after its last answer: the CPU turn goes on "
+		         "without it",
+		         m->name, m->pool->cfg.backend_timeout_s);
+	}
+	settle_end(m);
+}
+
+static void on_settle_error(struct backend_call *call, enum backend_error err, void *arg)
+{
+	struct pool_model *m = arg;
+	log_debug("pool: %s: GET /toki/idle: %s", m->name, backend_error_text(err));
+	settle_end(m);
+}
+
+static const struct backend_call_handlers settle_handlers = {
+    .on_done = on_settle_done,
+    .on_error = on_settle_error,
+};
+
+static void settle_send(struct pool_model *m)
+{
+	m->settle = backend_call_start(m->conn->http, "GET", "/toki/idle?wait_ms=1000", NULL, 0,
+	                               &settle_handlers, m);
+}
+
+void pool_model_settle(struct pool *p, struct pool_model *m)
+{
+	(void)p;
+	/* One call out covers every answer before it: the child answers it
+	 * only once nothing runs there. */
+	if (!m->cpu || m->state != PM_LOADED || !m->conn || m->settle)
+		return;
+	m->settle_since = clock_now_us();
+	settle_send(m);
+}
 
 /* How many times the child's llama-server exited since the child started
  * (its supervisor's log lines), and the last line llama-server wrote. A

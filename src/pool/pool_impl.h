@@ -77,6 +77,11 @@ struct pool_model {
 	uint64_t restored_bytes;    /* slot files there at its starts, over every start */
 	int turn_waits;             /* its requests and starts that waited for the CPU turn */
 	int turn_held;              /* its start waits for the CPU turn now (logged once) */
+	/* On the CPU, after a relay that computed: GET /toki/idle, out until
+	 * the child's work after its answers is done (pool_model_settle). */
+	struct backend_call *settle;
+	int64_t settle_since; /* when it began to wait for that */
+	double settle_s;      /* the time its turn was held so, over every answer */
 };
 
 struct pool_waiter;
@@ -152,8 +157,8 @@ int pool_request_computes(const struct http_request *req);
 /* Whether m may relay a request that computes now, with nobody queued:
  * the CPU turn is free or its own. */
 int pool_turn_free_for(struct pool *p, const struct pool_model *m);
-/* Whether m starts or answers a request that computes: on the CPU, it has
- * the turn then (pool_view.busy). */
+/* Whether m starts, answers a request that computes, or finishes the work
+ * after one (settle): on the CPU, it has the turn then (pool_view.busy). */
 int pool_model_busy(const struct pool_model *m);
 
 /* ---- pool_child.c: a model's child toki serve ---- */
@@ -164,8 +169,13 @@ int pool_model_start(struct pool *p, struct pool_model *m, const struct registry
                      const struct launch_plan *plan);
 /* SIGTERM to a starting or running child: it saves its slots and exits. */
 void pool_model_stop(struct pool *p, struct pool_model *m, const char *why);
-/* m as unloaded: its start's poll and probe ended, its client retired. */
+/* m as unloaded: its start's poll, probe and settle ended, its client
+ * retired. */
 void pool_model_reset(struct pool_model *m);
+/* A relay of m's that computed ended: on the CPU, m keeps the turn until
+ * its child says that its work after the answer is done as well (exact
+ * mode's keep, tail cut, the settle after a cancel). */
+void pool_model_settle(struct pool *p, struct pool_model *m);
 /* plat_child_watch's callback: a child exited. */
 void pool_on_child_exit(pid_t pid, int status, void *arg);
 /* One user fewer of a child's client: once retired and unused, freed on

@@ -27,6 +27,7 @@ struct relay {
 	int began;     /* the client's stream began (keep-alives, or the child's stream) */
 	int computes;  /* counted in m->computing */
 	int streaming; /* the child answers with a stream: bytes go on as they come */
+	int failed;    /* the child did not answer (a timeout, gone): nothing to settle */
 	int status;
 	char ct[128];
 	char *buf; /* a whole answer, until it ends */
@@ -89,6 +90,10 @@ static void relay_end(struct relay *r)
 	m->in_flight--;
 	m->computing -= r->computes;
 	m->last_used = clock_now_us();
+	/* A child that timed out or went away is not asked what it still
+	 * does: a model that hangs holds the turn no longer than a timeout. */
+	if (r->computes && !r->failed)
+		pool_model_settle(p, m);
 	pool_conn_release(r->conn);
 	free(r->buf);
 	free(r);
@@ -162,6 +167,7 @@ static void on_relay_error(struct backend_call *call, enum backend_error err, vo
 {
 	struct relay *r = arg;
 	int status = err == BACKEND_ERR_TIMEOUT ? 504 : 502;
+	r->failed = 1;
 	char msg[300];
 	snprintf(msg, sizeof msg, "model %s: %s", r->m->name, backend_error_text(err));
 	http_request_on_close(r->req, NULL, NULL);

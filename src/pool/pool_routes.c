@@ -105,6 +105,9 @@ static void handle_stats(struct pool *p, struct http_request *req)
 		json_object_set_new(e, "cpu", json_boolean(m->cpu));
 		json_object_set_new(e, "computing", json_integer(m->computing));
 		json_object_set_new(e, "turn_waits", json_integer(m->turn_waits));
+		/* Its child's work after an answer, which holds the turn too. */
+		json_object_set_new(e, "settling", json_boolean(m->settle != NULL));
+		json_object_set_new(e, "settle_s", json_real(m->settle_s));
 		if (m->error[0])
 			json_object_set_new(e, "error", json_string(m->error));
 		json_array_append_new(models, e);

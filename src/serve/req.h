@@ -177,12 +177,24 @@ struct serve_parked {
 };
 TAILQ_HEAD(serve_parked_list, serve_parked);
 
+/* A client of GET /toki/idle, answered once nothing runs here (wait.c,
+ * wait_idle): the endpoint holds a model's CPU turn until then. */
+struct serve_idle_waiter {
+	struct daemon *d;
+	struct http_request *client;
+	int64_t deadline_us;
+	TAILQ_ENTRY(serve_idle_waiter) link;
+};
+TAILQ_HEAD(serve_idle_list, serve_idle_waiter);
+
 /* The queue of waiting requests and the list of those in flight; the daemon
  * holds it as an opaque pointer (daemon.h, serve). */
 struct serve_state {
 	struct serve_req_list waiting;
 	struct serve_req_list active;
 	struct serve_parked_list parked;
+	struct serve_idle_list idle;
+	struct event *idle_check; /* while idle waiters wait: a poll, and the last end */
 	/* Shutdown: run when the last request in flight has ended. */
 	void (*drained)(void *arg);
 	void *drained_arg;
@@ -276,5 +288,13 @@ void wait_remove(struct serve_req *r);
 void wait_park(struct daemon *d, struct http_request *req, serve_route_fn handler);
 void active_add(struct serve_req *r);
 void active_remove(struct serve_req *r);
+/* Nothing runs here: no request in its life (the work after an answer
+ * included: the keep, the tail cut, the settle after a cancel), no idle
+ * save. */
+int serve_idle(const struct daemon *d);
+/* GET /toki/idle: answers req once serve_idle holds, or after wait_ms
+ * (0: at once), with {"idle", "requests", "saving"}. */
+void wait_idle(struct daemon *d, struct http_request *req, long wait_ms);
+#define SERVE_IDLE_WAIT_MS 10000 /* the longest, and a client's default */
 
 #endif

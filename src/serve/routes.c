@@ -273,6 +273,23 @@ struct route {
 	void (*handler)(struct daemon *d, struct http_request *req);
 };
 
+/* Answered once nothing runs here (wait.c), or after ?wait_ms=N
+ * (SERVE_IDLE_WAIT_MS at most, and without one). */
+static void handle_idle(struct daemon *d, struct http_request *req)
+{
+	long ms = SERVE_IDLE_WAIT_MS;
+	for (const char *k = http_request_query(req); k && *k;) {
+		if (!strncmp(k, "wait_ms=", 8)) {
+			ms = strtol(k + 8, NULL, 10);
+			break;
+		}
+		k = strchr(k, '&');
+		if (k)
+			k++;
+	}
+	wait_idle(d, req, ms < 0 ? 0 : ms > SERVE_IDLE_WAIT_MS ? SERVE_IDLE_WAIT_MS : ms);
+}
+
 static void handle_metrics(struct daemon *d, struct http_request *req)
 {
 	/* Every backend's series and toki's own, in one scrape. */
@@ -297,6 +314,7 @@ static const struct route routes[] = {
     OWN("/health", ANY, 1, handle_health),
     OWN("/v1/health", ANY, 1, handle_health),
     OWN("/toki/stats", ANY, 0, handle_stats),
+    OWN("/toki/idle", GET, 0, handle_idle),
     OWN("/metrics", ANY, 0, handle_metrics),
     ROUTED("/v1/chat/completions", KIND_CHAT, "/v1/chat/completions"),
     ROUTED("/chat/completions", KIND_CHAT, "/v1/chat/completions"),

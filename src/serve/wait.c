@@ -4,7 +4,9 @@
  * and a waiter whose allowed backends are all unchanged is not routed again
  * for nothing, as it was when every slot change re-routed every waiter. One
  * FIFO keeps the order they came in. */
+#include <jansson.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon.h"
 #include "http/http_server.h"
@@ -117,8 +119,101 @@ void active_remove(struct serve_req *r)
 		TAILQ_REMOVE(&ss->active, r, active_link);
 		r->active_link.tqe_prev = NULL;
 	}
+	/* The idle waiters hear of the last end on the next loop turn, not
+	 * inside the request's own end. */
+	if (TAILQ_EMPTY(&ss->active) && !TAILQ_EMPTY(&ss->idle) && ss->idle_check)
+		event_active(ss->idle_check, EV_TIMEOUT, 0);
 	if (ss->drained && TAILQ_EMPTY(&ss->active))
 		drained(ss);
+}
+
+/* ---- GET /toki/idle ----
+ *
+ * The endpoint (src/pool/) lets one model on the CPU compute at a time, and
+ * a model's answer is not the end of its work: exact mode's keep, tail cut
+ * or settle after a cancel run after it, on the same cores. The endpoint
+ * asks here when its relay ends and passes the turn on once this answers.
+ * An idle save that starts later is not waited for (it runs after
+ * save_idle_ms of quiet, and is mostly the disk's). */
+
+int serve_idle(const struct daemon *d)
+{
+	return TAILQ_EMPTY(&d->serve->active) && !d->saving;
+}
+
+static void idle_answer(struct serve_idle_waiter *w)
+{
+	struct daemon *d = w->d;
+	int n = 0;
+	struct serve_req *r;
+	TAILQ_FOREACH(r, &d->serve->active, active_link)
+	{
+		n++;
+	}
+	json_t *o =
+	    json_pack("{s:b, s:i, s:b}", "idle", serve_idle(d), "requests", n, "saving", d->saving);
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	TAILQ_REMOVE(&d->serve->idle, w, link);
+	http_request_on_close(w->client, NULL, NULL);
+	if (s)
+		http_respond(w->client, 200, "application/json", s, strlen(s));
+	else
+		http_respond_error(w->client, 500, "out of memory");
+	free(s);
+	free(w);
+}
+
+static void on_idle_close(struct http_request *req, void *arg)
+{
+	struct serve_idle_waiter *w = arg;
+	(void)req;
+	TAILQ_REMOVE(&w->d->serve->idle, w, link);
+	free(w);
+}
+
+/* Every 20 ms while someone waits (an idle save's end says nothing to this
+ * layer), and at once after the last request's end. */
+static void idle_check(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	struct serve_state *ss = d->serve;
+	int64_t now = clock_now_us();
+	int idle = serve_idle(d);
+	struct serve_idle_waiter *w, *next;
+	for (w = TAILQ_FIRST(&ss->idle); w; w = next) {
+		next = TAILQ_NEXT(w, link);
+		if (idle || now >= w->deadline_us)
+			idle_answer(w);
+	}
+	if (TAILQ_EMPTY(&ss->idle))
+		event_del(ss->idle_check);
+}
+
+void wait_idle(struct daemon *d, struct http_request *req, long wait_ms)
+{
+	struct serve_state *ss = d->serve;
+	struct serve_idle_waiter *w = calloc(1, sizeof *w);
+	if (!w) {
+		http_respond_error(req, 500, "out of memory");
+		return;
+	}
+	w->d = d;
+	w->client = req;
+	w->deadline_us = clock_now_us() + (int64_t)wait_ms * 1000;
+	TAILQ_INSERT_TAIL(&ss->idle, w, link);
+	if (serve_idle(d) || wait_ms <= 0) {
+		idle_answer(w);
+		return;
+	}
+	if (!ss->idle_check)
+		ss->idle_check = event_new(d->base, -1, EV_PERSIST, idle_check, d);
+	struct timeval tv = {0, 20000};
+	if (!ss->idle_check || event_add(ss->idle_check, &tv) != 0) {
+		idle_answer(w); /* out of memory: the state as it is */
+		return;
+	}
+	http_request_on_close(req, on_idle_close, w);
 }
 
 /* Retries the waiters that may run on a changed backend (bit i: backend
@@ -158,6 +253,7 @@ int serve_init(struct daemon *d)
 	TAILQ_INIT(&d->serve->waiting);
 	TAILQ_INIT(&d->serve->active);
 	TAILQ_INIT(&d->serve->parked);
+	TAILQ_INIT(&d->serve->idle);
 	d->on_slots_changed = retry_waiting;
 	return 0;
 }
@@ -168,12 +264,19 @@ void serve_free(struct daemon *d)
 		return;
 	if (d->serve->drain_timeout)
 		event_free(d->serve->drain_timeout);
+	if (d->serve->idle_check)
+		event_free(d->serve->idle_check);
 	/* The HTTP server, freed first, closed their clients: none are left;
 	 * any that are have no client to answer. */
 	struct serve_parked *p;
 	while ((p = TAILQ_FIRST(&d->serve->parked))) {
 		unpark(p);
 		free(p);
+	}
+	struct serve_idle_waiter *w;
+	while ((w = TAILQ_FIRST(&d->serve->idle))) {
+		TAILQ_REMOVE(&d->serve->idle, w, link);
+		free(w);
 	}
 	free(d->serve);
 	d->serve = NULL;
@@ -226,6 +329,9 @@ void serve_drain(struct daemon *d, const char *why, int timeout_ms, void (*done)
 	struct serve_parked *p;
 	while ((p = TAILQ_FIRST(&ss->parked)))
 		parked_fail(p, 503, why);
+	/* Whoever waits for the end of this server's work hears it now. */
+	while (!TAILQ_EMPTY(&ss->idle))
+		idle_answer(TAILQ_FIRST(&ss->idle));
 	ss->drained = done;
 	ss->drained_arg = arg;
 	if (TAILQ_EMPTY(&ss->active)) {

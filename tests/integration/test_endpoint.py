@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -518,6 +519,91 @@ class Endpoint(unittest.TestCase):
         # Both stopped models answer again.
         for name in ("a", "b"):
             self.assertEqual(self.chat(name, msgs)["model"], name)
+
+    def test_the_turn_waits_for_the_work_after_an_answer(self):
+        # A model's answer is not the end of its work on the cores: after a
+        # client leaves, exact mode's toki serve waits for its llama-server to
+        # stop (and a keep or a tail cut follows an answer). The endpoint
+        # keeps the CPU turn until the model's toki serve says, through GET
+        # /toki/idle, that nothing runs there. a's llama-server is stopped
+        # with a's request in it, and the client leaves: a computes no
+        # request any more, but its toki serve still works, so b's request
+        # waits; once a's llama-server goes on, a's work ends, and b's goes.
+        self.env.pop("TOKI_MAX_LOADED")
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+        for name in ("a", "b"):
+            self.assertEqual(self.chat(name, msgs)["model"], name)
+
+        def stats():
+            st, s = th.request(self.port, "GET", "/toki/stats")
+            self.assertEqual(st, 200, s)
+            return s, {m["name"]: m for m in s["models"]}
+
+        def until(what, cond, timeout=30):
+            deadline = time.time() + timeout
+            while True:
+                s, m = stats()
+                if cond(s, m):
+                    return s, m
+                self.assertLess(time.time(), deadline, f"{what}: {s}")
+                time.sleep(0.02)
+
+        s, m = stats()
+        self.assertEqual((m["a"]["settling"], m["a"]["settle_s"] >= 0), (False, True))
+        with open(os.path.join(self.tmp, "state", "run", "a", "serve.json")) as f:
+            info = json.load(f)
+        llama = info["llama_pid"]
+        # a's own toki serve, asked directly: idle now, at once.
+        t0 = time.time()
+        st, idle = th.request(info["port"], "GET", "/toki/idle?wait_ms=5000")
+        self.assertEqual((st, idle), (200, {"idle": True, "requests": 0, "saving": False}))
+        self.assertLess(time.time() - t0, 5)
+        results = {}
+        os.kill(llama, signal.SIGSTOP)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            conn.request("POST", "/v1/chat/completions",
+                         body=json.dumps({"model": "a", "stream": True, "max_tokens": 40,
+                                          "messages": [{"role": "user",
+                                                        "content": "A long story, please"}]}),
+                         headers={"Content-Type": "application/json",
+                                  "Authorization": "Bearer " + th.TEST_TOKEN})
+            until("a computes", lambda s, m: m["a"]["computing"] == 1 and s["cpu_turn"] == "a")
+            conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+            until("a's client left, its toki serve still works",
+                  lambda s, m: m["a"]["computing"] == 0 and m["a"]["settling"]
+                  and s["cpu_turn"] == "a")
+
+            def ask():
+                results["b"] = th.request(self.port, "POST", "/v1/chat/completions",
+                                          {"model": "b", "messages": msgs, "max_tokens": 8})
+
+            t = threading.Thread(target=ask)
+            t.start()
+            until("b's request waits for a's work to end",
+                  lambda s, m: m["b"]["turn_waits"] == 1 and m["b"]["queued"] == 1)
+            # a's toki serve, asked directly, still works after 1.1 s, and
+            # says so when the wait asked for ends; the endpoint, whose own
+            # call ends after 1 s, asked again, and b's request still waits.
+            t0 = time.time()
+            st, idle = th.request(info["port"], "GET", "/toki/idle?wait_ms=1100")
+            self.assertEqual((st, idle), (200, {"idle": False, "requests": 1, "saving": False}))
+            self.assertGreaterEqual(time.time() - t0, 1.0)
+            s, m = stats()
+            self.assertEqual((m["a"]["settling"], m["b"]["queued"], s["cpu_turn"]),
+                             (True, 1, "a"))
+            self.assertEqual(results, {})
+        finally:
+            os.kill(llama, signal.SIGCONT)
+        t.join(120)
+        self.assertEqual(results["b"][0], 200, results["b"])
+        s, m = until("a's work ended", lambda s, m: not m["a"]["settling"])
+        self.assertEqual((s["cpu_turn"], s["waiting"]), (None, 0))
+        self.assertGreater(m["a"]["settle_s"], 0)
+        self.assertEqual(self.chat("a", msgs)["model"], "a")
 
     def in_flight(self, name):
         st, stats = th.request(self.port, "GET", "/toki/stats")
