@@ -585,6 +585,11 @@ class Endpoint(unittest.TestCase):
             t.start()
             until("b's request waits for a's work to end",
                   lambda s, m: m["b"]["turn_waits"] == 1 and m["b"]["queued"] == 1)
+            # A client of a's /toki/idle that leaves before the answer.
+            gone = socket.create_connection(("127.0.0.1", info["port"]))
+            gone.sendall(b"GET /toki/idle HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                         + th.TEST_TOKEN.encode() + b"\r\n\r\n")
+            gone.close()
             # a's toki serve, asked directly, still works after 1.1 s, and
             # says so when the wait asked for ends; the endpoint, whose own
             # call ends after 1 s, asked again, and b's request still waits.
