@@ -438,8 +438,11 @@ static int ram_probe_send(struct backend *b)
 	}
 	int step = b->ram_probe_step;
 	int slot = step == 3 ? (b->ram_probe_slot + 1) % b->rb->n_slots : b->ram_probe_slot;
-	json_t *req = json_pack("{s:s, s:i, s:i, s:b}", "prompt", ram_probe_bodies[step % 2],
-	                        "n_predict", 0, "id_slot", slot, "cache_prompt", 1);
+	/* Temperature 0: the token the server samples after the prompt, which
+	 * the answer holds, is the same every time. */
+	json_t *req =
+	    json_pack("{s:s, s:i, s:i, s:b, s:f}", "prompt", ram_probe_bodies[step % 2],
+	              "n_predict", 0, "id_slot", slot, "cache_prompt", 1, "temperature", 0.0);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	if (!body)
@@ -517,7 +520,8 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 			discovery_failed(b, "out of memory");
 		return;
 	}
-	json_t *r = json_body(status, body, len, -1, 0);
+	/* That token may be any byte, NUL included (a random-weight model's). */
+	json_t *r = json_body(status, body, len, -1, JSON_ALLOW_NUL);
 	if (b->ram_probe_step == 4) {
 		/* Is the first slot, idle since A, empty now? */
 		size_t i;

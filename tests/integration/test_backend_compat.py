@@ -425,6 +425,39 @@ class RamCacheProbe(unittest.TestCase):
             self.assertFalse(b["shared_kv"], b)
 
 
+class NulBytes(unittest.TestCase):
+    """A model that writes NUL bytes, as a random-weight model's byte tokens
+    do (here llama-server's --logit-bias 3+100 makes stories260K write
+    <0x00> every time). toki's start-up probes read its answers as any
+    other: before, the RAM-cache probe could not tell, and the self-test
+    ended "unknown", which left exact mode without steps, so that the same
+    request got another answer on a server whose probes had sampled a NUL
+    at its start (1 start in 15 of a random 24M model's)."""
+
+    def test_the_start_up_probes_read_them(self):
+        slots = tempfile.mkdtemp(prefix="toki-nul-")
+        llama = th.LlamaServer(slots=2, ctx=1024, cache_ram=8192, name="nul",
+                               extra=["--logit-bias", "3+100", "--slot-save-path", slots])
+        # A state folder of its own: no verdict kept from another start.
+        toki = th.Toki([llama], env={"TOKI_STATE_DIR": os.path.join(slots, "state")})
+        try:
+            b = toki.stats()["backends"][0]
+            self.assertEqual((b["exact"]["selftest"], b["exact"]["steps"]),
+                             ("verified", True), b["exact"])
+            self.assertTrue(b["ram_cache"], b)
+            self.assertNotIn("could not tell whether it has a RAM cache", toki.log_text())
+            st, r = toki.chat(HELLO, max_tokens=4, logprobs=True)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["choices"][0]["message"]["content"], "\x00" * 4)
+            st, again = toki.chat(HELLO, max_tokens=4, logprobs=True, cache_prompt=False)
+            self.assertEqual(st, 200, again)
+            self.assertEqual(again["choices"][0]["logprobs"], r["choices"][0]["logprobs"])
+        finally:
+            toki.kill(signal.SIGTERM)
+            llama.kill()
+            shutil.rmtree(slots, ignore_errors=True)
+
+
 class SlotSavePathOnly(unittest.TestCase):
     """Item 10: a server started with --slot-save-path, toki without
     --slot-dir. toki cannot see that folder, but the server saves and
