@@ -19,7 +19,12 @@ model, models taking turns), side by side in one run:
            through --against's endpoint (an older toki, which relays both at
            once), two llama-servers alone at once, and each the agents one
            after the other (the work itself); the answers of both endpoints
-           compared, text and logprobs.
+           compared, text and logprobs. With --keeps the requests ask for no
+           logprobs and send top_k 0, so that toki cannot read the answer's
+           token ids and keeps its rows after each answer by its text (a keep
+           evaluates where that re-tokenizes otherwise): the work after an
+           answer, which the CPU turn waits for since 671fbb2; answers are
+           then compared by their text.
   soak     --soak-s seconds, 3 models, a memory cap (TOKI_MEMORY_MB) that
            fits 2, 8 clients, a random llama-server killed every 5-15 s:
            requests lost (failed with no kill of their model's server while
@@ -27,7 +32,7 @@ model, models taking turns), side by side in one run:
            at the end, and llama-servers left after `toki down`.
 
   python3 bench/bench_endpoint.py [swap] [latency] [turns] [soak] [--quick]
-      [--soak-s 600] [--toki BIN | --build-head] [--against OLD_BIN] [--out F.json]
+      [--soak-s 600] [--toki BIN | --build-head] [--against OLD_BIN] [--keeps] [--out F.json]
 """
 import argparse
 import json
@@ -341,12 +346,16 @@ def bench_latency(args, models, res):
                     "endpoint − single p50 ms", "single p90 ms", "endpoint p90 ms"], rows) + "\n"
 
 
-def turns_agent(port, model, prompts, tokens, out, t0):
-    """One agent: its requests one after another, each timed."""
+def turns_agent(port, model, prompts, tokens, out, t0, keeps=False):
+    """One agent: its requests one after another, each timed. keeps: no
+    logprobs and top_k 0 (toki keeps each answer by its text)."""
     cl = c.Client(port)
     for k, p in enumerate(prompts):
         body = chat_body(model, [{"role": "user", "content": p}], max_tokens=tokens,
                          ignore_eos=True)
+        if keeps:
+            del body["logprobs"]
+            body["top_k"] = 0
         s = time.perf_counter()
         st, r = cl.json("POST", "/v1/chat/completions", body)
         if st != 200:
@@ -356,11 +365,12 @@ def turns_agent(port, model, prompts, tokens, out, t0):
     cl.close()
 
 
-def turns_run(ports, prompts, tokens, together=True):
+def turns_run(ports, prompts, tokens, together=True, keeps=False):
     """Both agents (ports: model -> (port, name sent)); returns (wall s, records)."""
     recs = []
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=turns_agent, args=(port, name, prompts[m], tokens, recs, t0))
+    ts = [threading.Thread(target=turns_agent,
+                           args=(port, name, prompts[m], tokens, recs, t0, keeps))
           for m, (port, name) in ports.items()]
     for t in ts:
         t.start()
@@ -393,9 +403,17 @@ def bench_turns(args, models, res):
                     m, [{"role": "user", "content": "hi"}], max_tokens=1))
                 if st != 200:
                     raise RuntimeError(f"{label} {m}: {st} {r}")
-            wall, recs = turns_run({m: (ep.port, m) for m in paths}, prompts, tokens, together)
+            wall, recs = turns_run({m: (ep.port, m) for m in paths}, prompts, tokens, together,
+                                   args.keeps)
             st, stats = th.request(ep.port, "GET", "/toki/stats")
             waits = sum(x.get("turn_waits", 0) for x in stats["models"])
+            settle = sum(x.get("settle_s", 0) for x in stats["models"])
+            # What the models' toki serves kept after their answers.
+            kept = {}
+            for x in stats["models"]:
+                st, ms = th.request(x["port"], "GET", "/toki/stats")
+                kept[x["name"]] = {k: ms.get(k) for k in ("answers_kept", "tail_cuts",
+                                                           "tail_cut_tokens")}
             # What each model's exact mode decided at its start: answers
             # of two endpoints differ where a schedule does.
             verdicts = {}
@@ -405,14 +423,15 @@ def bench_turns(args, models, res):
                                    if " exact: " in ln]
         finally:
             ep.close()
-        out[label] = {"wall": wall, "recs": recs, "turn_waits": waits, "exact": verdicts}
+        out[label] = {"wall": wall, "recs": recs, "turn_waits": waits, "exact": verdicts,
+                      "settle_s": settle, "kept": kept}
     servers = {m: th.LlamaServer(model=p, slots=2, ctx=4096, name=f"turn-{m}")
                for m, p in paths.items()}
     try:
         ports = {m: (s.port, None) for m, s in servers.items()}
         for label, together in (("llama-server alone, both at once", True),
                                 ("llama-server alone, one after the other", False)):
-            wall, recs = turns_run(ports, prompts, tokens, together)
+            wall, recs = turns_run(ports, prompts, tokens, together, args.keeps)
             out[label] = {"wall": wall, "recs": recs, "turn_waits": None}
     finally:
         for s in servers.values():
@@ -421,7 +440,8 @@ def bench_turns(args, models, res):
     for label, o in out.items():
         secs = [r["seconds"] for r in o["recs"]]
         rows.append([label, f"{o['wall']:.2f}", f"{o['wall'] / base:.2f}", f"{c.median(secs):.2f}",
-                     f"{max(secs):.2f}", "" if o["turn_waits"] is None else o["turn_waits"]])
+                     f"{max(secs):.2f}", "" if o["turn_waits"] is None else o["turn_waits"],
+                     "" if o.get("settle_s") is None else f"{o['settle_s']:.3f}"])
     same = None
     if args.against:
         key = lambda o: {(r["model"], r["k"]): r["answer"] for r in o["recs"]}
@@ -434,15 +454,19 @@ def bench_turns(args, models, res):
                 c.log(f"turns: {k} differs at token {at}: {a[at] if at is not None else ''} "
                       f"against {b[at] if at is not None else ''}")
     res["turns"] = {"requests": 2 * n, "tokens": tokens,
+                    "keeps": args.keeps,
                     "rows": {k: {"wall": v["wall"], "turn_waits": v["turn_waits"],
-                                 "exact": v.get("exact"),
+                                 "exact": v.get("exact"), "settle_s": v.get("settle_s"),
+                                 "kept": v.get("kept"),
                                  "seconds": [r["seconds"] for r in v["recs"]]}
                              for k, v in out.items()},
                     "identical_new_old": same}
     text = c.table(["path", "wall s (both agents done)", "× the endpoint one after the other",
-                    "request p50 s", "request max s", "turn waits"], rows) + "\n"
+                    "request p50 s", "request max s", "turn waits",
+                    "turn held after answers s"], rows) + "\n"
     if same is not None:
-        text += f"\nAnswers, endpoint against --against: {same}/{2 * n} identical (text and logprobs).\n"
+        what = "text" if args.keeps else "text and logprobs"
+        text += f"\nAnswers, endpoint against --against: {same}/{2 * n} identical ({what}).\n"
     return text
 
 
@@ -571,6 +595,8 @@ def main():
     ap.add_argument("which", nargs="*", default=["swap", "latency", "turns", "soak"])
     ap.add_argument("--against", help="an older toki: its endpoint in the turns table")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--keeps", action="store_true",
+                    help="turns: no logprobs, top_k 0: toki keeps answers by their text")
     ap.add_argument("--soak-s", type=int, default=600)
     ap.add_argument("--toki")
     ap.add_argument("--build-head", action="store_true")

@@ -98,6 +98,7 @@ static uint64_t slot_bytes(const char *name, const struct timespec *since)
 static void settle_cancel(struct pool_model *m)
 {
 	if (m->settle) {
+		pool_model_settle_pause(m);
 		backend_call_cancel(m->settle);
 		m->settle = NULL;
 	}
@@ -195,10 +196,18 @@ static void settle_send(struct pool_model *m);
 
 /* The turn is free of m's answers: the time it was held counted, the queue
  * run. */
+void pool_model_settle_pause(struct pool_model *m)
+{
+	if (m->settle && m->settle_from) {
+		m->settle_s += (double)(clock_now_us() - m->settle_from) / 1e6;
+		m->settle_from = 0;
+	}
+}
+
 static void settle_end(struct pool_model *m)
 {
+	pool_model_settle_pause(m);
 	m->settle = NULL;
-	m->settle_s += (double)(clock_now_us() - m->settle_since) / 1e6;
 	pool_pump(m->pool);
 }
 
@@ -243,12 +252,18 @@ static void settle_send(struct pool_model *m)
 void pool_model_settle(struct pool *p, struct pool_model *m)
 {
 	(void)p;
+	if (!m->cpu || m->state != PM_LOADED || !m->conn)
+		return;
+	int64_t now = clock_now_us();
+	m->settle_since = now;
+	if (!m->computing && !m->settle_from)
+		m->settle_from = now;
 	/* One call out covers every answer before it: the child answers it
 	 * only once nothing runs there. */
-	if (!m->cpu || m->state != PM_LOADED || !m->conn || m->settle)
-		return;
-	m->settle_since = clock_now_us();
-	settle_send(m);
+	if (!m->settle)
+		settle_send(m);
+	if (!m->settle)
+		m->settle_from = 0;
 }
 
 /* How many times the child's llama-server exited since the child started

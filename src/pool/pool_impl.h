@@ -80,8 +80,9 @@ struct pool_model {
 	/* On the CPU, after a relay that computed: GET /toki/idle, out until
 	 * the child's work after its answers is done (pool_model_settle). */
 	struct backend_call *settle;
-	int64_t settle_since; /* when it began to wait for that */
-	double settle_s;      /* the time its turn was held so, over every answer */
+	int64_t settle_since; /* its last relay's end, while that call is out */
+	int64_t settle_from;  /* ... and since when no request of its computes (0: one does) */
+	double settle_s;      /* the time its turn was held so, no request of its computing */
 };
 
 struct pool_waiter;
@@ -176,6 +177,9 @@ void pool_model_reset(struct pool_model *m);
  * its child says that its work after the answer is done as well (exact
  * mode's keep, tail cut, the settle after a cancel). */
 void pool_model_settle(struct pool *p, struct pool_model *m);
+/* A request of m's that computes was relayed: the time its turn is held for
+ * the work after answers stops counting (settle_s) until it ends. */
+void pool_model_settle_pause(struct pool_model *m);
 /* plat_child_watch's callback: a child exited. */
 void pool_on_child_exit(pid_t pid, int status, void *arg);
 /* One user fewer of a child's client: once retired and unused, freed on

@@ -220,6 +220,8 @@ void pool_relay_start(struct pool *p, struct pool_model *m, struct http_request 
 	int has_body = r->computes = pool_request_computes(req);
 	m->in_flight++;
 	m->computing += r->computes;
+	if (r->computes)
+		pool_model_settle_pause(m);
 	r->conn = m->conn;
 	r->conn->users++;
 	r->call =
