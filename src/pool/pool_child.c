@@ -194,8 +194,6 @@ static const struct backend_call_handlers probe_handlers = {
 
 static void settle_send(struct pool_model *m);
 
-/* The turn is free of m's answers: the time it was held counted, the queue
- * run. */
 void pool_model_settle_pause(struct pool_model *m)
 {
 	if (m->settle && m->settle_from) {
@@ -204,6 +202,8 @@ void pool_model_settle_pause(struct pool_model *m)
 	}
 }
 
+/* The turn is free of m's answers: the time it was held counted, the queue
+ * run. */
 static void settle_end(struct pool_model *m)
 {
 	pool_model_settle_pause(m);
@@ -249,9 +249,8 @@ static void settle_send(struct pool_model *m)
 	                               &settle_handlers, m);
 }
 
-void pool_model_settle(struct pool *p, struct pool_model *m)
+void pool_model_settle(struct pool_model *m)
 {
-	(void)p;
 	if (!m->cpu || m->state != PM_LOADED || !m->conn)
 		return;
 	int64_t now = clock_now_us();

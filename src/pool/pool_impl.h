@@ -176,7 +176,7 @@ void pool_model_reset(struct pool_model *m);
 /* A relay of m's that computed ended: on the CPU, m keeps the turn until
  * its child says that its work after the answer is done as well (exact
  * mode's keep, tail cut, the settle after a cancel). */
-void pool_model_settle(struct pool *p, struct pool_model *m);
+void pool_model_settle(struct pool_model *m);
 /* A request of m's that computes was relayed: the time its turn is held for
  * the work after answers stops counting (settle_s) until it ends. */
 void pool_model_settle_pause(struct pool_model *m);

@@ -93,7 +93,7 @@ static void relay_end(struct relay *r)
 	/* A child that timed out or went away is not asked what it still
 	 * does: a model that hangs holds the turn no longer than a timeout. */
 	if (r->computes && !r->failed)
-		pool_model_settle(p, m);
+		pool_model_settle(m);
 	pool_conn_release(r->conn);
 	free(r->buf);
 	free(r);
