@@ -35,9 +35,9 @@ static void test_get_with_query(void **state)
 {
 	struct http_head h;
 	const char *s = "GET /v1/models?x=1&y=two HTTP/1.1\r\n"
-			"Host: localhost:8080\r\n"
-			"Accept: */*\r\n"
-			"\r\n";
+	                "Host: localhost:8080\r\n"
+	                "Accept: */*\r\n"
+	                "\r\n";
 	assert_int_equal(parse_str(&h, s), 0);
 	assert_string_equal(h.method, "GET");
 	assert_string_equal(h.target, "/v1/models?x=1&y=two");
@@ -60,9 +60,9 @@ static void test_post_without_query(void **state)
 {
 	struct http_head h;
 	const char *s = "POST /v1/chat/completions HTTP/1.1\r\n"
-			"Content-Type: application/json\r\n"
-			"Content-Length: 17\r\n"
-			"\r\n";
+	                "Content-Type: application/json\r\n"
+	                "Content-Length: 17\r\n"
+	                "\r\n";
 	assert_int_equal(parse_str(&h, s), 0);
 	assert_string_equal(h.method, "POST");
 	assert_string_equal(h.target, "/v1/chat/completions");
@@ -133,13 +133,13 @@ static void test_value_whitespace_trimmed(void **state)
 {
 	struct http_head h;
 	const char *s = "GET / HTTP/1.1\r\n"
-			"X-A:   spaced  inner  value \t \r\n"
-			"X-B:\t\ttabbed\r\n"
-			"X-C:nospace\r\n"
-			"X-Empty:    \r\n"
-			"X-Tab: a\tb\r\n"
-			"X-High: caf\xc3\xa9\r\n"
-			"\r\n";
+	                "X-A:   spaced  inner  value \t \r\n"
+	                "X-B:\t\ttabbed\r\n"
+	                "X-C:nospace\r\n"
+	                "X-Empty:    \r\n"
+	                "X-Tab: a\tb\r\n"
+	                "X-High: caf\xc3\xa9\r\n"
+	                "\r\n";
 	assert_int_equal(parse_str(&h, s), 0);
 	assert_int_equal(h.n_headers, 6);
 	assert_string_equal(http_head_get(&h, "X-A"), "spaced  inner  value");
@@ -155,10 +155,10 @@ static void test_get_case_insensitive(void **state)
 {
 	struct http_head h;
 	const char *s = "GET / HTTP/1.1\r\n"
-			"Content-Length: 5\r\n"
-			"x-custom: first\r\n"
-			"X-CUSTOM: second\r\n"
-			"\r\n";
+	                "Content-Length: 5\r\n"
+	                "x-custom: first\r\n"
+	                "X-CUSTOM: second\r\n"
+	                "\r\n";
 	assert_int_equal(parse_str(&h, s), 0);
 	assert_string_equal(http_head_get(&h, "content-length"), "5");
 	assert_string_equal(http_head_get(&h, "CONTENT-LENGTH"), "5");
@@ -386,7 +386,7 @@ static int decode_str(const char *in, size_t max, struct body *b, size_t *consum
  * status and sets *total_consumed; checks that every call reporting "need
  * more" consumed all it was given. */
 static int decode_split(const char *in, size_t len, size_t first, int bytewise, size_t max,
-			struct body *b, size_t *total_consumed)
+                        struct body *b, size_t *total_consumed)
 {
 	struct chunked_decoder d;
 	memset(&d, 0, sizeof d);
@@ -435,7 +435,7 @@ static void test_chunked_single(void **state)
 static void test_chunked_many(void **state)
 {
 	const char *in = "1\r\na\r\n2\r\nbc\r\nA\r\n0123456789\r\nb\r\nABCDEFGHIJK\r\n"
-			 "1f\r\n0123456789abcdef0123456789abcde\r\n0\r\n\r\n";
+	                 "1f\r\n0123456789abcdef0123456789abcde\r\n0\r\n\r\n";
 	struct body b = {0};
 	size_t used;
 	assert_int_equal(decode_str(in, 1 << 20, &b, &used), 1);
@@ -539,15 +539,14 @@ static void test_chunked_stops_at_end(void **state)
 	struct chunked_decoder d;
 	memset(&d, 0, sizeof d);
 	size_t used = 0;
-	assert_int_equal(chunked_decode(&d, in, strlen(in), &used, &b.data, &b.len, &b.cap, 1 << 20),
-			 1);
+	assert_int_equal(
+	    chunked_decode(&d, in, strlen(in), &used, &b.data, &b.len, &b.cap, 1 << 20), 1);
 	assert_int_equal(used, strlen("3\r\nabc\r\n0\r\n\r\n"));
 	assert_int_equal(d.state, CHUNK_DONE);
 	/* A finished decoder consumes nothing more and stays finished. */
 	used = 99;
-	assert_int_equal(chunked_decode(&d, "5\r\nxxxxx\r\n", 10, &used, &b.data, &b.len, &b.cap,
-					1 << 20),
-			 1);
+	assert_int_equal(
+	    chunked_decode(&d, "5\r\nxxxxx\r\n", 10, &used, &b.data, &b.len, &b.cap, 1 << 20), 1);
 	assert_int_equal(used, 0);
 	assert_string_equal(b.data, "abc");
 	body_free(&b);
@@ -574,18 +573,14 @@ static void test_chunked_needs_more(void **state)
 }
 
 static const char *const split_inputs[] = {
-	"5\r\nhello\r\n0\r\n\r\n",
-	"1\r\na\r\n2\r\nbc\r\nA\r\n0123456789\r\n0\r\n\r\n",
-	"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n",
-	"3\nabc\n0\n\n",
-	"10\r\n0123456789abcdef\r\n0\r\n\r\n",
+    "5\r\nhello\r\n0\r\n\r\n",
+    "1\r\na\r\n2\r\nbc\r\nA\r\n0123456789\r\n0\r\n\r\n",
+    "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\n",
+    "3\nabc\n0\n\n",
+    "10\r\n0123456789abcdef\r\n0\r\n\r\n",
 };
 static const char *const split_bodies[] = {
-	"hello",
-	"abc0123456789",
-	"hello world",
-	"abc",
-	"0123456789abcdef",
+    "hello", "abc0123456789", "hello world", "abc", "0123456789abcdef",
 };
 
 static void test_chunked_every_split(void **state)
@@ -748,8 +743,8 @@ static void test_chunked_size_overflow(void **state)
 	body_free(&b);
 	assert_int_equal(decode_str("10000000000000000\r\nx\r\n", SIZE_MAX, &b, &used), 413);
 	body_free(&b);
-	assert_int_equal(decode_str("fffffffffffffffffffffffffffffffffffff\r\n", SIZE_MAX, &b, &used),
-			 413);
+	assert_int_equal(
+	    decode_str("fffffffffffffffffffffffffffffffffffff\r\n", SIZE_MAX, &b, &used), 413);
 	body_free(&b);
 	/* Fed one byte at a time. */
 	const char *in = "ffffffffffffffffff\r\nx\r\n";
@@ -767,37 +762,37 @@ static void test_chunked_size_overflow(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_get_with_query),
-		cmocka_unit_test(test_post_without_query),
-		cmocka_unit_test(test_query_edge_cases),
-		cmocka_unit_test(test_bare_lf),
-		cmocka_unit_test(test_leading_empty_lines),
-		cmocka_unit_test(test_value_whitespace_trimmed),
-		cmocka_unit_test(test_get_case_insensitive),
-		cmocka_unit_test(test_versions),
-		cmocka_unit_test(test_missing_version),
-		cmocka_unit_test(test_bad_method),
-		cmocka_unit_test(test_method_length),
-		cmocka_unit_test(test_target),
-		cmocka_unit_test(test_obs_fold),
-		cmocka_unit_test(test_bad_header_lines),
-		cmocka_unit_test(test_stops_at_blank_line),
-		cmocka_unit_test(test_header_count_limit),
-		cmocka_unit_test(test_chunked_single),
-		cmocka_unit_test(test_chunked_many),
-		cmocka_unit_test(test_chunked_large_chunk),
-		cmocka_unit_test(test_chunked_extensions),
-		cmocka_unit_test(test_chunked_trailers),
-		cmocka_unit_test(test_chunked_bare_lf_and_empty),
-		cmocka_unit_test(test_chunked_stops_at_end),
-		cmocka_unit_test(test_chunked_needs_more),
-		cmocka_unit_test(test_chunked_every_split),
-		cmocka_unit_test(test_chunked_errors_bytewise),
-		cmocka_unit_test(test_chunked_bad_hex),
-		cmocka_unit_test(test_chunked_size_line_too_long),
-		cmocka_unit_test(test_chunked_missing_crlf_after_data),
-		cmocka_unit_test(test_chunked_over_max),
-		cmocka_unit_test(test_chunked_size_overflow),
+	    cmocka_unit_test(test_get_with_query),
+	    cmocka_unit_test(test_post_without_query),
+	    cmocka_unit_test(test_query_edge_cases),
+	    cmocka_unit_test(test_bare_lf),
+	    cmocka_unit_test(test_leading_empty_lines),
+	    cmocka_unit_test(test_value_whitespace_trimmed),
+	    cmocka_unit_test(test_get_case_insensitive),
+	    cmocka_unit_test(test_versions),
+	    cmocka_unit_test(test_missing_version),
+	    cmocka_unit_test(test_bad_method),
+	    cmocka_unit_test(test_method_length),
+	    cmocka_unit_test(test_target),
+	    cmocka_unit_test(test_obs_fold),
+	    cmocka_unit_test(test_bad_header_lines),
+	    cmocka_unit_test(test_stops_at_blank_line),
+	    cmocka_unit_test(test_header_count_limit),
+	    cmocka_unit_test(test_chunked_single),
+	    cmocka_unit_test(test_chunked_many),
+	    cmocka_unit_test(test_chunked_large_chunk),
+	    cmocka_unit_test(test_chunked_extensions),
+	    cmocka_unit_test(test_chunked_trailers),
+	    cmocka_unit_test(test_chunked_bare_lf_and_empty),
+	    cmocka_unit_test(test_chunked_stops_at_end),
+	    cmocka_unit_test(test_chunked_needs_more),
+	    cmocka_unit_test(test_chunked_every_split),
+	    cmocka_unit_test(test_chunked_errors_bytewise),
+	    cmocka_unit_test(test_chunked_bad_hex),
+	    cmocka_unit_test(test_chunked_size_line_too_long),
+	    cmocka_unit_test(test_chunked_missing_crlf_after_data),
+	    cmocka_unit_test(test_chunked_over_max),
+	    cmocka_unit_test(test_chunked_size_overflow),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
