@@ -37,6 +37,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		(void)http_head_get(&h, "transfer-encoding");
 		(void)http_head_get(&h, "Authorization");
 		(void)http_head_get(&h, "x-api-key");
+		/* The query parameters the routes read (the endpoint's model=,
+		 * /toki/idle's wait_ms=), into a buffer that must hold them. */
+		char v[8];
+		if (http_query_param(h.query, "model", v, sizeof v))
+			FUZZ_CHECK(strlen(v) < sizeof v);
+		else
+			FUZZ_CHECK(v[0] == '\0');
+		(void)http_query_param(h.query, "wait_ms", v, sizeof v);
 	}
 	/* The caller frees the head whatever the result (http_server.c does). */
 	http_head_free(&h);

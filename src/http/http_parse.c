@@ -30,6 +30,43 @@ void http_head_free(struct http_head *head)
 	memset(head, 0, sizeof *head);
 }
 
+static int hex_value(int c)
+{
+	return c >= '0' && c <= '9'   ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
+	                              : -1;
+}
+
+int http_query_param(const char *query, const char *key, char *out, size_t n)
+{
+	size_t kl = strlen(key);
+	if (n)
+		out[0] = '\0';
+	for (const char *k = query; k && *k;) {
+		if (!strncmp(k, key, kl) && k[kl] == '=') {
+			size_t o = 0;
+			for (const char *c = k + kl + 1; *c && *c != '&' && o + 1 < n; c++) {
+				int hi = *c == '%' ? hex_value((unsigned char)c[1]) : -1;
+				int lo = hi >= 0 ? hex_value((unsigned char)c[2]) : -1;
+				if (lo >= 0) {
+					out[o++] = (char)(hi * 16 + lo);
+					c += 2;
+				} else {
+					out[o++] = *c == '+' ? ' ' : *c;
+				}
+			}
+			if (n)
+				out[o] = '\0';
+			return 1;
+		}
+		k = strchr(k, '&');
+		if (k)
+			k++;
+	}
+	return 0;
+}
+
 static int is_token_char(int c)
 {
 	return c > 32 && c < 127 && !strchr("()<>@,;:\\\"/[]?={}", c);

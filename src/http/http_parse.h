@@ -28,6 +28,10 @@ struct http_head {
  * 505 for an unsupported version. On success the head owns its strings. */
 int http_head_parse(struct http_head *head, const char *buf, size_t len);
 void http_head_free(struct http_head *head);
+/* The value of the first `key=` parameter of a query (what follows '?'),
+ * percent-decoded and '+' as a space, into out (n bytes, cut to fit): 1, or
+ * 0 (out "") when the query has none. */
+int http_query_param(const char *query, const char *key, char *out, size_t n);
 const char *http_head_get(const struct http_head *head, const char *name);
 
 /* Decodes a chunked body incrementally. Feed it bytes; it appends decoded
@@ -43,6 +47,6 @@ struct chunked_decoder {
 /* Returns 0 (needs more), 1 (body complete), or an HTTP status on error
  * (400 malformed, 413 over max). *consumed is how much of in was used. */
 int chunked_decode(struct chunked_decoder *d, const char *in, size_t len, size_t *consumed,
-		   char **out, size_t *out_len, size_t *out_cap, size_t max);
+                   char **out, size_t *out_len, size_t *out_cap, size_t max);
 
 #endif

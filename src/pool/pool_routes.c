@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "api/auth.h"
+#include "http/http_parse.h"
 #include "http/http_server.h"
 #include "model/memsize.h"
 #include "model/registry.h"
@@ -209,26 +210,7 @@ static void request_model(struct http_request *req, char *out, size_t n, int *st
 		if (*out)
 			return;
 	}
-	const char *q = http_request_query(req);
-	for (const char *k = q; k && *k;) {
-		if (!strncmp(k, "model=", 6)) {
-			size_t o = 0;
-			for (const char *c = k + 6; *c && *c != '&' && o + 1 < n; c++) {
-				unsigned hex;
-				if (*c == '%' && c[1] && c[2] && sscanf(c + 1, "%2x", &hex) == 1) {
-					out[o++] = (char)hex;
-					c += 2;
-				} else {
-					out[o++] = *c == '+' ? ' ' : *c;
-				}
-			}
-			out[o] = '\0';
-			return;
-		}
-		k = strchr(k, '&');
-		if (k)
-			k++;
-	}
+	http_query_param(http_request_query(req), "model", out, n);
 }
 
 void pool_handle(struct http_request *req, void *ctx)

@@ -288,12 +288,10 @@ void wait_remove(struct serve_req *r);
 void wait_park(struct daemon *d, struct http_request *req, serve_route_fn handler);
 void active_add(struct serve_req *r);
 void active_remove(struct serve_req *r);
-/* Nothing runs here: no request in its life (the work after an answer
- * included: the keep, the tail cut, the settle after a cancel), no idle
- * save. */
-int serve_idle(const struct daemon *d);
-/* GET /toki/idle: answers req once serve_idle holds, or after wait_ms
- * (0: at once), with {"idle", "requests", "saving"}. */
+/* GET /toki/idle: answers req once nothing runs here (no request in its
+ * life, the work after an answer included: the keep, the tail cut, the
+ * settle after a cancel; no idle save), or after wait_ms (0: at once), with
+ * {"idle", "requests", "saving"}. */
 void wait_idle(struct daemon *d, struct http_request *req, long wait_ms);
 #define SERVE_IDLE_WAIT_MS 10000 /* the longest, and a client's default */
 

@@ -15,6 +15,7 @@
 #include "backend/selftest.h"
 #include "backend/supervise.h"
 #include "daemon.h"
+#include "http/http_parse.h"
 #include "http/http_server.h"
 #include "serve/req.h"
 #include "serve/serve.h"
@@ -277,16 +278,10 @@ struct route {
  * (SERVE_IDLE_WAIT_MS at most, and without one). */
 static void handle_idle(struct daemon *d, struct http_request *req)
 {
-	long ms = SERVE_IDLE_WAIT_MS;
-	for (const char *k = http_request_query(req); k && *k;) {
-		if (!strncmp(k, "wait_ms=", 8)) {
-			ms = strtol(k + 8, NULL, 10);
-			break;
-		}
-		k = strchr(k, '&');
-		if (k)
-			k++;
-	}
+	char v[32];
+	long ms = http_query_param(http_request_query(req), "wait_ms", v, sizeof v)
+	              ? strtol(v, NULL, 10)
+	              : SERVE_IDLE_WAIT_MS;
 	wait_idle(d, req, ms < 0 ? 0 : ms > SERVE_IDLE_WAIT_MS ? SERVE_IDLE_WAIT_MS : ms);
 }
 

@@ -136,7 +136,8 @@ void active_remove(struct serve_req *r)
  * An idle save that starts later is not waited for (it runs after
  * save_idle_ms of quiet, and is mostly the disk's). */
 
-int serve_idle(const struct daemon *d)
+/* Nothing runs here (req.h, wait_idle). */
+static int serve_idle(const struct daemon *d)
 {
 	return TAILQ_EMPTY(&d->serve->active) && !d->saving;
 }

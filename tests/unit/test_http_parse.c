@@ -93,6 +93,36 @@ static void test_query_edge_cases(void **state)
 	http_head_free(&h);
 }
 
+/* A query's parameter, as the endpoint reads model= and toki serve's
+ * /toki/idle wait_ms=. */
+static void test_query_param(void **state)
+{
+	(void)state;
+	char out[32];
+	assert_int_equal(http_query_param("model=a&wait_ms=250", "wait_ms", out, sizeof out), 1);
+	assert_string_equal(out, "250");
+	assert_int_equal(http_query_param("model=a&wait_ms=250", "model", out, sizeof out), 1);
+	assert_string_equal(out, "a");
+	/* Percent-decoded, '+' a space; a '%' without two hex digits stays. */
+	assert_int_equal(http_query_param("model=qwen%2Fcoder+7b%zz%4", "model", out, sizeof out),
+	                 1);
+	assert_string_equal(out, "qwen/coder 7b%zz%4");
+	/* A key is matched whole, the first one wins, junk before it is skipped. */
+	assert_int_equal(http_query_param("x&amodel=b&model=c&model=d", "model", out, sizeof out),
+	                 1);
+	assert_string_equal(out, "c");
+	/* Absent, empty, cut to fit. */
+	assert_int_equal(http_query_param("models=x", "model", out, sizeof out), 0);
+	assert_string_equal(out, "");
+	assert_int_equal(http_query_param("", "model", out, sizeof out), 0);
+	assert_int_equal(http_query_param(NULL, "model", out, sizeof out), 0);
+	assert_int_equal(http_query_param("model=", "model", out, sizeof out), 1);
+	assert_string_equal(out, "");
+	char small[4];
+	assert_int_equal(http_query_param("model=abcdef", "model", small, sizeof small), 1);
+	assert_string_equal(small, "abc");
+}
+
 static void test_bare_lf(void **state)
 {
 	struct http_head h;
@@ -765,6 +795,7 @@ int main(void)
 	    cmocka_unit_test(test_get_with_query),
 	    cmocka_unit_test(test_post_without_query),
 	    cmocka_unit_test(test_query_edge_cases),
+	    cmocka_unit_test(test_query_param),
 	    cmocka_unit_test(test_bare_lf),
 	    cmocka_unit_test(test_leading_empty_lines),
 	    cmocka_unit_test(test_value_whitespace_trimmed),
