@@ -100,6 +100,17 @@ class Endpoint(unittest.TestCase):
         self.assertEqual((st, r.get("model")), (200, model), r)
         self.wait_turn_free()
 
+    def up_loaded(self, names, starts_past_timeout=False):
+        """`toki up` (every model may stay loaded), each of names loaded by a
+        chat and settled (chat_settled). Returns the chats' messages."""
+        self.env.pop("TOKI_MAX_LOADED", None)
+        r = self.toki("up", "--port", str(self.port))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        msgs = [{"role": "user", "content": "Once upon a time"}]
+        for name in names:
+            self.chat_settled(name, msgs, starts_past_timeout)
+        return msgs
+
     def wait_turn_free(self):
         self.until("the CPU turn is free", lambda s, m: s["cpu_turn"] is None)
 
@@ -382,14 +393,8 @@ class Endpoint(unittest.TestCase):
         # start waits, and a's next request waits behind both (the turn
         # passes in order); a GET of b's goes at once. Once a's answer is
         # back: b's, then c's start and request, then a's.
-        self.env.pop("TOKI_MAX_LOADED")
         self.add_c()
-        r = self.toki("up", "--port", str(self.port))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        msgs = [{"role": "user", "content": "Once upon a time"}]
-        for name in ("a", "b"):
-            self.chat_settled(name, msgs)
-
+        msgs = self.up_loaded(("a", "b"))
         stats, until = self.stats, self.until
 
         s, m = stats()
@@ -495,14 +500,9 @@ class Endpoint(unittest.TestCase):
         # turn does not count against a request's own timeout (else c's
         # would be a 504 at 5 s), and a model that hangs holds the turn no
         # longer than a timeout.
-        self.env.pop("TOKI_MAX_LOADED")
         self.env["TOKI_BACKEND_TIMEOUT"] = "5"
         self.add_c()
-        r = self.toki("up", "--port", str(self.port))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        msgs = [{"role": "user", "content": "Once upon a time"}]
-        for name in ("a", "b", "c"):
-            self.chat_settled(name, msgs, starts_past_timeout=True)
+        msgs = self.up_loaded(("a", "b", "c"), starts_past_timeout=True)
         log_from = len(self.log_text())  # the warm-ups' own 504s are before it
         results, ends = {}, {}
 
@@ -556,13 +556,7 @@ class Endpoint(unittest.TestCase):
         # with a's request in it, and the client leaves: a computes no
         # request any more, but its toki serve still works, so b's request
         # waits; once a's llama-server goes on, a's work ends, and b's goes.
-        self.env.pop("TOKI_MAX_LOADED")
-        r = self.toki("up", "--port", str(self.port))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        msgs = [{"role": "user", "content": "Once upon a time"}]
-        for name in ("a", "b"):
-            self.chat_settled(name, msgs)
-
+        msgs = self.up_loaded(("a", "b"))
         stats, until = self.stats, self.until
 
         s, m = stats()
