@@ -8,6 +8,7 @@
 
 #include "api/anthropic.h"
 #include "fuzz_common.h"
+#include "util/json_body.h"
 
 static void convert(json_t *body, int count_only)
 {
@@ -27,7 +28,7 @@ static void convert(json_t *body, int count_only)
 	char *dump = anthropic_dump_json(chat);
 	FUZZ_CHECK(dump != NULL);
 	json_error_t e;
-	json_t *back = json_loads(dump, 0, &e);
+	json_t *back = json_loads(dump, JSON_ALLOW_NUL, &e);
 	FUZZ_CHECK(back && json_equal(back, chat));
 	json_decref(back);
 	free(dump);
@@ -37,7 +38,7 @@ static void convert(json_t *body, int count_only)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	json_error_t jerr;
-	json_t *body = json_loadb((const char *)data, size, 0, &jerr);
+	json_t *body = json_loadb((const char *)data, size, JSON_BODY_FLAGS, &jerr);
 	if (!body)
 		return 0;
 	(void)fuzz_check_types(body, FUZZ_KIND_CHAT);

@@ -11,6 +11,7 @@
 #include "api/anthropic.h"
 #include "fuzz_common.h"
 #include "http/sse.h"
+#include "util/json_body.h"
 
 struct ctx {
 	struct anthropic_stream *s;
@@ -33,7 +34,7 @@ static void check_events(const char *p, size_t len)
 		const char *end = memchr(p + i, '\n', len - i);
 		FUZZ_CHECK(end != NULL && (size_t)(end - p) + 1 < len && end[1] == '\n');
 		json_error_t e;
-		json_t *d = json_loadb(p + i + 6, (size_t)(end - (p + i + 6)), 0, &e);
+		json_t *d = json_loadb(p + i + 6, (size_t)(end - (p + i + 6)), JSON_ALLOW_NUL, &e);
 		FUZZ_CHECK(json_is_object(d));
 		const char *dt = json_string_value(json_object_get(d, "type"));
 		FUZZ_CHECK(dt && strlen(dt) == tlen && !memcmp(dt, type, tlen));
@@ -52,7 +53,7 @@ static void feed_chunk(struct ctx *c, const char *data, size_t dl)
 		c->finished = 1;
 	} else {
 		json_error_t e;
-		json_t *chunk = json_loadb(data, dl, 0, &e);
+		json_t *chunk = json_loadb(data, dl, JSON_BODY_FLAGS, &e);
 		if (!chunk)
 			return;
 		int was_done = anthropic_stream_done(c->s);
@@ -75,7 +76,7 @@ static void feed_chunk(struct ctx *c, const char *data, size_t dl)
 		/* nlohmann-style dump: must parse back to the same value. */
 		char *dump = anthropic_dump_json(chunk);
 		FUZZ_CHECK(dump != NULL);
-		json_t *back = json_loads(dump, 0, &e);
+		json_t *back = json_loads(dump, JSON_ALLOW_NUL, &e);
 		FUZZ_CHECK(back != NULL);
 		FUZZ_CHECK(json_equal(back, chunk));
 		json_decref(back);

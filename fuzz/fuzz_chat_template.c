@@ -14,6 +14,7 @@
 #include "fuzz_common.h"
 #include "prompt/chat.h"
 #include "template/jinja.h"
+#include "util/json_body.h"
 
 static const char *conversation =
     "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
@@ -113,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	}
 	json_error_t jerr;
-	json_t *req = json_loadb(rest, n, 0, &jerr);
+	json_t *req = json_loadb(rest, n, JSON_BODY_FLAGS, &jerr);
 	if (!req)
 		return 0;
 	json_t *before = json_deep_copy(req);

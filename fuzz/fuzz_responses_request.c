@@ -6,11 +6,12 @@
 
 #include "api/responses.h"
 #include "fuzz_common.h"
+#include "util/json_body.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	json_error_t jerr;
-	json_t *body = json_loadb((const char *)data, size, 0, &jerr);
+	json_t *body = json_loadb((const char *)data, size, JSON_BODY_FLAGS, &jerr);
 	if (!body)
 		return 0;
 	if (!fuzz_check_types(body, FUZZ_KIND_RESPONSES)) {

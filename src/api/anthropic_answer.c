@@ -15,6 +15,7 @@
 #include "api/anthropic_put.h"
 #include "platform/platform.h"
 #include "util/grow.h"
+#include "util/json_body.h"
 
 /* Random ids for messages or tool calls the backend did not name: not secret,
  * only unique, so a weak fallback is fine when no random bytes come. */
@@ -108,7 +109,7 @@ static json_t *tool_input(const json_t *args)
 		return json_deep_copy(args);
 	if (json_is_string(args)) {
 		json_t *v = json_loadb(json_string_value(args), json_string_length(args),
-		                       JSON_DECODE_ANY, NULL);
+		                       JSON_DECODE_ANY | JSON_BODY_FLAGS, NULL);
 		if (json_is_object(v))
 			return v;
 		json_decref(v);

@@ -371,10 +371,12 @@ json_t *responses_to_chat(const json_t *req, char *err, size_t errlen)
 	json_object_del(chat, "input");
 
 	if (json_object_get(req, "instructions")) {
-		/* Always role "system", and "" for anything but a string. */
-		OOM_IF(
-		    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content",
-		                                          str_value(req, "instructions"))));
+		/* Always role "system", and "" for anything but a string. The
+		 * value is copied whole: it may hold a NUL. */
+		json_t *ins = json_object_get(req, "instructions");
+		OOM_IF(json_array_append_new(
+		    msgs, json_pack("{s:s, s:o}", "role", "system", "content",
+		                    json_is_string(ins) ? json_incref(ins) : json_string(""))));
 		json_object_del(chat, "instructions");
 	}
 

@@ -184,7 +184,7 @@ static void on_props_done(struct backend_call *call, int status, const char *bod
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	json_t *props = json_body(status, body, len, -1, 0);
+	json_t *props = json_body(status, body, len, -1);
 	if (!json_is_object(props)) {
 		json_decref(props);
 		discovery_bad_answer(b, "/props", status, body, len);
@@ -259,7 +259,7 @@ static void on_slots_done(struct backend_call *call, int status, const char *bod
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	json_t *slots = json_body(status, body, len, -1, 0);
+	json_t *slots = json_body(status, body, len, -1);
 	if (!json_is_array(slots) || json_array_size(slots) == 0) {
 		json_decref(slots);
 		/* 501 is how llama-server refuses /slots under --no-slots (/props
@@ -521,7 +521,7 @@ static void on_ram_probe_done(struct backend_call *call, int status, const char 
 		return;
 	}
 	/* That token may be any byte, NUL included (a random-weight model's). */
-	json_t *r = json_body(status, body, len, -1, JSON_ALLOW_NUL);
+	json_t *r = json_body(status, body, len, -1);
 	if (b->ram_probe_step == 4) {
 		/* Is the first slot, idle since A, empty now? */
 		size_t i;
@@ -626,7 +626,7 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 {
 	struct backend *b = arg;
 	b->health_call = NULL;
-	json_t *models = json_body(status, body, len, -1, 0);
+	json_t *models = json_body(status, body, len, -1);
 	const char *id = json_string_value(
 	    json_object_get(json_array_get(json_object_get(models, "data"), 0), "id"));
 	free(b->model_id);
@@ -759,7 +759,7 @@ static void on_health_done(struct backend_call *call, int status, const char *bo
 	}
 	if (b->rb->up) {
 		json_error_t jerr;
-		json_t *slots = json_loadb(body, len, 0, &jerr);
+		json_t *slots = json_loadb(body, len, JSON_BODY_FLAGS, &jerr);
 		int restarted = json_is_array(slots) && restarted_behind_our_back(b, slots);
 		json_decref(slots);
 		if (!restarted)

@@ -274,7 +274,7 @@ static void on_prefix_done(struct backend_call *call, int status, const char *bo
 	struct prefix_render *pr = w->pr;
 	w->call = NULL;
 	pr->pending--;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	json_t *p = json_object_get(o, "prompt");
 	if (status == 200 && json_is_string(p)) {
 		w->len = json_string_length(p);
@@ -324,7 +324,7 @@ static void on_full_done(struct backend_call *call, int status, const char *body
 	pr->full = NULL;
 	pr->full_status = status;
 	json_error_t jerr;
-	pr->answer = body ? json_loadb(body, len, 0, &jerr) : NULL;
+	pr->answer = body ? json_loadb(body, len, JSON_BODY_FLAGS, &jerr) : NULL;
 	json_t *p = json_object_get(pr->answer, "prompt");
 	if (status != 200 || !json_is_string(p)) {
 		pr_finish(pr); /* the error goes to the client; the prefixes are moot */

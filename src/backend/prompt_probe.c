@@ -172,7 +172,7 @@ static void on_text_tokens(struct backend_call *call, int status, const char *bo
 {
 	struct prompt_probe *p = arg;
 	p->call = NULL;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	json_t *text = json_array_get(p->texts, p->step);
 	struct token_list mine = {0};
 	int rc =
@@ -197,7 +197,7 @@ static void on_last_tokens(struct backend_call *call, int status, const char *bo
 {
 	struct prompt_probe *p = arg;
 	p->call = NULL;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	struct token_list mine = {0};
 	int rc = prompt_engine_tokenize(p->pe, p->last_prompt, strlen(p->last_prompt), &mine);
 	if (rc != 0 || !same_tokens(json_object_get(o, "tokens"), &mine)) {
@@ -216,7 +216,7 @@ static void on_chat_prompt(struct backend_call *call, int status, const char *bo
 	p->call = NULL;
 	size_t k = p->step - json_array_size(p->texts);
 	json_error_t jerr;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	const char *server = json_string_value(json_object_get(o, "prompt"));
 	if (server) {
 		/* A probe the server refuses (tools a template cannot take) says
@@ -438,7 +438,7 @@ static void on_audit_tokens(struct backend_call *call, int status, const char *b
 {
 	struct prompt_audit *a = arg;
 	a->call = NULL;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	json_t *server = json_object_get(o, "tokens");
 	struct token_list mine = {a->tokens, a->n, a->n};
 	if (json_is_array(server)) {
@@ -484,7 +484,7 @@ static void on_audit_template(struct backend_call *call, int status, const char 
 {
 	struct prompt_audit *a = arg;
 	a->call = NULL;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	json_t *prompt = json_object_get(o, "prompt");
 	if (json_is_string(prompt) && (a->server_prompt = strdup(json_string_value(prompt))))
 		audit_tokenize(a, json_string_value(prompt), json_string_length(prompt));

@@ -363,7 +363,7 @@ static void on_save_done(struct backend_call *call, int status, const char *body
 {
 	struct save_op *op = arg;
 	struct daemon *d = op->d;
-	json_t *o = json_body(status, body, len, -1, 0);
+	json_t *o = json_body(status, body, len, -1);
 	long long written = json_integer_value(json_object_get(o, "n_written"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "save_ms"));
 	json_decref(o);

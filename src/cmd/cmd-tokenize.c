@@ -14,6 +14,7 @@
 #include "prompt/prompt.h"
 #include "router/sched.h"
 #include "tokenizer/vocab.h"
+#include "util/json_body.h"
 
 static const char usage[] =
     "usage: toki tokenize --model FILE [--no-add-special] [--no-parse-special]\n"
@@ -135,7 +136,7 @@ static char *read_all(FILE *f, size_t *len)
 static int print_chat(struct prompt_engine *pe, const char *text, size_t len, const struct opts *o)
 {
 	json_error_t jerr;
-	json_t *req = json_loadb(text, len, 0, &jerr);
+	json_t *req = json_loadb(text, len, JSON_BODY_FLAGS, &jerr);
 	json_t *out;
 	int rc = 0;
 	if (!json_is_object(req)) {

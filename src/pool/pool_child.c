@@ -27,6 +27,7 @@
 #include "platform/platform.h"
 #include "pool/pool_impl.h"
 #include "util/clock.h"
+#include "util/json_body.h"
 #include "util/log.h"
 #include "util/paths.h"
 
@@ -215,7 +216,7 @@ static void on_settle_done(struct backend_call *call, int status, const char *bo
                            void *arg)
 {
 	struct pool_model *m = arg;
-	json_t *o = status == 200 ? json_loadb(body, len, 0, NULL) : NULL;
+	json_t *o = status == 200 ? json_loadb(body, len, JSON_BODY_FLAGS, NULL) : NULL;
 	int idle = !o || !json_is_false(json_object_get(o, "idle"));
 	json_decref(o);
 	if (!idle &&

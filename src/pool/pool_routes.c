@@ -16,6 +16,7 @@
 #include "pool/pool_impl.h"
 #include "pool/pool_pick.h"
 #include "util/clock.h"
+#include "util/json_body.h"
 #include "util/log.h"
 
 /* The context the model has now or had last: its child's, else the one
@@ -200,7 +201,7 @@ static void request_model(struct http_request *req, char *out, size_t n, int *st
 	const char *body = http_request_body(req, &len);
 	if (body && len) {
 		json_error_t jerr;
-		json_t *o = json_loadb(body, len, 0, &jerr);
+		json_t *o = json_loadb(body, len, JSON_BODY_FLAGS, &jerr);
 		const char *s = json_string_value(json_object_get(o, "model"));
 		if (s)
 			snprintf(out, n, "%s", s);

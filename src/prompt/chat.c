@@ -10,6 +10,7 @@
 #include "util/bytes.h"
 #include "util/dtoa.h"
 #include "util/grow.h"
+#include "util/json_body.h"
 #include "util/strbuf.h"
 
 void chat_caps_from_json(json_t *caps, struct chat_caps *out)
@@ -178,7 +179,9 @@ char *chat_dump_like_nlohmann(json_t *v)
 		goto fail;                                                                         \
 	} while (0)
 
-static const char *str_or_null(json_t *o, const char *key, int *bad)
+/* A string field, NULL when absent or empty; *bad when not a string. The
+ * value itself, not its C string: the text may hold a NUL. */
+static json_t *str_or_null(json_t *o, const char *key, int *bad)
 {
 	json_t *v = json_object_get(o, key);
 	if (!v)
@@ -187,7 +190,7 @@ static const char *str_or_null(json_t *o, const char *key, int *bad)
 		*bad = 1;
 		return NULL;
 	}
-	return json_string_value(v);
+	return json_string_length(v) ? v : NULL;
 }
 
 /* One message as common_chat_msg::to_json_oaicompat writes it back. */
@@ -268,17 +271,17 @@ static json_t *normalize_message(const struct chat_env *env, json_t *m, enum cha
 			json_object_set_new(out, "content", json_string(""));
 	}
 	int bad = 0;
-	const char *reasoning = str_or_null(m, "reasoning_content", &bad);
-	const char *name = str_or_null(m, "name", &bad);
-	const char *call_id = str_or_null(m, "tool_call_id", &bad);
+	json_t *reasoning = str_or_null(m, "reasoning_content", &bad);
+	json_t *name = str_or_null(m, "name", &bad);
+	json_t *call_id = str_or_null(m, "tool_call_id", &bad);
 	if (bad)
 		DECLINE("reasoning_content, name or tool_call_id that is not a string");
-	if (reasoning && *reasoning)
-		json_object_set_new(out, "reasoning_content", json_string(reasoning));
-	if (name && *name)
-		json_object_set_new(out, "name", json_string(name));
-	if (call_id && *call_id)
-		json_object_set_new(out, "tool_call_id", json_string(call_id));
+	if (reasoning)
+		json_object_set(out, "reasoning_content", reasoning);
+	if (name)
+		json_object_set(out, "name", name);
+	if (call_id)
+		json_object_set(out, "tool_call_id", call_id);
 	if (calls && json_array_size(calls)) {
 		calls_out = json_array();
 		size_t i;
@@ -307,7 +310,8 @@ static json_t *normalize_message(const struct chat_env *env, json_t *m, enum cha
 			if (env->caps.supports_object_arguments) {
 				json_error_t jerr;
 				json_t *parsed =
-				    json_loads(json_string_value(a), JSON_DECODE_ANY, &jerr);
+				    json_loadb(json_string_value(a), json_string_length(a),
+				               JSON_DECODE_ANY | JSON_BODY_FLAGS, &jerr);
 				json_decref(a);
 				if (!parsed)
 					DECLINE("tool-call arguments that are not JSON");

@@ -6,11 +6,7 @@
 #include <string.h>
 
 #include "util/dtoa.h"
-
-/* What the backend sends is parsed allowing NUL in strings: a model can
- * emit a NUL byte (its <0x00> token), which llama-server writes as \u0000;
- * without the flag jansson refuses the whole answer. */
-#define BACKEND_JSON JSON_ALLOW_NUL
+#include "util/json_body.h"
 
 /* JSON's blanks between tokens. */
 static int json_blank(char c)
@@ -462,7 +458,7 @@ void answer_timings_in_body(const char *body, size_t len, struct answer_timings 
 	if (at && answer_scan_timings(at + sizeof key - 1, body + len, t))
 		return;
 	json_error_t jerr;
-	json_t *obj = json_loadb(body, len, BACKEND_JSON, &jerr);
+	json_t *obj = json_loadb(body, len, JSON_BODY_FLAGS, &jerr);
 	if (obj)
 		answer_timings_of(obj, t);
 	json_decref(obj);

@@ -31,9 +31,6 @@
 #include "util/log.h"
 #include "util/strbuf.h"
 
-/* What the backend sends is parsed allowing NUL in strings (answer.c). */
-#define BACKEND_JSON JSON_ALLOW_NUL
-
 static void run_step(struct serve_req *r);
 static void next_step(struct serve_req *r);
 static int start_tail_cut(struct serve_req *r);
@@ -539,7 +536,7 @@ static int read_counts(const json_t *o, struct step_counts *c)
 static int step_timings(int status, const char *body, size_t len, long long *cache_n,
                         long long *prompt_n, double *ms)
 {
-	json_t *o = json_body(status, body, len, -1, BACKEND_JSON);
+	json_t *o = json_body(status, body, len, -1);
 	struct step_counts c;
 	int rc = read_counts(o, &c);
 	json_decref(o);
@@ -748,7 +745,7 @@ static void on_restore_done(struct backend_call *call, int status, const char *b
 	struct router_saved *e = r->run.choice.restore;
 	r->run.call = NULL;
 	slot_store_restored(d, e);
-	json_t *o = json_body(status, body, len, JSON_OBJECT, 0);
+	json_t *o = json_body(status, body, len, JSON_OBJECT);
 	long long n_read = json_integer_value(json_object_get(o, "n_read"));
 	double ms = json_number_value(json_object_get(json_object_get(o, "timings"), "restore_ms"));
 	json_decref(o);
@@ -963,7 +960,7 @@ static void on_forced_done(struct backend_call *call, int status, const char *bo
 	r->run.call = NULL;
 	size_t k = r->run.forced, done = r->run.done_upto;
 	r->run.forced = 0;
-	json_t *o = json_body(status, body, len, -1, BACKEND_JSON);
+	json_t *o = json_body(status, body, len, -1);
 	struct step_counts c;
 	if (read_counts(o, &c) != 0 || status != 200) {
 		/* Not answered: a server without grammars of token ids (older
@@ -1209,7 +1206,7 @@ static void on_idle_poll_done(struct backend_call *call, int status, const char 
 {
 	struct serve_req *r = arg;
 	r->run.call = NULL;
-	json_t *a = json_body(status, body, len, JSON_ARRAY, 0);
+	json_t *a = json_body(status, body, len, JSON_ARRAY);
 	int known = 0, busy = 0;
 	size_t i;
 	json_t *e;

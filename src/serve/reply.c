@@ -19,9 +19,6 @@
 #include "util/json_body.h"
 #include "util/log.h"
 
-/* What the backend sends is parsed allowing NUL in strings (answer.c). */
-#define BACKEND_JSON JSON_ALLOW_NUL
-
 void reply_json(struct http_request *req, int status, json_t *obj)
 {
 	char *s = json_dumps(obj, JSON_COMPACT);
@@ -223,7 +220,7 @@ static void on_chat_chunk_for_anthropic(struct serve_req *r, const char *data, s
 		r->reply.done_sent = 1;
 	} else {
 		json_error_t jerr;
-		json_t *chunk = json_loadb(data, dl, BACKEND_JSON, &jerr);
+		json_t *chunk = json_loadb(data, dl, JSON_BODY_FLAGS, &jerr);
 		if (chunk) {
 			answer_timings_of(chunk, &r->reply.t);
 			if (r->tries.output_clamped)
@@ -253,7 +250,7 @@ static void write_event(struct serve_req *r, char *js)
 static int on_progress(struct serve_req *r, const char *data, size_t dl)
 {
 	json_error_t jerr;
-	json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
+	json_t *obj = json_loadb(data, dl, JSON_BODY_FLAGS, &jerr);
 	json_t *pp = json_object_get(obj, "prompt_progress");
 	int replanned = 0;
 	long long total = json_integer_value(json_object_get(pp, "total"));
@@ -305,7 +302,7 @@ static int wants_msg(const struct serve_req *r)
 static void note_msg(struct serve_req *r, const char *data, size_t dl)
 {
 	json_error_t jerr;
-	json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
+	json_t *obj = json_loadb(data, dl, JSON_BODY_FLAGS, &jerr);
 	if (obj)
 		answer_msg_add(&r->reply.msg, obj);
 	json_decref(obj);
@@ -350,7 +347,7 @@ static void on_sse_event(const char *raw, size_t len, void *arg)
 		/* llama-server puts timings in its final chunk: hold it back, the
 		 * cache block goes there. */
 		json_error_t jerr;
-		json_t *obj = json_loadb(data, dl, BACKEND_JSON, &jerr);
+		json_t *obj = json_loadb(data, dl, JSON_BODY_FLAGS, &jerr);
 		if (obj)
 			answer_timings_of(obj, &r->reply.t);
 		json_decref(obj);
@@ -510,7 +507,7 @@ static void on_stream_done(struct serve_req *r, int status)
 static void answer_anthropic(struct serve_req *r, int status, const char *body, size_t len)
 {
 	json_error_t jerr;
-	json_t *chat = status == 200 ? json_loadb(body, len, BACKEND_JSON, &jerr) : NULL;
+	json_t *chat = status == 200 ? json_loadb(body, len, JSON_BODY_FLAGS, &jerr) : NULL;
 	if (chat && r->tries.output_clamped)
 		answer_end_turn_at_cap(chat);
 	/* Anthropic's usage splits the prompt: read from the cache, and the

@@ -399,7 +399,7 @@ static void on_tokenize_done(struct backend_call *call, int status, const char *
 {
 	struct serve_req *r = arg;
 	r->run.call = NULL;
-	json_t *obj = json_body(status, body, len, -1, 0);
+	json_t *obj = json_body(status, body, len, -1);
 	json_t *toks = json_object_get(obj, "tokens");
 	if (!json_is_array(toks)) {
 		json_decref(obj);
@@ -426,11 +426,12 @@ static const struct backend_call_handlers tokenize_handlers = {
     .on_error = on_prompt_error,
 };
 
-static void tokenize_text(struct serve_req *r, const char *text)
+/* The server tokenizes text (a JSON string: it may hold a NUL). */
+static void tokenize_text(struct serve_req *r, json_t *text)
 {
 	r->state = RS_TOKENIZE;
 	json_t *req =
-	    json_pack("{s:s, s:b, s:b}", "content", text, "add_special", 1, "parse_special", 1);
+	    json_pack("{s:O, s:b, s:b}", "content", text, "add_special", 1, "parse_special", 1);
 	char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
 	if (!body) {
@@ -463,13 +464,13 @@ static void on_template_done(struct backend_call *call, int status, const char *
 	struct serve_req *r = arg;
 	r->run.call = NULL;
 	json_error_t jerr;
-	json_t *obj = json_loadb(body, len, 0, &jerr);
+	json_t *obj = json_loadb(body, len, JSON_BODY_FLAGS, &jerr);
 	const char *prompt = json_string_value(json_object_get(obj, "prompt"));
 	if (status != 200 || !prompt)
 		template_failed(r, status, obj);
 	else if (!local_text(r, r->run.backend, prompt,
 	                     json_string_length(json_object_get(obj, "prompt"))))
-		tokenize_text(r, prompt);
+		tokenize_text(r, json_object_get(obj, "prompt"));
 	json_decref(obj);
 }
 
@@ -631,7 +632,7 @@ static void on_render_done(struct prefix_render_result *res, void *arg)
 	if (!b->prompt || !b->prompt_tokens_ok) {
 		free(res->offsets);
 		free(res->kind);
-		tokenize_text(r, json_string_value(p));
+		tokenize_text(r, p);
 		return;
 	}
 	struct token_list t = {0};
@@ -644,7 +645,7 @@ static void on_render_done(struct prefix_render_result *res, void *arg)
 		free(st.pos);
 		free(st.kind);
 		if (rc == -2)
-			tokenize_text(r, json_string_value(p));
+			tokenize_text(r, p);
 		else
 			req_fail(r, 500, "out of memory");
 		return;
@@ -737,7 +738,7 @@ void req_begin(struct serve_req *r, struct backend *b)
 		prompt = json_array_get(prompt, 0);
 	if (json_is_string(prompt)) {
 		if (!local_text(r, b, json_string_value(prompt), json_string_length(prompt)))
-			tokenize_text(r, json_string_value(prompt));
+			tokenize_text(r, prompt);
 		return;
 	}
 	/* A prompt of token ids is routed as it is; several prompts are not. */
@@ -776,7 +777,7 @@ void req_start(struct daemon *d, struct http_request *req, enum route_kind kind,
 	size_t len;
 	const char *raw = http_request_body(req, &len);
 	json_error_t jerr;
-	json_t *body = json_loadb(raw, len, 0, &jerr);
+	json_t *body = json_loadb(raw, len, JSON_BODY_FLAGS, &jerr);
 	if (!body) {
 		char msg[300];
 		snprintf(msg, sizeof msg, "malformed JSON: %s (line %d, column %d)", jerr.text,

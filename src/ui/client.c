@@ -14,6 +14,7 @@
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/grow.h"
+#include "util/json_body.h"
 
 #define ERRBODY_MAX (64 * 1024)
 #define STREAM_EVENT_MAX (64 * 1024 * 1024)
@@ -482,7 +483,7 @@ static void on_event(const char *raw, size_t len, void *arg)
 		x->done = 1;
 	} else {
 		json_error_t jerr;
-		json_t *j = json_loadb(data, dl, 0, &jerr);
+		json_t *j = json_loadb(data, dl, JSON_BODY_FLAGS, &jerr);
 		if (json_is_object(j))
 			take_chunk(x, j);
 		json_decref(j);

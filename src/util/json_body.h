@@ -7,10 +7,17 @@
 #include <jansson.h>
 #include <stddef.h>
 
-/* The body parsed, when status is 200 and it is JSON of the given type
- * (JSON_OBJECT, JSON_ARRAY; -1: any); else NULL. flags are jansson's
- * decoding flags (JSON_ALLOW_NUL for what a model generated). */
-json_t *json_body(int status, const char *body, size_t len, int type, size_t flags);
+/* jansson's decoding flags for every body toki reads, a client's request
+ * or a backend's answer: a string may hold a NUL. A model writes one (the
+ * byte token <0x00>), a tool's result carries a binary file's bytes, and
+ * llama-server takes and gives both; refusing them would refuse a request
+ * the server serves, or lose an answer it gave. Whatever reads a string
+ * from such a body uses json_string_length, never strlen. */
+#define JSON_BODY_FLAGS JSON_ALLOW_NUL
+
+/* The body parsed (JSON_BODY_FLAGS), when status is 200 and it is JSON of
+ * the given type (JSON_OBJECT, JSON_ARRAY; -1: any); else NULL. */
+json_t *json_body(int status, const char *body, size_t len, int type);
 /* The "error.message" of an error answer (llama-server's and OpenAI's
  * shape), or NULL; it points into obj. */
 const char *json_error_message(const json_t *obj);

@@ -67,6 +67,19 @@ def fixed():
          "chat_template_kwargs": {"enable_thinking": False}},
         {"messages": [{"role": "system", "content": s}, {"role": "user", "content": "x"}],
          "tools": []},
+        # NUL bytes: a tool that read a binary file, a call's arguments
+        # with one escaped, reasoning and content parts with one.
+        {"messages": [{"role": "system", "content": "bin\x00ary"},
+                      {"role": "user", "content": "Read \x00 it"},
+                      {"role": "assistant", "content": "", "tool_calls": [
+                          {"id": "n", "type": "function", "function": {
+                              "name": "run_shell", "arguments": "{\"cmd\": \"a\\u0000b\"}"}}]},
+                      {"role": "tool", "tool_call_id": "n", "content": "\x7fELF\x02\x01\x00\x00"},
+                      {"role": "user", "content": "And?"}], "tools": TOOLS},
+        {"messages": [{"role": "user", "content": "Think"},
+                      {"role": "assistant", "content": "a\x00b", "reasoning_content": "\x00x"},
+                      {"role": "user", "content": [{"type": "text", "text": "\x00"},
+                                                   {"type": "text", "text": "y\x00"}]}]},
     ]
     for t in TEXTS:
         reqs.append({"messages": [{"role": "system", "content": t}, {"role": "user", "content": t}]})

@@ -457,6 +457,76 @@ class NulBytes(unittest.TestCase):
             llama.kill()
             shutil.rmtree(slots, ignore_errors=True)
 
+    def test_a_request_that_holds_them(self):
+        """A client sends NULs: an agent's tool read a binary file. llama-
+        server serves the request; so does toki, through each API and
+        with either tokenizer, its prompt as long as the server's and its
+        answer the uncached one. Before, toki refused it (400)."""
+        tool = {"type": "function", "function": {"name": "cat", "parameters": {
+            "type": "object", "properties": {"f": {"type": "string"}}}}}
+        chat = [{"role": "system", "content": "You read \x00 files."},
+                {"role": "user", "content": "Read a\x00b."},
+                {"role": "assistant", "content": "", "tool_calls": [{
+                    "id": "c1", "type": "function",
+                    "function": {"name": "cat", "arguments": '{"f": "a\\u0000b"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "\x7fELF\x02\x00\x00"}]
+        body = {"messages": chat, "tools": [tool], "max_tokens": 4, "temperature": 0,
+                "logprobs": True}
+        llama = th.LlamaServer(slots=2, ctx=1024, name="nul-client")
+        local = th.Toki([llama], name="nul-local")
+        server = th.Toki([llama], extra=["--tokenize", "server"], name="nul-server")
+        try:
+            st, alone = th.request(llama.port, "POST", "/v1/chat/completions", body)
+            self.assertEqual(st, 200, alone)
+            n = alone["usage"]["prompt_tokens"]
+            wait_prompts(local)
+            for toki in (local, server):
+                answers = []
+                for extra in ({}, {}, {"cache_prompt": False}):
+                    st, r = th.request(toki.port, "POST", "/v1/chat/completions",
+                                       dict(body, **extra))
+                    self.assertEqual(st, 200, r)
+                    self.assertEqual(r["usage"]["prompt_tokens"], n, r)
+                    answers.append(r["choices"][0]["logprobs"])
+                self.assertEqual(answers[1:], answers[:2])
+                # No count toki disagreed with the server on.
+                self.assertNotIn("prompt tokens, toki", toki.log_text())
+            # Each was templated where asked: toki, or the server.
+            p = local.stats()["backends"][0]["prompts"]
+            self.assertEqual((p["local"], p["server"], p["mismatches"]), (3, 0, 0), p)
+            p = server.stats()["backends"][0]["prompts"]
+            self.assertEqual((p["local"], p["server"]), (0, 3), p)
+
+            # The same conversation as an Anthropic request and a Responses
+            # one: the prompt the chat request had, NULs and all.
+            st, r = th.request(local.port, "POST", "/v1/messages", {
+                "system": "You read \x00 files.", "max_tokens": 4, "temperature": 0,
+                "tools": [{"name": "cat", "input_schema": tool["function"]["parameters"]}],
+                "messages": [
+                    {"role": "user", "content": "Read a\x00b."},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "c1",
+                                                       "name": "cat",
+                                                       "input": {"f": "a\x00b"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                                                  "content": "\x7fELF\x02\x00\x00"}]}]})
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["cache"]["prompt_tokens"], n, r)
+            st, r = th.request(local.port, "POST", "/v1/responses", {
+                "instructions": "You read \x00 files.", "max_output_tokens": 4,
+                "temperature": 0, "tools": [dict(tool["function"], type="function")],
+                "input": [
+                    {"role": "user", "content": "Read a\x00b."},
+                    {"type": "function_call", "call_id": "c1", "name": "cat",
+                     "arguments": '{"f": "a\\u0000b"}'},
+                    {"type": "function_call_output", "call_id": "c1",
+                     "output": "\x7fELF\x02\x00\x00"}]})
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["cache"]["prompt_tokens"], n, r)
+        finally:
+            local.kill(signal.SIGTERM)
+            server.kill(signal.SIGTERM)
+            llama.kill()
+
 
 class SlotSavePathOnly(unittest.TestCase):
     """Item 10: a server started with --slot-save-path, toki without

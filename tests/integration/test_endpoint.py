@@ -173,6 +173,11 @@ class Endpoint(unittest.TestCase):
         self.assertEqual(st, 404, e)
         self.assertEqual(e["type"], "error")
         self.assertIn("gpt-a", e["error"]["message"])
+        # The name is read from a body with a NUL in it (a tool's output of
+        # a binary file) too; before, such a body went to the active model.
+        st, e = th.request(self.port, "POST", "/v1/chat/completions",
+                           {"model": "nope", "messages": [{"role": "user", "content": "\x00"}]})
+        self.assertEqual(st, 404, e)
 
         # A registry edited while the endpoint runs is read again; one that
         # does not parse is reported and the old one kept.

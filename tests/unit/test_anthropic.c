@@ -525,7 +525,8 @@ static void test_from_chat_thinking_and_tools(void **state)
 	      "'role':'assistant','reasoning_content':'Let me look.','content':'Checking.',"
 	      "'tool_calls':[{'type':'function','id':'AbC','function':{'name':'Bash',"
 	      "'arguments':'{\\'command\\':\\'ls\\'}'}},{'type':'function','id':'d2','function':"
-	      "{'name':'Read','arguments':'not json'}}]}}],"
+	      "{'name':'Read','arguments':'not json'}},{'type':'function','id':'n','function':"
+	      "{'name':'Read','arguments':'{\\'f\\':\\'a\\\\u0000\\'}'}}]}}],"
 	      "'usage':{'completion_tokens':20,'prompt_tokens':100,"
 	      "'prompt_tokens_details':{'cached_tokens':64}}}");
 	expect_json(anthropic_from_chat(resp, "m", -1, -1),
@@ -533,7 +534,8 @@ static void test_from_chat_thinking_and_tools(void **state)
 	            "{'type':'thinking','thinking':'Let me look.','signature':''},"
 	            "{'type':'text','text':'Checking.'},"
 	            "{'type':'tool_use','id':'AbC','name':'Bash','input':{'command':'ls'}},"
-	            "{'type':'tool_use','id':'d2','name':'Read','input':{}}],"
+	            "{'type':'tool_use','id':'d2','name':'Read','input':{}},"
+	            "{'type':'tool_use','id':'n','name':'Read','input':{'f':'a\\u0000'}}],"
 	            "'model':'m','stop_reason':'tool_use','stop_sequence':null,"
 	            "'usage':{'input_tokens':36,'cache_read_input_tokens':64,'output_tokens':20}}");
 	json_decref(resp);

@@ -24,7 +24,7 @@ static json_t *J(const char *text)
 		if (*p == '\'')
 			*p = '"';
 	json_error_t e;
-	json_t *v = json_loads(s, JSON_DECODE_ANY, &e);
+	json_t *v = json_loads(s, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
 	if (!v)
 		fprintf(stderr, "bad test JSON: %s: %s\n", e.text, s);
 	free(s);
@@ -77,6 +77,10 @@ static void test_instructions(void **state)
 	            "{'messages':[{'role':'system','content':''},{'role':'user','content':'Hi'}]}");
 	expect_json(convert_ok("{'instructions':5,'input':'Hi'}"),
 	            "{'messages':[{'role':'system','content':''},{'role':'user','content':'Hi'}]}");
+	/* A NUL is text, kept whole (before, the instructions ended at it). */
+	expect_json(convert_ok("{'instructions':'a\\u0000b','input':'\\u0000'}"),
+	            "{'messages':[{'role':'system','content':'a\\u0000b'},"
+	            "{'role':'user','content':'\\u0000'}]}");
 }
 
 static void test_codex_conversation(void **state)
