@@ -607,8 +607,10 @@ static void discovered(struct backend *b)
 	if (t->kept)
 		log_info("backend %s: exact: %s", b->rb->url, verdict);
 	else if (t->state == SELFTEST_VERIFIED || t->state == SELFTEST_UNKNOWN)
-		log_info("backend %s: exact: %s (self-test, %.1f s)", b->rb->url, verdict,
-		         t->seconds);
+		log_info("backend %s: exact: %s (self-test, %.1f s%s%s)", b->rb->url, verdict,
+		         t->seconds,
+		         t->tries > 1 ? "; at the second try, the first ended early: " : "",
+		         t->tries > 1 ? t->first_try : "");
 	else if (t->state == SELFTEST_FAILED && !t->shared_kv)
 		log_warn(
 		    "backend %s: exact: %s. Answers on this server depend on what it "

@@ -42,6 +42,7 @@
 #include <jansson.h>
 
 struct backend;
+struct event;
 
 /* Runs 0 and 1, and where they differ on two slots runs 2 and 3. */
 enum { SELFTEST_RUNS = 4 };
@@ -87,6 +88,24 @@ struct selftest {
 	char why[300];                      /* how runs 0 and 1 differed */
 	int64_t t0_us;
 	void (*done)(struct backend *b);
+	/* Another client on the server (selftest.c, "another client"): the
+	 * tries begun, what the first one saw where it ended early, each
+	 * slot's last task as the test last read /slots (NULL: not read, no
+	 * checks), the slot the request just answered ran on, that answer
+	 * while the slots are read after it, and the wait for an idle server
+	 * before a try. */
+	int tries;
+	char first_try[200];
+	long long *task;
+	int n_task;
+	int own_slot;
+	int checking;
+	int held_status;
+	char *held_body;
+	size_t held_len;
+	int64_t idle_since_us;
+	int idle_told;
+	struct event *idle_timer;
 };
 
 /* Runs the test on b (discovery's step before the backend is up), then

@@ -150,11 +150,13 @@ static json_t *backend_stats(struct backend *b)
 	char verdict[400];
 	selftest_verdict(&b->selftest, verdict, sizeof verdict);
 	json_object_set_new(e, "exact",
-	                    json_pack("{s:s, s:s, s:s?, s:f, s:b, s:s, s:s}", "selftest",
+	                    json_pack("{s:s, s:s, s:s?, s:f, s:i, s:s?, s:b, s:s, s:s}", "selftest",
 	                              selftest_state_name(b->selftest.state), "verdict", verdict,
 	                              "remedy", b->selftest.remedy, "seconds", b->selftest.seconds,
-	                              "steps", b->rb->steps, "steps_why", b->selftest.steps_why,
-	                              "bits", rb->bits));
+	                              "tries", b->selftest.tries, "first_try",
+	                              b->selftest.tries > 1 ? b->selftest.first_try : NULL, "steps",
+	                              b->rb->steps, "steps_why", b->selftest.steps_why, "bits",
+	                              rb->bits));
 	struct prompt_engine_stats ps = {0};
 	if (b->prompt)
 		prompt_engine_get_stats(b->prompt, &ps);

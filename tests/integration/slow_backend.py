@@ -29,6 +29,19 @@ and two that only touch a POST /completion whose grammar forces token ids
   grammar_ignored   forward it without its grammar: the server generates
                     what it likes, as one that ignores the field would
 
+and one that plays another client of the real server:
+
+  intrude           before each of the next `intrusions` requests of toki's
+                    self-test (a POST /completion of token ids with n_probs
+                    and id_slot), runs a short request of its own on the real
+                    server, to its end, then forwards the test's: on the slot
+                    after the one the test's names (`intrude_slot` "other",
+                    of `intrude_slots`), or on that slot before a step that
+                    reuses its cache ("same"). `intruded` lists the slots.
+                    With `intrude_hold`, the request is a stream that runs
+                    beside the test's until release() (n_predict -1: the
+                    server needs --context-shift), as an agent's does.
+
 `mode` and `events` may be changed while it runs. `grammar_runs` counts the
 requests those two touched. `seen` lists the
 (method, path) of every request; `fault_conns` counts connections that got a
@@ -63,6 +76,12 @@ class SlowBackend:
         self.fault_conns = 0
         self.closed_by_peer = 0
         self.grammar_runs = 0
+        self.intrusions = 0
+        self.intrude_slot = "other"
+        self.intrude_slots = 2
+        self.intruded = []
+        self.intrude_hold = False
+        self._released = threading.Event()
         self.rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -122,8 +141,10 @@ class SlowBackend:
                     body = self._token_grammar(c, body)
                     if body is None:
                         continue
+                elif method == "POST" and route == "/completion" and self.mode == "intrude":
+                    self._intrude(body)
                 elif (method == "POST" and route in FAULT_PATHS and self.mode != "pass" and
-                      self.mode not in GRAMMAR_MODES):
+                      self.mode != "intrude" and self.mode not in GRAMMAR_MODES):
                     with self._lock:
                         self.fault_conns += 1
                     self._fault(c, route, body)
@@ -220,6 +241,57 @@ class SlowBackend:
         c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(msg) + msg)
         return None
+
+    def _intrude(self, body):
+        """Another client's request on the real server, run to its end
+        before a request of the self-test (mode intrude)."""
+        try:
+            req = json.loads(body or b"{}")
+        except ValueError:
+            return
+        if not (isinstance(req.get("prompt"), list) and "n_probs" in req and "id_slot" in req):
+            return
+        slot = req["id_slot"]
+        if self.intrude_slot == "same":
+            if not req.get("cache_prompt"):
+                return
+        else:
+            slot = (slot + 1) % self.intrude_slots
+        with self._lock:
+            if self.intrusions <= 0:
+                return
+            self.intrusions -= 1
+            self.intruded.append(slot)
+        if self.intrude_hold:
+            started = threading.Event()
+            threading.Thread(target=self._held_client, args=(slot, started), daemon=True).start()
+            started.wait(60)
+            return
+        up = http.client.HTTPConnection(self.up_host, self.up_port, timeout=600)
+        up.request("POST", "/completion", body=json.dumps({
+            "prompt": "Once upon a time, a cat sat on a mat.", "n_predict": 2,
+            "id_slot": slot, "cache_prompt": True}),
+            headers={"Content-Type": "application/json"})
+        up.getresponse().read()
+        up.close()
+
+    def _held_client(self, slot, started):
+        """A stream on the real server that runs until release()."""
+        up = http.client.HTTPConnection(self.up_host, self.up_port, timeout=600)
+        up.request("POST", "/completion", body=json.dumps({
+            "prompt": "Once upon a time", "n_predict": -1, "stream": True, "id_slot": slot,
+            "cache_prompt": False}), headers={"Content-Type": "application/json"})
+        r = up.getresponse()
+        r.read1(65536)  # its first event: the server runs it
+        started.set()
+        while not self._released.is_set() and not self._stop.is_set():
+            if not r.read1(65536):
+                break
+        up.close()  # the server stops it at its next write
+
+    def release(self):
+        """Ends the streams intrude_hold started."""
+        self._released.set()
 
     def _stall(self, c):
         """Send nothing more; return when the peer closes (or we stop)."""

@@ -3,7 +3,8 @@ one with --api-key (toki sends the key on every call, and says why
 discovery fails without it), one with --no-slots (refused with the reason,
 not a silent 503), one with --no-jinja (the start-up probes send only what
 it takes), browsers' CORS preflights answered as llama-server answers them,
-and managed runs whose llama-server arguments set a key or change the
+another client's requests during exact mode's self-test, NULs in a
+request's text, and managed runs whose llama-server arguments set a key or change the
 model's context."""
 import http.client
 import json
@@ -18,6 +19,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import toki_harness as th
+from slow_backend import SlowBackend
 
 KEY = "backend-secret-1"
 HELLO = [{"role": "user", "content": "Tell me a story about Lily."}]
@@ -526,6 +528,89 @@ class NulBytes(unittest.TestCase):
             local.kill(signal.SIGTERM)
             server.kill(signal.SIGTERM)
             llama.kill()
+
+
+class AnotherClient(unittest.TestCase):
+    """The user's server has another client while toki's self-test runs (an
+    agent still pointed at it when toki starts). Its request beside the
+    test's gives other bits, and one on the test's slot other cache counts:
+    before, the verdict was then "failed" or "unknown" for as long as toki
+    ran, and with it exact mode's schedule and answers. Now a try that saw
+    another client's task is run again once no slot runs one, and its
+    verdict is a clean start's. slow_backend.py plays the other client on
+    the real server (mode intrude), at the moment that matters."""
+
+    @classmethod
+    def setUpClass(cls):
+        # --context-shift: the other client's stream runs until it leaves.
+        cls.llama = th.LlamaServer(slots=2, ctx=1024, name="another-client",
+                                   extra=["--context-shift"])
+        cls.state = tempfile.mkdtemp(prefix="toki-another-")
+        clean = th.Toki([cls.llama], env={"TOKI_STATE_DIR": cls.state}, name="clean")
+        try:
+            cls.clean = wait_exact(clean)
+        finally:
+            clean.kill(signal.SIGTERM)
+        assert cls.clean["selftest"] == "verified" and cls.clean["steps"], cls.clean
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.llama.kill()
+        shutil.rmtree(cls.state, ignore_errors=True)
+
+    def start(self, intrusions, where="other", hold=False):
+        self.proxy = SlowBackend(self.llama.url, mode="intrude")
+        self.proxy.intrusions, self.proxy.intrude_slot = intrusions, where
+        self.proxy.intrude_hold = hold
+        self.toki = th.Toki([self.proxy], env={"TOKI_STATE_DIR": self.state}, wait=False)
+
+    def tearDown(self):
+        self.toki.kill(signal.SIGTERM)
+        self.proxy.release()
+        self.proxy.close()
+
+    def assert_like_a_clean_start(self, exact, first):
+        self.assertEqual((exact["selftest"], exact["steps"], exact["tries"]),
+                         ("verified", True, 2), exact)
+        self.assertIn(first, exact["first_try"])
+        self.assertEqual(exact["bits"], self.clean["bits"])
+
+    def test_a_request_beside_the_test(self):
+        self.start(1, hold=True)
+        # The stream still runs: the second try waits for it to end.
+        self.toki.wait_log("the self-test waits until no slot runs a task")
+        self.proxy.release()
+        exact = wait_exact(self.toki)
+        self.assert_like_a_clean_start(exact, "another client's request ran on slot")
+        self.assertIn("it runs again once no slot runs a task", self.toki.log_text())
+
+    def test_a_request_on_the_tests_slot(self):
+        self.start(1, where="same")
+        exact = wait_exact(self.toki)
+        self.assert_like_a_clean_start(exact, "reused")
+        self.assertEqual(len(self.proxy.intruded), 1)
+
+    def test_another_client_at_both_tries(self):
+        self.start(2)
+        exact = wait_exact(self.toki)
+        self.assertEqual((exact["selftest"], exact["steps"], exact["tries"]),
+                         ("unknown", False, 2), exact)
+        self.assertIn("another client's request ran on slot", exact["verdict"])
+        self.assertIn("the first ended early: another client's", self.toki.log_text())
+
+
+def wait_exact(toki, timeout=60):
+    """The backend's exact object once its self-test has ended."""
+    th.wait_http(toki.port, timeout=timeout)
+    deadline = time.time() + timeout
+    while True:
+        b = toki.stats()["backends"][0]
+        # "off" before discovery reaches the test.
+        if b["exact"]["selftest"] not in ("running", "off"):
+            return b["exact"]
+        if time.time() > deadline:
+            raise AssertionError(f"the self-test did not end: {b}")
+        time.sleep(0.05)
 
 
 class SlotSavePathOnly(unittest.TestCase):
