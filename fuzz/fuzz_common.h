@@ -45,7 +45,7 @@ static inline void fuzz_check_chat_body(const json_t *chat)
 	char *s = json_dumps(chat, JSON_COMPACT);
 	FUZZ_CHECK(s != NULL);
 	json_error_t e;
-	json_t *back = json_loads(s, 0, &e);
+	json_t *back = json_loads(s, JSON_ALLOW_NUL, &e);
 	FUZZ_CHECK(back != NULL);
 	FUZZ_CHECK(json_equal(back, (json_t *)chat));
 	json_decref(back);
