@@ -40,18 +40,22 @@ import common as c
 th = c.harness()
 
 
-def start(binary, model):
-    """One managed start: the backend's `exact` block of /toki/stats."""
+def exact_at_start(binary, args, env, while_starting=None):
+    """`toki serve ARGS` with a fresh state folder: the backend's `exact`
+    block of /toki/stats once it is up. while_starting() runs once toki
+    listens."""
     state = tempfile.mkdtemp(prefix="toki-bench-verdict-")
-    env = dict(os.environ, TOKI_STATE_DIR=state, TOKI_LLAMA_SERVER=th.llama_server_path())
-    p = subprocess.Popen([binary, "serve", "--port", "0", "--model", model, "--name", "m",
-                          "--ctx", "2048"], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    p = subprocess.Popen([binary, "serve", "--port", "0", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True,
+                         env=dict(os.environ, TOKI_STATE_DIR=state, **env),
+                         start_new_session=True)
     try:
         line = p.stdout.readline()
         if "listening on" not in line:
             raise RuntimeError(f"{binary} did not start: {line}")
         port = int(line.strip().rsplit(":", 1)[1])
+        if while_starting:
+            while_starting()
         th.wait_http(port, "/health", timeout=300)
         st, stats = th.request(port, "GET", "/toki/stats")
         if st != 200:
@@ -61,42 +65,37 @@ def start(binary, model):
         p.terminate()
         p.wait(60)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def start(binary, model):
+    """One managed start."""
+    return exact_at_start(binary, ["--model", model, "--name", "m", "--ctx", "2048"],
+                          {"TOKI_LLAMA_SERVER": th.llama_server_path()})
 
 
 def start_brought(binary, llama, client, beside_s):
     """One start in front of llama, another client at the self-test."""
     from slow_backend import SlowBackend
-    state = tempfile.mkdtemp(prefix="toki-bench-verdict-")
     proxy = SlowBackend(llama.url, mode="intrude")
     if client != "none":
         proxy.intrusions = 1
         proxy.intrude_slot = "same" if client == "same" else "other"
         proxy.intrude_hold = client == "beside"
-    p = subprocess.Popen([binary, "serve", "--port", "0", "--backend", proxy.url],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                         env=dict(os.environ, TOKI_STATE_DIR=state), start_new_session=True)
+
+    def leave_later():
+        # The stream runs beside_s seconds from the test's first request.
+        deadline = time.time() + 60
+        while not proxy.intruded and time.time() < deadline:
+            time.sleep(0.005)
+        time.sleep(beside_s)
+        proxy.release()
+
     try:
-        line = p.stdout.readline()
-        if "listening on" not in line:
-            raise RuntimeError(f"{binary} did not start: {line}")
-        port = int(line.strip().rsplit(":", 1)[1])
-        if client == "beside":
-            deadline = time.time() + 60
-            while not proxy.intruded and time.time() < deadline:
-                time.sleep(0.005)
-            time.sleep(beside_s)
-            proxy.release()
-        th.wait_http(port, "/health", timeout=300)
-        st, stats = th.request(port, "GET", "/toki/stats")
-        if st != 200:
-            raise RuntimeError(f"/toki/stats answered {st}")
-        return stats["backends"][0]["exact"]
+        return exact_at_start(binary, ["--backend", proxy.url], {},
+                              leave_later if client == "beside" else None)
     finally:
-        p.terminate()
-        p.wait(60)
         proxy.release()
         proxy.close()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def main():
