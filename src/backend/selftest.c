@@ -831,7 +831,7 @@ static void on_done(struct backend_call *call, int status, const char *body, siz
 		if (len)
 			memcpy(t->held_body, body, len);
 		t->held_body[len] = '\0';
-		t->held_status = body ? status : 0;
+		t->held_status = status;
 		t->held_len = len;
 		t->own_slot = step_slot(t);
 		t->checking = 1;
