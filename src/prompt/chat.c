@@ -378,6 +378,29 @@ static void format_time(time_t now, const char *fmt, char *out, size_t n)
 		out[0] = 0;
 }
 
+/* OpenAI's reasoning_effort as llama-server reads it before templating
+ * (oaicompat_chat_params_parse; measured on 11669's /apply-template): "none"
+ * turns thinking off where chat_template_kwargs does not set enable_thinking
+ * (Qwen 3's template then writes an empty think block), and takes away a
+ * reasoning_effort kwarg; any other non-empty string reaches the template
+ * as reasoning_effort, over the kwarg (gpt-oss's template reads it). A value
+ * that is not a string is ignored, as the server's json_value ignores it.
+ * OpenAI SDK agents send it, and the Responses API's reasoning.effort
+ * becomes it. */
+static void reasoning_effort(json_t *g, const json_t *request, const json_t *kwargs)
+{
+	const json_t *e = json_object_get(request, "reasoning_effort");
+	if (!json_is_string(e) || !json_string_length(e))
+		return;
+	if (json_string_length(e) == 4 && !memcmp(json_string_value(e), "none", 4)) {
+		if (!json_is_object(kwargs) || !json_object_get(kwargs, "enable_thinking"))
+			json_object_set_new(g, "enable_thinking", json_false());
+		json_object_del(g, "reasoning_effort");
+	} else {
+		json_object_set_new(g, "reasoning_effort", json_deep_copy(e));
+	}
+}
+
 json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum chat_result *res,
                               char *why, size_t whylen)
 {
@@ -469,6 +492,7 @@ json_t *chat_template_globals(const struct chat_env *env, json_t *request, enum 
 			json_object_set(g, k, v);
 		}
 	}
+	reasoning_effort(g, request, kwargs);
 	if (add_gen)
 		json_object_set_new(g, "add_generation_prompt", json_true());
 	return g;

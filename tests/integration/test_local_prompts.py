@@ -70,6 +70,15 @@ def conversation():
                           "messages": [{"role": "user", "content": "Where is Max?"}]}),
         ("/anthropic/v1/messages/count_tokens", {"system": SYSTEM,
                                        "messages": [{"role": "user", "content": "Where is Max?"}]}),
+        # OpenAI's reasoning_effort, as an OpenAI SDK agent sends it and as
+        # the Responses API's reasoning.effort becomes it: "none" turns a
+        # thinking template's thinking off (Qwen 3's writes an empty think
+        # block), which toki's rendering must do too.
+        ("/v1/chat/completions", {"messages": [{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": "Tell me a story."}],
+                                  "max_tokens": 12, "reasoning_effort": "none"}),
+        ("/v1/responses", {"instructions": SYSTEM, "input": "Where is Max?",
+                           "max_output_tokens": 12, "reasoning": {"effort": "none"}}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me a story."},
                                                {"role": "assistant", "content": "Lily"}],
                                   "max_tokens": 8}),
@@ -100,6 +109,9 @@ def answer_of(path, body, port):
         u = r["usage"]
         return ([c.get("text") for c in r["content"]],
                 u["input_tokens"] + u.get("cache_read_input_tokens", 0)), r.get("cache")
+    if path == "/v1/responses":
+        return ([c.get("text") for o in r["output"] if o.get("type") == "message"
+                 for c in o["content"]], r["usage"]["input_tokens"]), r["cache"]
     if path == "/v1/completions":
         return (r["choices"][0]["text"], r["usage"]["prompt_tokens"]), r["cache"]
     return (r["choices"][0]["message"]["content"], r["usage"]["prompt_tokens"]), r["cache"]

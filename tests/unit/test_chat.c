@@ -65,7 +65,7 @@ static char *render(const struct chat_env *env, const char *request, enum chat_r
                     char *why, size_t whylen)
 {
 	json_error_t jerr;
-	json_t *req = json_loads(request, 0, &jerr);
+	json_t *req = json_loads(request, JSON_ALLOW_NUL, &jerr);
 	if (!req)
 		fail_msg("bad request JSON in the test: %s", jerr.text);
 	char *prompt = NULL;
@@ -241,6 +241,78 @@ static void test_tools_and_context(void **state)
 	assert_true(json_is_false(json_object_get(g, "enable_thinking")));
 	json_decref(g);
 	json_decref(req);
+}
+
+/* The template's variables for a request (JSON text). */
+static json_t *globals_of(const struct chat_env *env, const char *request)
+{
+	json_error_t jerr;
+	json_t *req = json_loads(request, JSON_ALLOW_NUL, &jerr);
+	if (!req)
+		fail_msg("bad request JSON in the test: %s", jerr.text);
+	enum chat_result res;
+	char why[128];
+	json_t *g = chat_template_globals(env, req, &res, why, sizeof why);
+	json_decref(req);
+	if (!g || res != CHAT_OK)
+		fail_msg("request %s: result %d (%s)", request, res, why);
+	return g;
+}
+
+/* reasoning_effort as llama-server reads it: "none" turns thinking off
+ * unless a kwarg sets it and drops the kwarg of that name; another string
+ * reaches the template over the kwarg; "" and non-strings change nothing. */
+static void test_reasoning_effort(void **state)
+{
+	struct fixture *f = *state;
+	struct chat_env env = f->env;
+	env.enable_thinking = 1;
+	static const struct {
+		const char *rest;
+		int thinking;
+		const char *effort; /* NULL: not set */
+	} cases[] = {
+	    {"", 1, NULL},
+	    {",\"reasoning_effort\":\"none\"", 0, NULL},
+	    {",\"reasoning_effort\":\"high\"", 1, "high"},
+	    {",\"reasoning_effort\":\"\"", 1, NULL},
+	    {",\"reasoning_effort\":null", 1, NULL},
+	    {",\"reasoning_effort\":3", 1, NULL},
+	    {",\"reasoning_effort\":\"none\\u0000\"", 1, "none"},
+	    {",\"reasoning_effort\":\"none\",\"chat_template_kwargs\":{\"enable_thinking\":true}",
+	     1, NULL},
+	    {",\"reasoning_effort\":\"none\",\"chat_template_kwargs\":{\"reasoning_effort\":"
+	     "\"low\"}",
+	     0, NULL},
+	    {",\"reasoning_effort\":\"high\",\"chat_template_kwargs\":{\"reasoning_effort\":"
+	     "\"low\"}",
+	     1, "high"},
+	    {",\"chat_template_kwargs\":{\"reasoning_effort\":\"low\"}", 1, "low"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		char req[256];
+		snprintf(req, sizeof req,
+		         "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]%s}", cases[i].rest);
+		json_t *g = globals_of(&env, req);
+		const json_t *t = json_object_get(g, "enable_thinking");
+		if (!json_is_boolean(t) || json_is_true(t) != cases[i].thinking)
+			fail_msg("%s: enable_thinking %s", req,
+			         json_is_true(t) ? "true" : "not true");
+		const json_t *e = json_object_get(g, "reasoning_effort");
+		if (cases[i].effort) {
+			/* The one with a NUL keeps it: "none\0" is not "none". */
+			size_t n =
+			    strlen(cases[i].effort) + (strstr(cases[i].rest, "u0000") != NULL);
+			json_t *want = json_stringn(cases[i].effort, n);
+			int same = json_equal(e, want);
+			json_decref(want);
+			if (!same)
+				fail_msg("%s: reasoning_effort is not %s", req, cases[i].effort);
+		} else if (e) {
+			fail_msg("%s: reasoning_effort set", req);
+		}
+		json_decref(g);
+	}
 }
 
 static void test_left_to_the_server(void **state)
@@ -620,6 +692,7 @@ int main(void)
 	    cmocka_unit_test_setup_teardown(test_messages_written_back, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_capabilities, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_tools_and_context, setup, teardown),
+	    cmocka_unit_test_setup_teardown(test_reasoning_effort, setup, teardown),
 	    cmocka_unit_test_setup_teardown(test_left_to_the_server, setup, teardown),
 	    cmocka_unit_test(test_template_errors),
 	    cmocka_unit_test(test_special_handlers),
