@@ -3,7 +3,8 @@ handling of messages: system prompts or none, many turns, tool definitions,
 tool calls with string and object arguments, tool results, reasoning,
 developer messages, text content parts, empty and null content, unicode,
 special-token text inside content, add_generation_prompt off,
-chat_template_kwargs and reasoning_effort. Standard library only."""
+chat_template_kwargs, reasoning_effort, tool_choice and
+parallel_tool_calls. Standard library only."""
 import random
 
 TOOLS = [
@@ -77,6 +78,12 @@ def fixed():
          "chat_template_kwargs": {"enable_thinking": True}},
         {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "none",
          "chat_template_kwargs": {"reasoning_effort": "low"}},
+        # tool_choice and parallel_tool_calls change no rendering on 11669.
+        {"messages": [{"role": "system", "content": s}, {"role": "user", "content": "Weather?"}],
+         "tools": TOOLS, "tool_choice": "none"},
+        {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+         "parallel_tool_calls": False},
         # NUL bytes: a tool that read a binary file, a call's arguments
         # with one escaped, reasoning and content parts with one.
         {"messages": [{"role": "system", "content": "bin\x00ary"},
