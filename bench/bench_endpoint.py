@@ -24,7 +24,10 @@ model, models taking turns), side by side in one run:
            token ids and keeps its rows after each answer by its text (a keep
            evaluates where that re-tokenizes otherwise): the work after an
            answer, which the CPU turn waits for since 671fbb2; answers are
-           then compared by their text.
+           then compared by their text. With --threads N, the same with
+           both models given -t N (their registry args), where two models
+           whose threads fit the CPUs together share the turn, and two
+           llama-servers alone at -t N.
   soak     --soak-s seconds, 3 models, a memory cap (TOKI_MEMORY_MB) that
            fits 2, 8 clients, a random llama-server killed every 5-15 s:
            requests lost (failed with no kill of their model's server while
@@ -32,7 +35,8 @@ model, models taking turns), side by side in one run:
            at the end, and llama-servers left after `toki down`.
 
   python3 bench/bench_endpoint.py [swap] [latency] [turns] [soak] [--quick]
-      [--soak-s 600] [--toki BIN | --build-head] [--against OLD_BIN] [--keeps] [--out F.json]
+      [--soak-s 600] [--toki BIN | --build-head] [--against OLD_BIN] [--keeps]
+      [--threads N] [--out F.json]
 """
 import argparse
 import json
@@ -67,7 +71,7 @@ def answer(resp):
 class Endpoint:
     """A `toki up` with a registry of its own, in a state folder of its own."""
 
-    def __init__(self, models, env_extra=None, single=None, ctx=2048, binary=None):
+    def __init__(self, models, env_extra=None, single=None, ctx=2048, binary=None, args=()):
         self.binary = binary or th.TOKI_BIN
         self.tmp = tempfile.mkdtemp(prefix="toki-bench-ep-")
         self.state = os.path.join(self.tmp, "state")
@@ -81,6 +85,8 @@ class Endpoint:
             f.write("models:\n")
             for name, path in models.items():
                 f.write("  %s:\n    path: %s\n    ctx: %d\n" % (name, path, ctx))
+                if args:
+                    f.write("    args: %s\n" % json.dumps(list(args)))
             f.write("active: %s\n" % next(iter(models)))
         self.port = th.free_port()
         args = ["up", "--port", str(self.port)]
@@ -392,11 +398,16 @@ def bench_turns(args, models, res):
     prompts = {m: [" ".join(rng.choice(words) for _ in range(200)) for _ in range(n)]
                for m in paths}
     rows, out = [], {}
-    eps = [("endpoint", None, True), ("endpoint, one after the other", None, False)]
+    eps = [("endpoint", None, True, ()), ("endpoint, one after the other", None, False, ())]
     if args.against:
-        eps.append(("endpoint (--against)", args.against, True))
-    for label, binary, together in eps:
-        ep = Endpoint(paths, binary=binary)
+        eps.append(("endpoint (--against)", args.against, True, ()))
+    t_args = ("-t", str(args.threads)) if args.threads else ()
+    if args.threads:
+        # Models whose threads fit the CPUs together share the turn.
+        eps += [(f"endpoint, -t {args.threads} each", None, True, t_args),
+                (f"endpoint, -t {args.threads} each, one after the other", None, False, t_args)]
+    for label, binary, together, m_args in eps:
+        ep = Endpoint(paths, binary=binary, args=m_args)
         try:
             for m in paths:  # both loaded before the clock starts
                 st, r = c.Client(ep.port).json("POST", "/v1/chat/completions", chat_body(
@@ -425,17 +436,19 @@ def bench_turns(args, models, res):
             ep.close()
         out[label] = {"wall": wall, "recs": recs, "turn_waits": waits, "exact": verdicts,
                       "settle_s": settle, "kept": kept}
-    servers = {m: th.LlamaServer(model=p, slots=2, ctx=4096, name=f"turn-{m}")
-               for m, p in paths.items()}
-    try:
-        ports = {m: (s.port, None) for m, s in servers.items()}
-        for label, together in (("llama-server alone, both at once", True),
-                                ("llama-server alone, one after the other", False)):
-            wall, recs = turns_run(ports, prompts, tokens, together, args.keeps)
-            out[label] = {"wall": wall, "recs": recs, "turn_waits": None}
-    finally:
-        for s in servers.values():
-            s.kill()
+    alones = [("", ())] + ([(f", -t {args.threads} each", t_args)] if args.threads else [])
+    for suffix, extra in alones:
+        servers = {m: th.LlamaServer(model=p, slots=2, ctx=4096, name=f"turn-{m}", extra=extra)
+                   for m, p in paths.items()}
+        try:
+            ports = {m: (s.port, None) for m, s in servers.items()}
+            for label, together in (("llama-server alone, both at once", True),
+                                    ("llama-server alone, one after the other", False)):
+                wall, recs = turns_run(ports, prompts, tokens, together, args.keeps)
+                out[label + suffix] = {"wall": wall, "recs": recs, "turn_waits": None}
+        finally:
+            for s in servers.values():
+                s.kill()
     base = out["endpoint, one after the other"]["wall"]
     for label, o in out.items():
         secs = [r["seconds"] for r in o["recs"]]
@@ -595,6 +608,8 @@ def main():
     ap.add_argument("which", nargs="*", default=["swap", "latency", "turns", "soak"])
     ap.add_argument("--against", help="an older toki: its endpoint in the turns table")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="turns: rows with both models (and llama-servers alone) at -t N too")
     ap.add_argument("--keeps", action="store_true",
                     help="turns: no logprobs, top_k 0: toki keeps answers by their text")
     ap.add_argument("--soak-s", type=int, default=600)

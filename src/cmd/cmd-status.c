@@ -77,6 +77,8 @@ static void print_endpoint(json_t *o, json_t *stats)
 			printf(", exits %lld", json_integer_value(json_object_get(m, "exits")));
 		/* Its requests and starts that waited for another model on the
 		 * CPU (pool/pool_pick.h, the CPU turn). */
+		if (json_integer_value(json_object_get(m, "threads")))
+			printf(", threads %lld", json_integer_value(json_object_get(m, "threads")));
 		if (json_integer_value(json_object_get(m, "turn_waits")))
 			printf(", CPU turn waits %lld",
 			       json_integer_value(json_object_get(m, "turn_waits")));
@@ -92,7 +94,11 @@ static void print_endpoint(json_t *o, json_t *stats)
 	printf("  waiting      %lld requests\n",
 	       json_integer_value(json_object_get(stats, "waiting")));
 	const char *turn = json_string_value(json_object_get(stats, "cpu_turn"));
-	if (turn)
+	if (turn && strchr(turn, ','))
+		printf("  cpu turn     %s (their threads fit the %lld CPUs together; the others "
+		       "on the CPU wait)\n",
+		       turn, json_integer_value(json_object_get(stats, "cpus")));
+	else if (turn)
 		printf("  cpu turn     %s (the others on the CPU wait for it)\n", turn);
 	if (cap > 0)
 		printf("  max loaded   %lld\n", cap);

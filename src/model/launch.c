@@ -62,6 +62,31 @@ static int uses_gpu(char *const *args, int n)
 	return 0;
 }
 
+/* A thread count as llama-server reads one; 0 for none or not a number. */
+static long thread_count(const char *s)
+{
+	if (!s || !*s)
+		return 0;
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	return errno || *end || v < 0 || v > 4096 ? 0 : v;
+}
+
+int launch_threads(char *const *args, int n, const char *env_t, const char *env_tb)
+{
+	long t = thread_count(env_t), tb = thread_count(env_tb);
+	for (int i = 0; i + 1 < n; i++) {
+		if (!strcmp(args[i], "-t") || !strcmp(args[i], "--threads"))
+			t = thread_count(args[++i]);
+		else if (!strcmp(args[i], "-tb") || !strcmp(args[i], "--threads-batch"))
+			tb = thread_count(args[++i]);
+	}
+	if (t <= 0)
+		return 0;
+	return (int)(tb > t ? tb : t);
+}
+
 int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p, char *err,
                 size_t errlen)
 {
@@ -162,6 +187,8 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	p->used = rep.weights + rep.kv_per_token * (uint64_t)p->ctx * (uint64_t)slots;
 	p->capacity = rep.memory > rep.margin ? rep.memory - rep.margin : 0;
 	p->gpu = rep.gpu;
+	p->threads = launch_threads(o->llama_args, o->n_llama_args, getenv("LLAMA_ARG_THREADS"),
+	                            getenv("LLAMA_ARG_THREADS_BATCH"));
 	memsize_explain(&rep, o->ctx, p->why, sizeof p->why);
 	return 0;
 }

@@ -40,6 +40,8 @@ struct launch_plan {
 	char ctx_args[200]; /* the llama-server arguments that changed it, or "" */
 	char why[512];      /* the sizing in one sentence (memsize_explain) */
 	int gpu;            /* sized against a GPU's memory: its layers run there, not on the CPU */
+	int threads;        /* the CPU threads its server computes with; 0: llama.cpp's own
+	                     * choice, a thread per core (launch_threads) */
 };
 /* Sizes o's model (o->port and o->foreground are not used). held_bytes: the
  * memory models toki runs hold now (the endpoint's), which the machine
@@ -48,6 +50,14 @@ struct launch_plan {
  * 0, or -1 with err (the refusal `toki model use` prints). */
 int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_plan *p, char *err,
                 size_t errlen);
+/* The CPU threads llama-server computes with, read from its arguments as
+ * it reads them (a later option wins, the command line over its
+ * environment: env_t is LLAMA_ARG_THREADS, env_tb LLAMA_ARG_THREADS_BATCH):
+ * -t/--threads for generation, -tb/--threads-batch for the prompt (-t's
+ * when not given or not positive), the larger. 0 where llama.cpp picks
+ * (-t not given or not positive): a thread per core, as many as the
+ * machine has to give. */
+int launch_threads(char *const *args, int n, const char *env_t, const char *env_tb);
 /* Prints what it chose and the endpoint. 0, or -1 with err. */
 int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen);
 /* The llama-server to use when none is named: $TOKI_LLAMA_SERVER, an

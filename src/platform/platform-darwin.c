@@ -99,6 +99,12 @@ long plat_rss_kib(pid_t pid)
 	return (long)(ti.pti_resident_size / 1024);
 }
 
+int plat_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
 int plat_os_zombie(pid_t pid)
 {
 	struct proc_bsdinfo bi;

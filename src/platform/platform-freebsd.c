@@ -65,6 +65,12 @@ long plat_rss_kib(pid_t pid)
 	return (long)kp.ki_rssize * (getpagesize() / 1024);
 }
 
+int plat_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
 int plat_os_zombie(pid_t pid)
 {
 	int mib[4] = {CTL_KERN, KERN_PROC, KERN_PROC_PID, (int)pid};

@@ -1,5 +1,6 @@
 /* Linux: /proc. */
 #include <dirent.h>
+#include <sched.h>
 #include <signal.h>
 #include <errno.h>
 #include <stdio.h>
@@ -87,6 +88,15 @@ long plat_rss_kib(pid_t pid)
 	if (read_small(path, buf, sizeof buf) != 0)
 		return -1;
 	return plat_parse_proc_status_rss(buf);
+}
+
+int plat_cpus(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+		return CPU_COUNT(&set);
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
 }
 
 int plat_os_zombie(pid_t pid)

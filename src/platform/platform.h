@@ -80,6 +80,10 @@ uint64_t plat_metal_working_set(uint64_t ram_total, uint64_t wired_limit_mb);
 /* 1 on an Apple silicon Mac (Metal present), else 0. */
 int plat_is_apple_silicon(void);
 
+/* The logical CPUs this process may run on (Linux: its affinity mask, as
+ * a cgroup or taskset leaves it; elsewhere: those online); at least 1. */
+int plat_cpus(void);
+
 /* A process's resident set in KiB, or -1. */
 long plat_rss_kib(pid_t pid);
 

@@ -178,6 +178,7 @@ static void views_of(struct pool *p, struct pool_view *v)
 		    .ready = o->state == PM_LOADED,
 		    .group = registry_group_of(&p->reg, o->name) + 1,
 		    .cpu = o->cpu,
+		    .threads = o->threads,
 		    .busy = pool_model_busy(o),
 		    .takes = o->state == PM_LOADED && !o->draining,
 		};
@@ -198,7 +199,7 @@ int pool_turn_free_for(struct pool *p, const struct pool_model *m)
 	if (!v)
 		return 0; /* it queues, and the pump decides */
 	views_of(p, v);
-	int i = model_index(p, m), free_now = i >= 0 && pool_turn_free(v, p->n_models, i);
+	int i = model_index(p, m), free_now = i >= 0 && pool_turn_free(v, p->n_models, i, p->cpus);
 	free(v);
 	return free_now;
 }
@@ -232,7 +233,7 @@ static int serve_waiters(struct pool *p, struct pool_model **blocked)
 		q[j].model = model_index(p, w->m);
 		q[j].computes = !w->load_only && pool_request_computes(w->req);
 	}
-	pool_turn_queue(v, p->n_models, q, k, go);
+	pool_turn_queue(v, p->n_models, q, k, p->cpus, go);
 	for (j = 0; j < k; j++) {
 		struct pool_waiter *w = ws[j];
 		if (go[j]) {
@@ -329,7 +330,8 @@ void pool_pump(struct pool *p)
 	int pick =
 	    pool_pick(v, p->n_models, target, plan->used, plan->capacity, pool_max_loaded(p));
 	m->cpu = v[target].cpu = !plan->gpu;
-	if (pick == POOL_FITS && !pool_turn_free(v, p->n_models, target)) {
+	m->threads = v[target].threads = plan->threads;
+	if (pick == POOL_FITS && !pool_turn_free(v, p->n_models, target, p->cpus)) {
 		/* Its load and self-test compute: it starts when the model on
 		 * the CPU ends its requests (later ones on the CPU wait behind
 		 * it). */
@@ -545,6 +547,7 @@ int pool_serve(const struct pool_config *cfg)
 		return 1;
 	}
 	p->cfg = *cfg;
+	p->cpus = plat_cpus();
 	if (paths_registry_file(p->reg_path, sizeof p->reg_path) != 0 ||
 	    plat_self_exe(p->self, sizeof p->self) != 0) {
 		fprintf(stderr, "toki serve: cannot find the registry or the toki binary\n");

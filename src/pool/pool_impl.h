@@ -53,6 +53,8 @@ struct pool_model {
 	int in_flight;      /* requests relayed to it and not ended */
 	int computing;      /* of those, the ones that compute (pool_request_computes) */
 	int cpu;            /* computes on the CPU, as its last sizing found: takes turns */
+	int threads;        /* its server's CPU threads, as its last sizing read them (0: a
+	                     * thread per core): whether it may share the turn */
 	int draining;       /* chosen to stop: new requests queue instead */
 	int64_t last_used;  /* when its last request ended (us) */
 	int64_t started_us; /* when its start began */
@@ -107,6 +109,7 @@ struct pool {
 	struct event *tick, *sigint, *sigterm, *shutdown_poll;
 	int shutting_down;
 	int64_t shutdown_deadline;
+	int cpus;        /* the CPUs this endpoint may use: what models on the CPU share */
 	char self[4096]; /* the toki binary the children run */
 	char info_path[4200];
 };

@@ -102,17 +102,26 @@ int pool_pick_drain(const struct pool_view *v, int n, int target)
 	return lru;
 }
 
-int pool_turn_free(const struct pool_view *v, int n, int target)
+int pool_turn_free(const struct pool_view *v, int n, int target, int cpus)
 {
 	if (!v[target].cpu)
 		return 1;
-	for (int i = 0; i < n; i++)
-		if (i != target && v[i].cpu && v[i].busy)
+	long threads = v[target].threads;
+	int others = 0;
+	for (int i = 0; i < n; i++) {
+		if (i == target || !v[i].cpu || !v[i].busy)
+			continue;
+		if (!v[i].threads || !v[target].threads)
 			return 0;
-	return 1;
+		threads += v[i].threads;
+		others++;
+	}
+	/* Alone it may take more threads than there are CPUs (its own
+	 * choice); beside another, they must fit. */
+	return !others || threads <= cpus;
 }
 
-int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q, int k,
+int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q, int k, int cpus,
                     unsigned char *go)
 {
 	int held = 0, gone = 0;
@@ -127,7 +136,7 @@ int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q,
 		}
 		if (!q[j].computes || !m->cpu) {
 			go[j] = 1;
-		} else if (!held && pool_turn_free(v, n, q[j].model)) {
+		} else if (!held && pool_turn_free(v, n, q[j].model, cpus)) {
 			go[j] = 1;
 			v[q[j].model].busy = 1;
 		} else {

@@ -32,9 +32,10 @@ struct pool_view {
 	 * left zeroed is in none: 0 */
 	int group;
 	/* The CPU turn (pool_turn_queue): */
-	int cpu;   /* computes on the CPU (no GPU sized for it), as its last start found */
-	int busy;  /* starting, or answering a request that computes */
-	int takes; /* ready and not held back: takes requests */
+	int cpu;     /* computes on the CPU (no GPU sized for it), as its last start found */
+	int threads; /* the CPU threads its server computes with; 0: a thread per core */
+	int busy;    /* starting, or answering a request that computes */
+	int takes;   /* ready and not held back: takes requests */
 };
 
 enum {
@@ -65,11 +66,18 @@ int pool_pick_drain(const struct pool_view *v, int n, int target);
  * So models on the CPU take turns: one at a time starts (its load and
  * self-test compute) or answers requests that compute (any but GET and
  * HEAD); requests to the same model go together, as its llama-server
- * batches them. A model on a GPU never waits for the turn. */
+ * batches them. A model on a GPU never waits for the turn.
+ *
+ * Models whose threads are counted (-t, and -tb if more) share it when
+ * their threads together fit the CPUs this process may use: each thread
+ * then has a CPU of its own, and none spins waiting for one that is not
+ * running. A model left to llama.cpp's choice (a thread per core) shares
+ * with none. */
 
 /* Whether model `target` may take the turn now: it is not on the CPU, or
- * no other model on the CPU is busy. */
-int pool_turn_free(const struct pool_view *v, int n, int target);
+ * no other model on the CPU is busy, or every busy one's threads and its
+ * own are counted and fit in cpus. */
+int pool_turn_free(const struct pool_view *v, int n, int target, int cpus);
 
 /* A waiter of the queue, as the turn sees it. */
 struct pool_queue_view {
@@ -78,12 +86,12 @@ struct pool_queue_view {
 };
 /* Which waiters go now, in queue order: go[k] = 1 where waiter k's model
  * takes requests and, for a request that computes on a CPU model, the
- * turn is free or its own. A CPU model's waiter that cannot go (its model
+ * turn is free, its own or shared (pool_turn_free). A CPU model's waiter that cannot go (its model
  * starts, waits for room or for the turn) holds back every later waiter
  * of a CPU model, whatever its model: the turn passes in queue order, so
  * a model whose requests keep coming does not keep it. v[].busy is set
  * for the models of the requests that go. Returns how many go. */
-int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q, int k,
+int pool_turn_queue(struct pool_view *v, int n, const struct pool_queue_view *q, int k, int cpus,
                     unsigned char *go);
 
 #endif

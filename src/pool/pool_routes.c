@@ -18,6 +18,7 @@
 #include "util/clock.h"
 #include "util/json_body.h"
 #include "util/log.h"
+#include "util/strbuf.h"
 
 /* The context the model has now or had last: its child's, else the one
  * recorded by its last start, else the registry's. */
@@ -105,6 +106,8 @@ static void handle_stats(struct pool *p, struct http_request *req)
 		json_object_set_new(e, "restored_bytes",
 		                    json_integer((json_int_t)m->restored_bytes));
 		json_object_set_new(e, "cpu", json_boolean(m->cpu));
+		json_object_set_new(e, "threads",
+		                    m->threads ? json_integer(m->threads) : json_null());
 		json_object_set_new(e, "computing", json_integer(m->computing));
 		json_object_set_new(e, "turn_waits", json_integer(m->turn_waits));
 		/* Its child's work after an answer, which holds the turn too. */
@@ -117,16 +120,21 @@ static void handle_stats(struct pool *p, struct http_request *req)
 	json_t *o = json_pack("{s:b, s:o, s:i, s:I}", "endpoint", 1, "models", models, "waiting",
 	                      waiting, "max_loaded", (json_int_t)pool_max_loaded(p));
 	/* Who has the CPU turn (pool_pick.h): the model on the CPU that starts
-	 * or computes. */
-	json_t *turn = json_null();
+	 * or computes, or the models that share it, their names joined by
+	 * ", ". */
+	struct strbuf turn = {0};
 	for (int i = 0; i < p->n_models; i++) {
 		const struct pool_model *m = p->models[i];
 		if (m->cpu && pool_model_busy(m)) {
-			json_decref(turn);
-			turn = json_string(m->name);
+			if (turn.len)
+				strbuf_appends(&turn, ", ");
+			strbuf_appends(&turn, m->name);
 		}
 	}
-	json_object_set_new(o, "cpu_turn", turn);
+	json_object_set_new(
+	    o, "cpu_turn", turn.len && !turn.failed ? json_stringn(turn.p, turn.len) : json_null());
+	strbuf_free(&turn);
+	json_object_set_new(o, "cpus", json_integer(p->cpus));
 	reply_json_obj(req, 200, o);
 	json_decref(o);
 }

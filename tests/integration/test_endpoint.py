@@ -497,6 +497,79 @@ class Endpoint(unittest.TestCase):
         self.assertRegex(r.stdout, r"(?m)^  model +b loaded: loads 1, unloads 0, "
                          r"CPU turn waits 1, last start")
 
+    def test_models_whose_threads_fit_share_the_cpu(self):
+        # a and b run with -t 1, and two threads fit this machine's CPUs:
+        # each has a CPU of its own, so neither spins for the other, and
+        # they compute at once. c is left to llama.cpp's choice (a thread
+        # per core): it shares with no one, and its start waits for both.
+        cpus = len(os.sched_getaffinity(0))
+        if cpus < 2:
+            self.skipTest("one CPU: two models' threads never fit it")
+        reg = self.env["TOKI_MODEL_REGISTRY"]
+        with open(reg) as f:
+            text = f.read()
+        with open(reg, "w") as f:
+            f.write(text.replace("    ctx: 1024\n", "    ctx: 1024\n    args: [\"-t\", \"1\"]\n"))
+        self.add_c()
+        msgs = self.up_loaded(("a", "b"))
+        s, m = self.stats()
+        self.assertEqual((m["a"]["threads"], m["b"]["threads"], s["cpus"]), (1, 1, cpus))
+        self.assertEqual((m["a"]["cpu"], m["b"]["cpu"], s["cpu_turn"]), (True, True, None))
+
+        results, order = {}, []
+
+        def ask(key, model):
+            results[key] = th.request(self.port, "POST", "/v1/chat/completions",
+                                      {"model": model, "messages": msgs, "max_tokens": 8,
+                                       "temperature": 0})
+            order.append(key)
+
+        threads = []
+
+        def start(key, model):
+            t = threading.Thread(target=ask, args=(key, model))
+            t.start()
+            threads.append(t)
+
+        # Each child stopped, so that its request stays in flight.
+        pa, pb = self.child_pid("a"), self.child_pid("b")
+        os.kill(pa, signal.SIGSTOP)
+        os.kill(pb, signal.SIGSTOP)
+        try:
+            start("a1", "a")
+            self.until("a computes", lambda s, m: m["a"]["computing"] == 1)
+            start("b1", "b")
+            s, m = self.until("b computes beside a",
+                              lambda s, m: m["b"]["computing"] == 1 and s["waiting"] == 0)
+            self.assertEqual((s["cpu_turn"], m["b"]["turn_waits"]), ("a, b", 0))
+            start("c1", "c")
+            self.until("c's start waits for both", lambda s, m: m["c"]["turn_waits"] == 1)
+            r = self.toki("status")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("\n  cpu turn     a, b (their threads fit the %d CPUs together; "
+                          "the others on the CPU wait)\n" % cpus, r.stdout)
+            self.assertRegex(r.stdout, r"(?m)^  model +a loaded \(1 in flight\): loads 1, unloads 0, "
+                             r"threads 1, last start")
+            self.assertEqual(order, [])
+        finally:
+            os.kill(pa, signal.SIGCONT)
+            os.kill(pb, signal.SIGCONT)
+        for t in threads:
+            t.join(120)
+        for key in ("a1", "b1", "c1"):
+            st, r = results[key]
+            self.assertEqual(st, 200, r)
+        self.assertEqual(order[-1], "c1")
+        # Computing beside each other changed no answer of theirs (the
+        # same weights: the same text as alone).
+        self.wait_turn_free()
+        alone = self.chat("a", msgs, max_tokens=8)["choices"][0]["message"]["content"]
+        self.assertEqual([results[k][1]["choices"][0]["message"]["content"]
+                          for k in ("a1", "b1")], [alone, alone])
+        s, m = self.stats()
+        self.assertEqual([m[k]["turn_waits"] for k in "abc"], [0, 0, 1])
+        self.assertIsNone(m["c"]["threads"])
+
     def test_the_turn_passes_when_a_request_times_out(self):
         # TOKI_BACKEND_TIMEOUT=5. a's and b's toki serves are stopped; a's
         # request holds the CPU turn, b's and c's wait for it. After 5 s the

@@ -13,6 +13,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -453,6 +456,25 @@ static void test_machine(void **state)
 #ifdef __linux__
 	assert_string_equal(plat_os_name(), "linux");
 	assert_int_equal(plat_is_apple_silicon(), 0);
+#endif
+
+	/* The CPUs: at least one, no more than are online; on Linux the
+	 * affinity mask's (taskset, a cgroup's cpuset). */
+	int cpus = plat_cpus();
+	assert_true(cpus >= 1 && cpus <= sysconf(_SC_NPROCESSORS_ONLN));
+#ifdef __linux__
+	cpu_set_t all, one;
+	assert_int_equal(sched_getaffinity(0, sizeof all, &all), 0);
+	CPU_ZERO(&one);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &all)) {
+			CPU_SET(c, &one);
+			break;
+		}
+	assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+	assert_int_equal(plat_cpus(), 1);
+	assert_int_equal(sched_setaffinity(0, sizeof all, &all), 0);
+	assert_int_equal(plat_cpus(), cpus);
 #endif
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "api/api_error.h"
+#include "model/launch.h"
 #include "model/registry.h"
 #include "pool/pool_pick.h"
 
@@ -163,15 +164,15 @@ static void test_cpu_turn(void **state)
 	    {.cpu = 1, .takes = 1},
 	    {.cpu = 0, .takes = 1},
 	};
-	assert_true(pool_turn_free(v, 3, 0));
+	assert_true(pool_turn_free(v, 3, 0, 8));
 	v[1].busy = 1;
 	/* b computes: a waits, b goes on, g never waits. */
-	assert_false(pool_turn_free(v, 3, 0));
-	assert_true(pool_turn_free(v, 3, 1));
-	assert_true(pool_turn_free(v, 3, 2));
+	assert_false(pool_turn_free(v, 3, 0, 8));
+	assert_true(pool_turn_free(v, 3, 1, 8));
+	assert_true(pool_turn_free(v, 3, 2, 8));
 	v[2].busy = 1;
 	v[1].busy = 0;
-	assert_true(pool_turn_free(v, 3, 0)); /* a GPU model's work is not the CPU's */
+	assert_true(pool_turn_free(v, 3, 0, 8)); /* a GPU model's work is not the CPU's */
 
 	/* The queue, b computing: a's request waits, and so does b's after
 	 * it (the turn passes in order); g's goes; a GET of a's goes. */
@@ -182,7 +183,7 @@ static void test_cpu_turn(void **state)
 	};
 	struct pool_queue_view q[5] = {{1, 1}, {0, 1}, {1, 1}, {2, 1}, {0, 0}};
 	unsigned char go[5];
-	assert_int_equal(pool_turn_queue(w, 3, q, 5, go), 3);
+	assert_int_equal(pool_turn_queue(w, 3, q, 5, 8, go), 3);
 	assert_int_equal(go[0], 1); /* b's, ahead of a's: b has the turn */
 	assert_int_equal(go[1], 0);
 	assert_int_equal(go[2], 0);
@@ -191,27 +192,101 @@ static void test_cpu_turn(void **state)
 	/* b's requests end: a's go, and b's waits for them. */
 	w[1].busy = 0;
 	struct pool_queue_view q2[2] = {{0, 1}, {1, 1}};
-	assert_int_equal(pool_turn_queue(w, 3, q2, 2, go), 1);
+	assert_int_equal(pool_turn_queue(w, 3, q2, 2, 8, go), 1);
 	assert_int_equal(go[0], 1);
 	assert_int_equal(go[1], 0);
 	assert_int_equal(w[0].busy, 1); /* set by the one that went */
 	/* Two of a's together: the same model's requests go together. */
 	w[0].busy = 0;
 	struct pool_queue_view q3[3] = {{0, 1}, {0, 1}, {1, 1}};
-	assert_int_equal(pool_turn_queue(w, 3, q3, 3, go), 2);
+	assert_int_equal(pool_turn_queue(w, 3, q3, 3, 8, go), 2);
 	assert_int_equal(go[2], 0);
 	/* A CPU model that starts (takes nothing yet) holds back the CPU
 	 * waiters after it, not a GPU model's. */
 	w[0].busy = 0;
 	w[0].takes = 0;
 	struct pool_queue_view q4[3] = {{0, 1}, {1, 1}, {2, 1}};
-	assert_int_equal(pool_turn_queue(w, 3, q4, 3, go), 1);
+	assert_int_equal(pool_turn_queue(w, 3, q4, 3, 8, go), 1);
 	assert_int_equal(go[1], 0);
 	assert_int_equal(go[2], 1);
 	/* A model whose start is a GPU's holds nothing back. */
 	w[0].cpu = 0;
-	assert_int_equal(pool_turn_queue(w, 3, q4, 3, go), 2);
+	assert_int_equal(pool_turn_queue(w, 3, q4, 3, 8, go), 2);
 	assert_int_equal(go[1], 1);
+}
+
+/* Models whose threads are counted share the turn where they fit the CPUs. */
+static void test_cpu_turn_shared(void **state)
+{
+	/* a: -t 2, b: -t 1, c: llama.cpp's choice; 4 CPUs. */
+	struct pool_view v[3] = {
+	    {.cpu = 1, .takes = 1, .threads = 2},
+	    {.cpu = 1, .takes = 1, .threads = 1},
+	    {.cpu = 1, .takes = 1, .threads = 0},
+	};
+	v[0].busy = 1;
+	assert_true(pool_turn_free(v, 3, 1, 4));   /* 2 + 1 <= 4 */
+	assert_true(pool_turn_free(v, 3, 1, 3));   /* 2 + 1 <= 3 */
+	assert_false(pool_turn_free(v, 3, 1, 2));  /* 2 + 1 > 2 */
+	assert_false(pool_turn_free(v, 3, 2, 64)); /* c: a thread per core */
+	v[1].busy = 1;
+	assert_false(pool_turn_free(v, 3, 0, 2)); /* a beside b, on 2 */
+	assert_true(pool_turn_free(v, 3, 0, 3));
+	/* c computing: no one shares with it, whatever their threads. */
+	v[0].busy = v[1].busy = 0;
+	v[2].busy = 1;
+	assert_false(pool_turn_free(v, 3, 1, 64));
+	/* Alone, a model takes the turn with more threads than CPUs. */
+	v[2].busy = 0;
+	v[0].threads = 16;
+	assert_true(pool_turn_free(v, 3, 0, 4));
+	v[0].threads = 2;
+
+	/* The queue on 3 CPUs: a's and b's requests go together; c's waits,
+	 * and b's after c's waits behind it (the turn passes in order). */
+	struct pool_queue_view q[4] = {{0, 1}, {1, 1}, {2, 1}, {1, 1}};
+	unsigned char go[4];
+	assert_int_equal(pool_turn_queue(v, 3, q, 4, 3, go), 2);
+	assert_int_equal(go[0], 1);
+	assert_int_equal(go[1], 1);
+	assert_int_equal(go[2], 0);
+	assert_int_equal(go[3], 0);
+	assert_true(v[0].busy && v[1].busy && !v[2].busy);
+	/* On 2 CPUs, b's waits for a's: 2 + 1 do not fit. */
+	v[0].busy = v[1].busy = 0;
+	assert_int_equal(pool_turn_queue(v, 3, q, 4, 2, go), 1);
+	assert_int_equal(go[1], 0);
+}
+
+/* A model's threads as its llama-server reads them from its arguments. */
+static void test_threads_from_args(void **state)
+{
+	char *none[] = {"--jinja"};
+	assert_int_equal(launch_threads(none, 1, NULL, NULL), 0);
+	char *t[] = {"-c", "4096", "-t", "3"};
+	assert_int_equal(launch_threads(t, 4, NULL, NULL), 3);
+	char *tb[] = {"--threads", "2", "--threads-batch", "6"};
+	assert_int_equal(launch_threads(tb, 4, NULL, NULL), 6);
+	char *tb_less[] = {"-tb", "1", "-t", "4"};
+	assert_int_equal(launch_threads(tb_less, 4, NULL, NULL), 4);
+	/* -tb alone leaves -t to llama.cpp: a thread per core. */
+	char *tb_only[] = {"-tb", "4"};
+	assert_int_equal(launch_threads(tb_only, 2, NULL, NULL), 0);
+	/* -1 (and 0) are llama.cpp's choice; a later option wins. */
+	char *auto_t[] = {"-t", "-1"};
+	assert_int_equal(launch_threads(auto_t, 2, NULL, NULL), 0);
+	char *twice[] = {"-t", "8", "-t", "2"};
+	assert_int_equal(launch_threads(twice, 4, NULL, NULL), 2);
+	char *junk[] = {"-t", "4x"};
+	assert_int_equal(launch_threads(junk, 2, NULL, NULL), 0);
+	char *dangling[] = {"-t"};
+	assert_int_equal(launch_threads(dangling, 1, NULL, NULL), 0);
+	/* The environment, below the command line. */
+	assert_int_equal(launch_threads(none, 1, "2", NULL), 2);
+	assert_int_equal(launch_threads(none, 1, "2", "3"), 3);
+	assert_int_equal(launch_threads(t, 4, "2", NULL), 3);
+	assert_int_equal(launch_threads(t, 4, NULL, "5"), 5);
+	assert_int_equal(launch_threads(none, 1, "", NULL), 0);
 }
 
 static void test_pick_groups(void **state)
@@ -310,6 +385,8 @@ int main(void)
 	    cmocka_unit_test(test_pick_groups),
 	    cmocka_unit_test(test_pick_drain),
 	    cmocka_unit_test(test_cpu_turn),
+	    cmocka_unit_test(test_cpu_turn_shared),
+	    cmocka_unit_test(test_threads_from_args),
 	    cmocka_unit_test(test_group_ids_from_registry),
 	    cmocka_unit_test(test_error_shapes),
 	};
