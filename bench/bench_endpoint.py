@@ -406,6 +406,9 @@ def bench_turns(args, models, res):
         # Models whose threads fit the CPUs together share the turn.
         eps += [(f"endpoint, -t {args.threads} each", None, True, t_args),
                 (f"endpoint, -t {args.threads} each, one after the other", None, False, t_args)]
+        if args.against:
+            eps.append((f"endpoint (--against), -t {args.threads} each", args.against, True,
+                        t_args))
     for label, binary, together, m_args in eps:
         ep = Endpoint(paths, binary=binary, args=m_args)
         try:
@@ -466,7 +469,16 @@ def bench_turns(args, models, res):
                 at = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
                 c.log(f"turns: {k} differs at token {at}: {a[at] if at is not None else ''} "
                       f"against {b[at] if at is not None else ''}")
+    shared_same = None
+    if args.threads:
+        # Sharing the CPUs changes no answer: the same requests one after
+        # the other give the same text and logprobs.
+        key = lambda o: {(r["model"], r["k"]): r["answer"] for r in o["recs"]}
+        at_once = key(out[f"endpoint, -t {args.threads} each"])
+        apart = key(out[f"endpoint, -t {args.threads} each, one after the other"])
+        shared_same = sum(at_once[k] == apart[k] for k in at_once)
     res["turns"] = {"requests": 2 * n, "tokens": tokens,
+                    "identical_shared_apart": shared_same,
                     "keeps": args.keeps,
                     "rows": {k: {"wall": v["wall"], "turn_waits": v["turn_waits"],
                                  "exact": v.get("exact"), "settle_s": v.get("settle_s"),
@@ -477,8 +489,11 @@ def bench_turns(args, models, res):
     text = c.table(["path", "wall s (both agents done)", "× the endpoint one after the other",
                     "request p50 s", "request max s", "turn waits",
                     "turn held after answers s"], rows) + "\n"
+    what = "text" if args.keeps else "text and logprobs"
+    if shared_same is not None:
+        text += (f"\nAnswers, -t {args.threads} at once against one after the other: "
+                 f"{shared_same}/{2 * n} identical ({what}).\n")
     if same is not None:
-        what = "text" if args.keeps else "text and logprobs"
         text += f"\nAnswers, endpoint against --against: {same}/{2 * n} identical ({what}).\n"
     return text
 
