@@ -530,6 +530,49 @@ class NulBytes(unittest.TestCase):
             llama.kill()
 
 
+class SeveralCompletions(unittest.TestCase):
+    """A request for several completions (`n`): llama-server runs the others
+    on slots of its own choice, which toki does not pin. Exact mode keeps
+    every answer the uncached one: the request's completions are
+    llama-server alone's, and a conversation whose slot a completion took
+    gets its uncached answer next (toki's check of the server's reuse
+    catches the slot it held wrong)."""
+
+    def test_n_2(self):
+        llama = th.LlamaServer(model=th.generated_model("several", params="1M", ctx=4096),
+                               slots=2, ctx=2048, name="several")
+        a = [{"role": "user", "content": "Once upon a time"}]
+        b = [{"role": "system", "content": "You tell long stories about dogs."},
+             {"role": "user", "content": "Tell me one"}]
+        several = dict(n=2, temperature=0.8, seed=3, max_tokens=8, logprobs=True)
+        try:
+            st, alone = th.request(llama.port, "POST", "/v1/chat/completions",
+                                   dict(several, messages=a))
+            self.assertEqual((st, len(alone["choices"])), (200, 2), alone)
+            toki = th.Toki([llama], mode="exact")
+            try:
+                st, first = toki.chat(b, max_tokens=8, logprobs=True)
+                self.assertEqual(st, 200, first)
+                st, r = toki.chat(a, **several)
+                self.assertEqual(st, 200, r)
+                self.assertEqual([c["message"]["content"] for c in r["choices"]],
+                                 [c["message"]["content"] for c in alone["choices"]])
+                self.assertEqual([c["logprobs"] for c in r["choices"]],
+                                 [c["logprobs"] for c in alone["choices"]])
+                # The other completion ran on the slot that held b.
+                st, again = toki.chat(b, max_tokens=8, logprobs=True)
+                self.assertEqual(st, 200, again)
+                self.assertNotEqual(again["cache"]["route"], "hit", again["cache"])
+                st, ref = toki.chat(b, max_tokens=8, logprobs=True, cache_prompt=False)
+                self.assertEqual(st, 200, ref)
+                for got in (first, again):
+                    self.assertEqual(got["choices"][0]["logprobs"], ref["choices"][0]["logprobs"])
+            finally:
+                toki.kill(signal.SIGTERM)
+        finally:
+            llama.kill()
+
+
 class AnotherClient(unittest.TestCase):
     """The user's server has another client while toki's self-test runs (an
     agent still pointed at it when toki starts). Its request beside the
