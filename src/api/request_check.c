@@ -37,10 +37,22 @@ const char *request_check_types(json_t *body, enum route_kind kind)
 		v = json_object_get(body, "prompt");
 		if (!v)
 			return "'prompt' is required";
-		if (!json_is_string(v) && !json_is_array(v))
-			return "'prompt' must be a string or an array";
+		/* An object is llama-server's form of a prompt with media,
+		 * {"prompt_string", "multimodal_data"}: the server checks it. */
+		if (!json_is_string(v) && !json_is_array(v) && !json_is_object(v))
+			return "'prompt' must be a string, an array or an object";
 	}
 	return NULL;
+}
+
+json_t *request_prompt_text(json_t *body)
+{
+	json_t *p = json_object_get(body, "prompt");
+	if (json_is_array(p) && json_array_size(p) == 1)
+		p = json_array_get(p, 0);
+	if (json_is_object(p) && !json_object_get(p, "multimodal_data"))
+		p = json_object_get(p, "prompt_string");
+	return json_is_string(p) ? p : NULL;
 }
 
 void request_drop_unset(json_t *body)

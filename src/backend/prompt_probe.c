@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/request_check.h"
 #include "backend/backend.h"
 #include "backend/prefix_render.h"
 #include "daemon.h"
@@ -516,10 +517,8 @@ void prompt_audit_start(struct backend *b, json_t *body, int chat, const int32_t
 	a->next = b->audits;
 	b->audits = a;
 	if (!chat) {
-		json_t *p = json_object_get(body, "prompt");
-		if (json_is_array(p))
-			p = json_array_get(p, 0);
-		if (!json_is_string(p)) {
+		json_t *p = request_prompt_text(body);
+		if (!p) {
 			audit_unlink_free(a);
 			return;
 		}

@@ -11,6 +11,7 @@
 
 #include "api/anthropic.h"
 #include "api/api_error.h"
+#include "api/request_check.h"
 #include "api/responses.h"
 #include "backend/prefix_render.h"
 #include "backend/prompt_probe.h"
@@ -732,16 +733,15 @@ void req_begin(struct serve_req *r, struct backend *b)
 			req_fail(r, 500, "out of memory");
 		return;
 	}
-	json_t *prompt = json_object_get(body, "prompt");
-	if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
-	    json_is_string(json_array_get(prompt, 0)))
-		prompt = json_array_get(prompt, 0);
-	if (json_is_string(prompt)) {
-		if (!local_text(r, b, json_string_value(prompt), json_string_length(prompt)))
-			tokenize_text(r, prompt);
+	json_t *text = request_prompt_text(body);
+	if (text) {
+		if (!local_text(r, b, json_string_value(text), json_string_length(text)))
+			tokenize_text(r, text);
 		return;
 	}
-	/* A prompt of token ids is routed as it is; several prompts are not. */
+	/* A prompt of token ids is routed as it is; several prompts, or one
+	 * with media, are not. */
+	json_t *prompt = json_object_get(body, "prompt");
 	size_t n = json_array_size(prompt), i;
 	json_t *t;
 	int all_ints = n > 0;

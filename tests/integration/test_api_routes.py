@@ -217,6 +217,44 @@ class LlamaServerFieldsAndRoutes(unittest.TestCase):
         self.assertEqual(th.request(self.toki.port, "POST",
                                     "/v1/chat/completions/input_tokens", body), direct)
 
+    def test_a_prompt_object_as_llama_server_reads_it(self):
+        """llama-server's object form of a completion prompt, {"prompt_string":
+        S}, alone or in a one-element array, is the text S: routed and
+        answered as the string, in both modes (toki refused it with a 400).
+        One with media, or with no prompt_string, goes to the server, whose
+        400 the client gets as it is."""
+        text = "Once upon a time, Lily"
+        exact = th.Toki([self.llama], mode="exact")
+        try:
+            for toki in (self.toki, exact):
+                for path in ("/completion", "/v1/completions"):
+                    def ask(prompt, **kw):
+                        body = dict({"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                     "n_probs": 2}, **kw)
+                        return th.request(toki.port, "POST", path, body)
+                    st, ref = ask(text, cache_prompt=False)
+                    self.assertEqual(st, 200, ref)
+                    for prompt in ({"prompt_string": text}, [{"prompt_string": text}]):
+                        with self.subTest(exact=toki is exact, path=path, prompt=prompt):
+                            st, r = ask(prompt)
+                            self.assertEqual(st, 200, r)
+                            self.assertNotEqual(r["cache"]["route"], "unrouted", r["cache"])
+                            self.assertEqual(r["cache"]["prompt_tokens"],
+                                             ref["cache"]["prompt_tokens"])
+                            drop = ("cache", "timings", "id", "created", "id_slot", "usage",
+                                    "tokens_cached")
+                            self.assertEqual({k: v for k, v in r.items() if k not in drop},
+                                             {k: v for k, v in ref.items() if k not in drop})
+                    # The second of them was a hit on the first's slot.
+                    self.assertEqual(r["cache"]["route"], "hit", r["cache"])
+            for prompt in ({"prompt_string": "Once", "multimodal_data": ["AAAA"]}, {"nope": 1}):
+                body = {"prompt": prompt, "max_tokens": 4}
+                want = th.request(self.llama.port, "POST", "/completion", body, auth=False)
+                self.assertEqual(want[0], 400, want)
+                self.assertEqual(th.request(self.toki.port, "POST", "/completion", body), want)
+        finally:
+            exact.kill(signal.SIGTERM)
+
     def test_post_models_is_not_a_list(self):
         st, r = th.request(self.toki.port, "POST", "/models", {"model": "x"})
         self.assertEqual(st, 405, r)
