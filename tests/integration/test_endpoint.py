@@ -559,7 +559,6 @@ class Endpoint(unittest.TestCase):
         for key in ("a1", "b1", "c1"):
             st, r = results[key]
             self.assertEqual(st, 200, r)
-        self.assertEqual(order[-1], "c1")
         # Computing beside each other changed no answer of theirs (the
         # same weights: the same text as alone).
         self.wait_turn_free()
