@@ -307,6 +307,16 @@ static void count_evaluated(struct serve_req *r)
 
 /* ---- after the answer ---- */
 
+/* Exact mode and a request with adapter scales of its own ("lora"):
+ * llama-server reuses a slot's rows, and loads its RAM cache's, whatever
+ * scales computed them (measured on 11669), so rows of other scales would
+ * change the answer. Such a request reuses nothing, computes every row with
+ * its scales (append_lora), and leaves nothing to reuse. */
+static int lora_apart(const struct serve_req *r)
+{
+	return r->ask.lora && req_exact(r);
+}
+
 /* Fast mode leaves the slot to a server that loads states from its RAM
  * cache only into a slot it picks itself (router.h, self_cached), and to
  * one that has such a cache when toki has no slot files for it (ram_cache):
@@ -351,7 +361,13 @@ static void record_answer(struct serve_req *r, int success)
 	const struct answer_timings *t = &r->reply.t;
 	if (!s)
 		return;
-	if (success && t->seen && r->prompt.routable) {
+	if (lora_apart(r)) {
+		/* Rows of other adapter scales: no later request may reuse them,
+		 * from the slot or from the server's RAM cache, where the next
+		 * task moves them (the server keys both by tokens alone). */
+		settle(r, SLOT_UNKNOWN, 0, 0);
+		router_ram_clear(&s->backend->ram);
+	} else if (success && t->seen && r->prompt.routable) {
 		long long n_server = t->cache_n + t->prompt_n;
 		if (n_server == (long long)r->prompt.n_tokens && req_exact(r)) {
 			/* The plan ran as checked step by step: every row of the
@@ -556,11 +572,22 @@ static void append_tokens(struct strbuf *b, const token_t *tokens, size_t n, siz
 	}
 }
 
+/* The client's adapter scales (req_ask.lora) on a step's body, before its
+ * closing brace: every row of the request is computed with them. */
+static void append_lora(struct strbuf *b, const char *lora)
+{
+	if (!lora)
+		return;
+	strbuf_appends(b, ",\"lora\":");
+	strbuf_appends(b, lora);
+}
+
 /* A /completion body that evaluates tokens[0..n) (then `junk`, when
- * with_junk) on the slot and generates nothing. Written as text: a long
- * prompt is resent for every chunk. */
+ * with_junk) on the slot and generates nothing, with the adapter scales
+ * lora (NULL: the server's). Written as text: a long prompt is resent for
+ * every chunk. */
 static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_t junk, int slot,
-                          int cache_prompt)
+                          int cache_prompt, const char *lora)
 {
 	struct strbuf b = {0};
 	strbuf_append(&b, "{\"prompt\":[", 11);
@@ -568,9 +595,11 @@ static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_
 	if (with_junk)
 		append_tokens(&b, &junk, 1, n);
 	char tail[96];
-	int k = snprintf(tail, sizeof tail, "],\"n_predict\":0,\"cache_prompt\":%s,\"id_slot\":%d}",
+	int k = snprintf(tail, sizeof tail, "],\"n_predict\":0,\"cache_prompt\":%s,\"id_slot\":%d",
 	                 cache_prompt ? "true" : "false", slot);
 	strbuf_append(&b, tail, (size_t)k);
+	append_lora(&b, lora);
+	strbuf_append(&b, "}", 1);
 	if (b.failed) {
 		free(b.p);
 		return NULL;
@@ -589,7 +618,7 @@ static char *prefill_body(const token_t *tokens, size_t n, int with_junk, token_
  * grammar does not allow before its end), and the rows are those of
  * tokens[done .. done+k), the steps'. One request instead of k, and the
  * prompt sent once. */
-static char *forced_body(const token_t *tokens, size_t done, size_t k, int slot)
+static char *forced_body(const token_t *tokens, size_t done, size_t k, int slot, const char *lora)
 {
 	struct strbuf b = {0};
 	strbuf_append(&b, "{\"prompt\":[", 11);
@@ -606,7 +635,9 @@ static char *forced_body(const token_t *tokens, size_t done, size_t k, int slot)
 		n = snprintf(id, sizeof id, " <[%d]>", tokens[done + j]);
 		strbuf_append(&b, id, (size_t)n);
 	}
-	strbuf_append(&b, "\"}", 2);
+	strbuf_append(&b, "\"", 1);
+	append_lora(&b, lora);
+	strbuf_append(&b, "}", 1);
 	if (b.failed) {
 		free(b.p);
 		return NULL;
@@ -681,7 +712,8 @@ static int send_cut_of(struct serve_req *r, const token_t *tokens, size_t n, siz
 	r->run.cut_keep = keep;
 	r->run.cut_junk = junk_after(tokens, n, keep);
 	ram_task(r, keep < r->prompt.n_tokens ? keep : r->prompt.n_tokens, keep + 1);
-	char *body = prefill_body(tokens, keep, 1, r->run.cut_junk, r->run.slot->id, 1);
+	char *body =
+	    prefill_body(tokens, keep, 1, r->run.cut_junk, r->run.slot->id, 1, r->ask.lora);
 	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
 	                                        strlen(body), h, r)
 	                   : NULL;
@@ -1044,7 +1076,7 @@ static int start_forced(struct serve_req *r, size_t upto)
 	          done, r->prompt.tokens[done], r->prompt.tokens[done + k - 1]);
 	ram_task(r, upto, upto);
 	r->run.forced = k;
-	start_completion(r, forced_body(r->prompt.tokens, done, k, r->run.slot->id),
+	start_completion(r, forced_body(r->prompt.tokens, done, k, r->run.slot->id, r->ask.lora),
 	                 &forced_handlers);
 	return 1;
 }
@@ -1061,9 +1093,10 @@ static void step_prefill(struct serve_req *r, size_t upto)
 static void prefill_plain(struct serve_req *r, size_t upto)
 {
 	ram_task(r, upto, upto);
-	start_completion(
-	    r, prefill_body(r->prompt.tokens, upto, 0, 0, r->run.slot->id, r->run.done_upto > 0),
-	    &prefill_handlers);
+	start_completion(r,
+	                 prefill_body(r->prompt.tokens, upto, 0, 0, r->run.slot->id,
+	                              r->run.done_upto > 0, r->ask.lora),
+	                 &prefill_handlers);
 }
 
 /* ---- generate: the request itself ---- */
@@ -1543,7 +1576,7 @@ static enum keep_outcome start_keep(struct serve_req *r)
 	r->run.kept = t.v;
 	r->run.n_kept = t.n - (size_t)r->run.kept_junk;
 	ram_task(r, n, t.n);
-	char *body = prefill_body(t.v, t.n, 0, 0, s->id, 1);
+	char *body = prefill_body(t.v, t.n, 0, 0, s->id, 1, r->ask.lora);
 	r->run.call = body ? backend_call_start(r->run.backend->http, "POST", "/completion", body,
 	                                        strlen(body), &keep_handlers, r)
 	                   : NULL;
@@ -1670,11 +1703,11 @@ void exec_route(struct serve_req *r)
 	struct router_backend *rb = ch.slot->backend;
 	if (req_clamp_output(r, rb->n_ctx_slot) != 0)
 		return;
-	if (r->ask.client_uncached || r->tries.force_cold) {
+	if (r->ask.client_uncached || r->tries.force_cold || lora_apart(r)) {
 		/* The client asked for a full evaluation (a raw run), or a plan
-		 * went wrong: nothing is reused, so there is nothing to cut back
-		 * or restore; in exact mode the prompt is evaluated on its
-		 * schedule from an empty slot. */
+		 * went wrong, or its adapters are its own: nothing is reused, so
+		 * there is nothing to cut back or restore; in exact mode the
+		 * prompt is evaluated on its schedule from an empty slot. */
 		ch.reuse = 0;
 		ch.must_trim = 0;
 		ch.restore = NULL;

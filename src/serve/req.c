@@ -81,6 +81,7 @@ void req_free(struct serve_req *r)
 	json_decref(r->ask.body);
 	json_decref(r->ask.template_body);
 	free(r->ask.client_model);
+	free(r->ask.lora);
 	free(r->prompt.tokens);
 	reply_free(&r->reply);
 	if (r->tries.replan_ev)
@@ -848,6 +849,12 @@ void req_start(struct daemon *d, struct http_request *req, enum route_kind kind,
 	snprintf(r->ask.backend_path, sizeof r->ask.backend_path, "%s", backend_path);
 	active_add(r);
 	http_request_on_close(req, on_client_close, r);
+	json_t *lora = json_object_get(body, "lora");
+	if (json_is_array(lora) && json_array_size(lora) &&
+	    !(r->ask.lora = json_dumps(lora, JSON_COMPACT))) {
+		req_fail(r, 500, "out of memory");
+		return;
+	}
 	/* Tokenize on a backend of the requested model; while none is up (the
 	 * llama-server that toki supervises is (re)starting), wait for one
 	 * rather than fail. */

@@ -50,8 +50,12 @@ struct req_ask {
 	char *client_model;    /* the model name the client sent (ANTHROPIC echoes it) */
 	int stream;
 	int client_uncached; /* the client sent cache_prompt: false */
-	int count_only;      /* count_tokens: answer with the count, generate nothing */
-	uint64_t allowed;    /* backends serving the requested model (bit i: backend i) */
+	/* The client's per-request adapter scales ("lora", a non-empty array),
+	 * as compact JSON, which every step of its evaluation carries; NULL
+	 * for the server's own scales. */
+	char *lora;
+	int count_only;   /* count_tokens: answer with the count, generate nothing */
+	uint64_t allowed; /* backends serving the requested model (bit i: backend i) */
 	int64_t t_start_us;
 };
 

@@ -573,6 +573,49 @@ class SeveralCompletions(unittest.TestCase):
             llama.kill()
 
 
+class LoraScales(unittest.TestCase):
+    """A request with adapter scales of its own (`lora`), on a server with a
+    LoRA adapter (tests/integration/lora_adapter.py's, on a generated
+    model). llama-server reuses a slot's rows whatever scales computed
+    them, so in exact mode such a request reuses nothing, computes every
+    row with its scales, and leaves no row for a later request to reuse.
+    Before, a plain request after it was a hit on rows of the other scales,
+    and its answer was not its uncached one."""
+
+    def test_rows_of_other_scales_are_never_reused(self):
+        sys.path.insert(0, os.path.dirname(__file__))
+        import lora_adapter
+        model = th.generated_model("lora", params="1M", ctx=4096)
+        adapter = lora_adapter.write(os.path.join(th.WORK_DIR, "lora-1M.gguf"), 128, 2)
+        llama = th.LlamaServer(model=model, slots=2, ctx=2048, name="lora",
+                               extra=["--lora", adapter])
+        msgs = [{"role": "system", "content": "You are a storyteller. " * 10},
+                {"role": "user", "content": "Once upon a time"}]
+        own = [{"id": 0, "scale": 0.3}]  # the server's own is 1.0
+        kw = dict(max_tokens=8, logprobs=True, top_logprobs=2)
+        try:
+            toki = th.Toki([llama], mode="exact")
+            try:
+                def ask(**extra):
+                    st, r = toki.chat(msgs, **kw, **extra)
+                    self.assertEqual(st, 200, r)
+                    return r["choices"][0]["logprobs"], r["cache"]
+                plain, _ = ask()
+                scaled, cache = ask(lora=own)
+                self.assertEqual((cache["route"], cache["cached"]), ("miss", 0), cache)
+                scaled_ref, _ = ask(lora=own, cache_prompt=False)
+                after, _ = ask()
+                plain_ref, _ = ask(cache_prompt=False)
+                self.assertNotEqual(scaled_ref, plain_ref)  # the scales matter here
+                self.assertEqual(scaled, scaled_ref)
+                self.assertEqual(after, plain_ref)
+                self.assertEqual(plain, plain_ref)
+            finally:
+                toki.kill(signal.SIGTERM)
+        finally:
+            llama.kill()
+
+
 class AnotherClient(unittest.TestCase):
     """The user's server has another client while toki's self-test runs (an
     agent still pointed at it when toki starts). Its request beside the
