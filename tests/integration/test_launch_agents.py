@@ -38,6 +38,13 @@ def install_agents():
 
 
 class LaunchAgents(unittest.TestCase):
+    REUSE = "fast"
+
+    @staticmethod
+    def agents_model():
+        """A model whose context holds an agent's system prompt and tools."""
+        return th.generated_model("agents", params="1M", ctx=65536)
+
     @classmethod
     def setUpClass(cls):
         cls.bin = install_agents()
@@ -59,12 +66,11 @@ class LaunchAgents(unittest.TestCase):
         for k in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_HOME",
                   "OPENCODE_CONFIG"):
             cls.env.pop(k, None)
-        # A model whose context holds an agent's system prompt and tools.
-        cls.model = th.generated_model("agents", params="1M", ctx=65536)
+        cls.model = cls.agents_model()
         cls.port = th.free_port()
         up = subprocess.run([th.TOKI_BIN, "up", "--model", cls.model, "--name", RUN,
                              "--ctx", "65536", "--slots", "2", "--max-output", "16",
-                             "--reuse", "fast", "--port", str(cls.port), "--wait", "300"],
+                             "--reuse", cls.REUSE, "--port", str(cls.port), "--wait", "300"],
                             env=cls.env, capture_output=True, text=True, timeout=400)
         if up.returncode != 0:
             raise RuntimeError("toki up failed: " + up.stdout + up.stderr)
@@ -124,6 +130,12 @@ class LaunchAgents(unittest.TestCase):
                              f"{line}\n(turn 1: {[l for l, _ in turn1]})")
         print(f"  {agent}: turn 1 {len(turn1)} request(s), turn 2 first request: {line}",
               file=sys.stderr)
+        # Every request the agent sent was templated and tokenized as the
+        # server does it: no difference turned the local prompts off.
+        st, stats = th.request(self.port, "GET", "/toki/stats")
+        prompts = stats["backends"][0]["prompts"]
+        self.assertEqual(prompts["mismatches"], 0, prompts)
+        self.assertTrue(prompts["local_template"], prompts)
         return out
 
     # --- the agents ------------------------------------------------------------
@@ -196,6 +208,23 @@ class LaunchAgents(unittest.TestCase):
         for name in ("claude", "codex", "opencode", "qwen", "droid", "kimi", "omp"):
             self.assertRegex(p.stdout, rf"(?m)^{name}\s")
         self.assertRegex(p.stdout, r"(?m)^claude\s.*\byes\b")
+
+
+class LaunchAgentsThinking(LaunchAgents):
+    """The same agents, in exact mode, on a model with Qwen 3's real
+    vocabulary and chat template (thinking on): whatever each agent sends
+    (reasoning settings, tools, developer messages), toki renders it as
+    llama-server does, and the second turn is a hit."""
+    REUSE = "exact"
+
+    @staticmethod
+    def agents_model():
+        return th.tokenizer_model("qwen3", "qwen2", ctx=65536)
+
+    # Only the agents' turns: the rest does not depend on the model.
+    test_claude_code_reads_a_prompt_too_long = None
+    test_config_and_home_untouched = None
+    test_not_installed_and_listing = None
 
 
 if __name__ == "__main__":
