@@ -806,6 +806,36 @@ char *answer_drop_probs(const char *text, size_t len, size_t *out_len)
 	return b.p;
 }
 
+/* 1 for a chunk that cannot be an answer's last: a token of /completion
+ * ("stop": false), choices that all go on (every finish_reason null), a
+ * Responses delta. llama-server puts timings on each of them when the client
+ * asks for timings_per_token; anything else with timings may be the last. */
+static int goes_on(const char *data)
+{
+	json_error_t jerr;
+	json_t *o = json_loads(data, JSON_BODY_FLAGS, &jerr);
+	int on = 0;
+	const json_t *choices = json_object_get(o, "choices");
+	const char *type = json_string_value(json_object_get(o, "type"));
+	if (json_is_false(json_object_get(o, "stop"))) {
+		on = 1;
+	} else if (json_is_array(choices) && json_array_size(choices)) {
+		size_t i;
+		const json_t *c;
+		on = 1;
+		json_array_foreach(choices, i, c)
+		{
+			if (!json_is_null(json_object_get(c, "finish_reason")))
+				on = 0;
+		}
+	} else if (type) {
+		size_t n = strlen(type);
+		on = n > 6 && !strcmp(type + n - 6, ".delta");
+	}
+	json_decref(o);
+	return on;
+}
+
 enum answer_event answer_event_kind(const char *data)
 {
 	if (!data)
@@ -814,7 +844,7 @@ enum answer_event answer_event_kind(const char *data)
 		return ANSWER_EVENT_DONE;
 	if (strstr(data, "\"prompt_progress\""))
 		return ANSWER_EVENT_PROGRESS;
-	if (strstr(data, "\"timings\""))
+	if (strstr(data, "\"timings\"") && !goes_on(data))
 		return ANSWER_EVENT_TIMINGS;
 	return ANSWER_EVENT_OTHER;
 }

@@ -165,14 +165,16 @@ char *answer_drop_probs(const char *text, size_t len, size_t *out_len);
 enum answer_event {
 	ANSWER_EVENT_OTHER,
 	ANSWER_EVENT_PROGRESS, /* a prompt_progress event */
-	ANSWER_EVENT_TIMINGS,  /* the answer's final chunk: its timings, for the cache block */
+	ANSWER_EVENT_TIMINGS,  /* a chunk with timings that may be the answer's last */
 	ANSWER_EVENT_DONE,     /* data: [DONE] */
 };
 enum answer_event answer_event_kind(const char *data);
 
 /* The event held back: llama-server puts timings in its last chunk, and
  * the cache block goes there; the chunk is known to be the last only when
- * the next event ([DONE]) or the end of the stream comes. */
+ * the next event ([DONE]) or the end of the stream comes. Only a chunk that
+ * may be the last is held: with timings_per_token every token's chunk has
+ * timings, and holding those would send each token one event late. */
 struct answer_hold {
 	char *p;
 	size_t len;

@@ -60,6 +60,12 @@ void reply_error(struct serve_req *r, int status, const char *message)
 	}
 	if (p->client) {
 		if (r->ask.stream && p->stream_begun) {
+			/* The chunk held back came from the server before the failure:
+			 * the client gets it, as it was, before the error. */
+			struct strbuf b = {0};
+			answer_hold_release(&p->hold, NULL, NULL, &b);
+			write_strbuf(r, &b);
+			strbuf_free(&b);
 			char *body = api_error_body(status, message, http_request_path(p->client));
 			if (body) {
 				reply_write(r, "data: ", 6);

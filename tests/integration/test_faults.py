@@ -308,6 +308,44 @@ class MisbehavingBackend(Served, unittest.TestCase):
         self.assertCleanError(s, 504)
         content = [d for d in s.data() if d != "[DONE]" and "choices" in d]
         self.assertGreaterEqual(len(content), 3, s.events)  # what came, came through
+        # A stall after the answer's last chunk (held back for the cache
+        # block) and before [DONE]: the chunk comes, then the error.
+        self.fake.events = 4
+        s = SSE(self.toki.port, "/v1/chat/completions", long_chat(max_tokens=2))
+        self.assertCleanError(s, 504)
+        content = [d for d in s.data() if d != "[DONE]" and "choices" in d]
+        self.assertEqual(content[-1]["choices"][0]["finish_reason"], "length", s.events)
+        self.recover()
+
+    def test_timings_per_token_chunks_are_not_held(self):
+        """With timings_per_token every token's chunk carries timings. toki
+        holds back only a chunk that may be the answer's last (its cache
+        block goes there), so each token reaches the client when the server
+        sends it. The fake sends the first events of the real stream and then
+        nothing: every one of them must come through while the backend
+        stalls (a long timeout: no error event flushes anything)."""
+        self.toki.kill(signal.SIGTERM)
+        self.toki = th.Toki([self.fake], mode="fast", extra=["--keepalive-ms", "300"],
+                            env={"TOKI_BACKEND_TIMEOUT": "600"})
+        self.fake.mode = "stall_mid"
+        cases = [("/v1/chat/completions", long_chat(timings_per_token=True), 3),
+                 ("/completion", {"prompt": STORY, "n_predict": 20000, "ignore_eos": True,
+                                  "stream": True, "timings_per_token": True}, 3),
+                 ("/v1/responses", {"input": "Tell me a long story", "stream": True,
+                                    "max_output_tokens": 20000, "timings_per_token": True}, 6)]
+        for path, body, n in cases:
+            with self.subTest(path=path):
+                self.fake.events = n
+                s = SSE(self.toki.port, path, body)
+                self.assertEqual(s.status, 200)
+                deadline = time.time() + 30
+                while sum(1 for e in s.events if "data:" in e) < n and time.time() < deadline:
+                    s.next()  # keep-alives come every 300 ms
+                data = s.data()
+                self.assertEqual(len(data), n, [e for e in s.events if "data:" in e])
+                self.assertIn("timings", data[-1])  # a token's chunk, with its timings
+                self.assertNotIn("cache", data[-1])
+                s.conn.close()
         self.recover()
 
     def test_garbage_instead_of_http(self):

@@ -265,6 +265,29 @@ static void test_event_kind(void **state)
 	assert_int_equal(answer_event_kind("{\"choices\":[],\"timings\":{}}"),
 	                 ANSWER_EVENT_TIMINGS);
 	assert_int_equal(answer_event_kind("{\"choices\":[]}"), ANSWER_EVENT_OTHER);
+	/* With timings_per_token every token's chunk has timings: only one that
+	 * may be the last is held back (as llama-server 11669 streams them). */
+	assert_int_equal(answer_event_kind("{\"content\":\" a\",\"stop\":false,\"timings\":{}}"),
+	                 ANSWER_EVENT_OTHER);
+	assert_int_equal(answer_event_kind("{\"content\":\"\",\"stop\":true,\"timings\":{}}"),
+	                 ANSWER_EVENT_TIMINGS);
+	assert_int_equal(answer_event_kind("{\"choices\":[{\"finish_reason\":null,\"index\":0,"
+	                                   "\"delta\":{\"content\":\"M\"}}],\"timings\":{}}"),
+	                 ANSWER_EVENT_OTHER);
+	assert_int_equal(
+	    answer_event_kind("{\"choices\":[{\"finish_reason\":\"length\",\"index\":0,"
+	                      "\"delta\":{}}],\"timings\":{}}"),
+	    ANSWER_EVENT_TIMINGS);
+	/* A choice without finish_reason, or one that is not JSON: held. */
+	assert_int_equal(answer_event_kind("{\"choices\":[{\"index\":0}],\"timings\":{}}"),
+	                 ANSWER_EVENT_TIMINGS);
+	assert_int_equal(answer_event_kind("{\"timings\":"), ANSWER_EVENT_TIMINGS);
+	assert_int_equal(
+	    answer_event_kind("{\"type\":\"response.output_text.delta\",\"delta\":\"A\","
+	                      "\"timings\":{}}"),
+	    ANSWER_EVENT_OTHER);
+	assert_int_equal(answer_event_kind("{\"type\":\"response.completed\",\"timings\":{}}"),
+	                 ANSWER_EVENT_TIMINGS);
 }
 
 static void test_hold_back(void **state)
