@@ -20,6 +20,7 @@
 #include "cmd/cmd.h"
 #include "daemon.h"
 #include "http/http_server.h"
+#include "model/llama_args.h"
 #include "pool/pool.h"
 #include "serve/serve.h"
 #include "util/clock.h"
@@ -212,10 +213,10 @@ static char *managed_kv_settings(const struct managed *m)
 	snprintf(s, cap, "ctx=%ld", m->ctx);
 	for (int i = 0; i < m->n_args; i++) {
 		for (size_t k = 0; k < sizeof kv_flags / sizeof kv_flags[0]; k++) {
-			if (strcmp(m->args[i], kv_flags[k]) != 0)
+			if (!llama_arg_is(m->args[i], kv_flags[k]))
 				continue;
 			strcat(s, " ");
-			strcat(s, m->args[i]);
+			strcat(s, kv_flags[k]); /* as written with dashes */
 			if (i + 1 < m->n_args) {
 				strcat(s, " ");
 				strcat(s, m->args[++i]);
@@ -232,7 +233,7 @@ static char *managed_kv_settings(const struct managed *m)
 static const char *managed_api_key(const struct managed *m, char *out, size_t n)
 {
 	for (int i = 0; i + 1 < m->n_args; i++) {
-		if (strcmp(m->args[i], "--api-key") != 0)
+		if (!llama_arg_is(m->args[i], "--api-key"))
 			continue;
 		size_t len = strcspn(m->args[i + 1], ",");
 		if (len == 0 || len >= n)

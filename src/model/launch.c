@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
+#include "model/llama_args.h"
 #include "model/memsize.h"
 #include "model/release.h"
 #include "model/run.h"
@@ -47,7 +48,7 @@ int launch_find_llama_server(char *path, size_t n, char *gfx, size_t gfxn)
 static const char *kv_type_of(char *const *args, int n)
 {
 	for (int i = 0; i + 1 < n; i++)
-		if (!strcmp(args[i], "-ctk") || !strcmp(args[i], "--cache-type-k"))
+		if (llama_arg_is(args[i], "-ctk") || llama_arg_is(args[i], "--cache-type-k"))
 			return args[i + 1];
 	return "f16";
 }
@@ -55,8 +56,8 @@ static const char *kv_type_of(char *const *args, int n)
 static int uses_gpu(char *const *args, int n)
 {
 	for (int i = 0; i + 1 < n; i++)
-		if ((!strcmp(args[i], "-ngl") || !strcmp(args[i], "--n-gpu-layers") ||
-		     !strcmp(args[i], "--gpu-layers")) &&
+		if ((llama_arg_is(args[i], "-ngl") || llama_arg_is(args[i], "--n-gpu-layers") ||
+		     llama_arg_is(args[i], "--gpu-layers")) &&
 		    strcmp(args[i + 1], "0") != 0)
 			return 1;
 	return 0;
@@ -77,9 +78,9 @@ int launch_threads(char *const *args, int n, const char *env_t, const char *env_
 {
 	long t = thread_count(env_t), tb = thread_count(env_tb);
 	for (int i = 0; i + 1 < n; i++) {
-		if (!strcmp(args[i], "-t") || !strcmp(args[i], "--threads"))
+		if (llama_arg_is(args[i], "-t") || llama_arg_is(args[i], "--threads"))
 			t = thread_count(args[++i]);
-		else if (!strcmp(args[i], "-tb") || !strcmp(args[i], "--threads-batch"))
+		else if (llama_arg_is(args[i], "-tb") || llama_arg_is(args[i], "--threads-batch"))
 			tb = thread_count(args[++i]);
 	}
 	if (t <= 0)
@@ -229,8 +230,8 @@ int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *er
 	 * An --alias of the user's own (or -a) wins. */
 	int has_alias = 0;
 	for (int i = 0; i < o->n_llama_args; i++)
-		has_alias |=
-		    !strcmp(o->llama_args[i], "--alias") || !strcmp(o->llama_args[i], "-a");
+		has_alias |= llama_arg_is(o->llama_args[i], "--alias") ||
+		             llama_arg_is(o->llama_args[i], "-a");
 	char **args = calloc((size_t)o->n_llama_args + 3, sizeof *args);
 	if (!args) {
 		snprintf(err, errlen, "out of memory");

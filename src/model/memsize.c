@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "model/llama_args.h"
 #include "platform/platform.h"
 #include "util/paths.h"
 
@@ -173,27 +174,27 @@ long memsize_ctx_train_from_args(long ctx_train, char *const *args, int n, char 
 	for (int i = 0; i + 1 < n; i++) {
 		const char *flag = args[i], *val = args[i + 1];
 		char *stop;
-		if (!strcmp(flag, "--override-kv")) {
+		if (llama_arg_is(flag, "--override-kv")) {
 			long v = override_context_length(val);
 			if (v > 0) {
 				ctx = v;
 				override_arg = val;
 			}
-		} else if (!strcmp(flag, "--rope-scale")) {
+		} else if (llama_arg_is(flag, "--rope-scale")) {
 			double v = strtod(val, &stop);
 			if (stop > val && !*stop && v > 0) {
 				scale = v;
 				scale_flag = flag;
 				scale_arg = val;
 			}
-		} else if (!strcmp(flag, "--rope-freq-scale")) {
+		} else if (llama_arg_is(flag, "--rope-freq-scale")) {
 			double v = strtod(val, &stop);
 			if (stop > val && !*stop && v > 0) {
 				scale = 1.0 / v;
 				scale_flag = flag;
 				scale_arg = val;
 			}
-		} else if (!strcmp(flag, "--yarn-orig-ctx")) {
+		} else if (llama_arg_is(flag, "--yarn-orig-ctx")) {
 			long v = strtol(val, &stop, 10);
 			if (stop > val && !*stop && v > 0) {
 				yarn_orig = v;

@@ -21,6 +21,7 @@
 
 #include "backend/backend_http.h"
 #include "model/launch.h"
+#include "model/llama_args.h"
 #include "model/memsize.h"
 #include "model/registry.h"
 #include "model/run.h"
@@ -437,7 +438,8 @@ int pool_model_start(struct pool *p, struct pool_model *m, const struct registry
 	 * `toki model use` starts it (unless its own args give an --alias). */
 	int has_alias = 0;
 	for (int i = 0; i < rm->n_args && a < 280; i++) {
-		has_alias |= !strcmp(rm->args[i], "--alias") || !strcmp(rm->args[i], "-a");
+		has_alias |=
+		    llama_arg_is(rm->args[i], "--alias") || llama_arg_is(rm->args[i], "-a");
 		argv[a++] = "--llama-arg";
 		argv[a++] = rm->args[i];
 	}

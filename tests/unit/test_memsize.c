@@ -645,6 +645,9 @@ static void test_ctx_train_from_args(void **state)
 	assert_string_equal(why, "--rope-scale 4");
 	char *fs[] = {"--rope-freq-scale", "0.25"};
 	assert_int_equal(memsize_ctx_train_from_args(4096, fs, 2, why, sizeof why), 16384);
+	/* Written with underscores, as llama-server reads them too. */
+	char *fs_[] = {"--rope_freq_scale", "0.25"};
+	assert_int_equal(memsize_ctx_train_from_args(4096, fs_, 2, why, sizeof why), 16384);
 	char *yarn[] = {"--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "32768"};
 	assert_int_equal(memsize_ctx_train_from_args(32768, yarn, 6, why, sizeof why), 131072);
 	assert_string_equal(why, "--rope-scale 4 --yarn-orig-ctx 32768");

@@ -15,6 +15,7 @@
 
 #include "api/api_error.h"
 #include "model/launch.h"
+#include "model/llama_args.h"
 #include "model/registry.h"
 #include "pool/pool_pick.h"
 
@@ -281,6 +282,19 @@ static void test_threads_from_args(void **state)
 	assert_int_equal(launch_threads(junk, 2, NULL, NULL), 0);
 	char *dangling[] = {"-t"};
 	assert_int_equal(launch_threads(dangling, 1, NULL, NULL), 0);
+	/* llama-server reads a long option's underscores as dashes; a short
+	 * one, or --threads=N (which it refuses), is no option of these. */
+	char *underscores[] = {"--threads", "2", "--threads_batch", "6"};
+	assert_int_equal(launch_threads(underscores, 4, NULL, NULL), 6);
+	char *not_options[] = {"-t", "2", "--threads=8", "-t_b", "6"};
+	assert_int_equal(launch_threads(not_options, 5, NULL, NULL), 2);
+	assert_true(llama_arg_is("--cache_type_k", "--cache-type-k"));
+	assert_true(llama_arg_is("--n-gpu_layers", "--n-gpu-layers"));
+	assert_false(llama_arg_is("--cache-type-k", "--cache-type-v"));
+	assert_false(llama_arg_is("--cache-type", "--cache-type-k"));
+	assert_false(llama_arg_is("--cache-type-k-x", "--cache-type-k"));
+	assert_false(llama_arg_is("-ct_k", "-ctk"));
+	assert_false(llama_arg_is("--threads", "--threads_batch"));
 	/* The environment, below the command line. */
 	assert_int_equal(launch_threads(none, 1, "2", NULL), 2);
 	assert_int_equal(launch_threads(none, 1, "2", "3"), 3);
