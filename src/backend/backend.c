@@ -70,6 +70,7 @@ void backend_free(struct backend *b)
 	free(b->build_info);
 	free(b->model_path);
 	free(b->model_id);
+	free(b->adapters);
 	json_decref(b->models);
 	free(b);
 }
@@ -97,6 +98,7 @@ void backend_mark_down(struct backend *b, const char *why)
 static void discovery_failed_at(struct backend *b, enum log_level level, const char *why)
 {
 	b->discovering = 0;
+	b->rediscover = 0; /* the next one reads everything anew */
 	if (strcmp(b->last_failure, why) != 0) {
 		snprintf(b->last_failure, sizeof b->last_failure, "%s", why);
 		log_write(level, "backend %s: discovery failed: %s", b->rb->url, why);
@@ -166,6 +168,11 @@ static void on_discovery_error(struct backend_call *call, enum backend_error err
 
 static const struct backend_call_handlers models_handlers = {.on_done = on_models_done,
                                                              .on_error = on_discovery_error};
+static void on_adapters_done(struct backend_call *call, int status, const char *body, size_t len,
+                             void *arg);
+static void discover(struct backend *b);
+static const struct backend_call_handlers adapters_handlers = {.on_done = on_adapters_done,
+                                                               .on_error = on_discovery_error};
 static const struct backend_call_handlers slots_handlers = {.on_done = on_slots_done,
                                                             .on_error = on_discovery_error};
 static void on_save_probe_done(struct backend_call *call, int status, const char *body, size_t len,
@@ -580,6 +587,12 @@ static void discovered(struct backend *b)
 {
 	struct selftest *t = &b->selftest;
 	b->discovering = 0;
+	if (b->rediscover) {
+		/* Its settings changed while the self-test ran. */
+		b->rediscover = 0;
+		discover(b);
+		return;
+	}
 	/* The Vulkan remedy is for answers that depend on what the server
 	 * computed before, not for slots that share one KV cache. */
 	if (t->state == SELFTEST_FAILED && !t->shared_kv && selftest_try_remedy(b))
@@ -635,6 +648,25 @@ static void on_models_done(struct backend_call *call, int status, const char *bo
 	b->model_id = strdup(id ? id : "unknown");
 	json_decref(b->models);
 	b->models = models;
+	b->health_call =
+	    backend_call_start(b->http, "GET", "/lora-adapters", NULL, 0, &adapters_handlers, b);
+	if (!b->health_call)
+		discovery_failed(b, "out of memory");
+}
+
+/* The adapters the server computes with: a server without the route (an
+ * older one) or without adapters has none. */
+static void on_adapters_done(struct backend_call *call, int status, const char *body, size_t len,
+                             void *arg)
+{
+	struct backend *b = arg;
+	b->health_call = NULL;
+	json_t *list = json_body(status, body, len, -1);
+	free(b->adapters);
+	b->adapters = json_is_array(list) && json_array_size(list)
+	                  ? json_dumps(list, JSON_COMPACT | JSON_SORT_KEYS)
+	                  : NULL;
+	json_decref(list);
 	/* Before the backend takes requests: nothing else runs on it. */
 	b->forced_refused = 0;
 	selftest_start(b, discovered);
@@ -649,6 +681,22 @@ static void discover(struct backend *b)
 	b->health_call = backend_call_start(b->http, "GET", "/props", NULL, 0, &props_handlers, b);
 	if (!b->health_call)
 		discovery_failed(b, "out of memory");
+}
+
+void backend_rediscover(struct backend *b, const char *why)
+{
+	backend_mark_down(b, why);
+	if (b->discovering) {
+		/* Its calls are discovery's (the self-test's among them): it
+		 * starts over when it ends. */
+		b->rediscover = 1;
+		return;
+	}
+	if (b->health_call) {
+		backend_call_cancel(b->health_call); /* a health check: it has no state */
+		b->health_call = NULL;
+	}
+	discover(b);
 }
 
 /* Slots toki filled are empty, yet each still names the task it last ran:
@@ -789,8 +837,8 @@ static void health_tick(evutil_socket_t fd, short what, void *arg)
 	int ms = b->ever_up ? b->d->cfg.health_interval_ms : 200;
 	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
 	event_add(b->health_timer, &tv);
-	if (b->health_call || b->discovering)
-		return; /* the previous check is still out */
+	if (b->health_call || b->discovering || b->adapters_changing)
+		return; /* the previous check is still out, or toki holds it out */
 	/* /slots rather than /health: it answers only when the server is ready,
 	 * and shows whether the slots still hold what the router thinks. */
 	b->health_call = backend_call_start(b->http, "GET", b->rb->up ? "/slots" : "/health", NULL,
@@ -822,6 +870,16 @@ void backend_expect_restart(struct backend *b)
 {
 	backend_mark_down(b, "its llama-server died");
 	b->ever_up = 0;
+}
+
+int backend_any_returning(struct daemon *d)
+{
+	for (int i = 0; i < d->n_backends; i++) {
+		const struct backend *b = d->backends[i];
+		if (!b->rb->up && (b->discovering || b->adapters_changing))
+			return 1;
+	}
+	return 0;
 }
 
 struct backend *backend_any_up(struct daemon *d)

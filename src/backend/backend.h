@@ -28,6 +28,17 @@ struct backend {
 	json_t *models;   /* the backend's /v1/models answer */
 	char *model_path; /* /props model_path */
 	json_t *props;    /* the last /props answer */
+	/* The server's LoRA adapters and their scales (GET /lora-adapters, as
+	 * compact JSON), which its rows are computed with: part of its saved
+	 * states' fingerprint. NULL: it has none. */
+	char *adapters;
+	/* Taken out of routing while toki changes its adapter scales (POST
+	 * /lora-adapters, routes.c): no health check discovers it until the
+	 * change is answered. */
+	int adapters_changing;
+	/* Its settings changed during a discovery: discovery runs again when
+	 * this one ends (backend_rediscover). */
+	int rediscover;
 	/* Without --slot-dir: bytes written under each name toki used in the
 	 * server's own folder (0: never used), what that folder holds of toki's. */
 	uint64_t remote_bytes[SLOT_REMOTE_MAX_NAMES];
@@ -84,12 +95,20 @@ void backend_start(struct backend *b);
 int backend_is_up(const struct backend *b);
 /* The first healthy backend, for routes that need no slot (NULL: none). */
 struct backend *backend_any_up(struct daemon *d);
+/* 1 when a backend that is not up will be soon: it answered and is being
+ * discovered, or toki holds it out for a moment (adapters_changing). What
+ * needs a backend waits for it then, rather than failing. */
+int backend_any_returning(struct daemon *d);
 /* A call failed to connect: take the backend out until a health check
  * succeeds again. */
 void backend_mark_down(struct backend *b, const char *why);
 /* The process behind it died and is being restarted: down now, and polled
  * often until it is back. */
 void backend_expect_restart(struct backend *b);
+/* The backend's KV means something else now (why): down at once, its slots
+ * and RAM cache forgotten, and discovered again (its settings read into its
+ * saved states' fingerprint); requests wait for it. */
+void backend_rediscover(struct backend *b, const char *why);
 /* Discovery could not finish (why): the backend is down until a health
  * check starts it again. */
 void backend_discovery_failed(struct backend *b, const char *why);

@@ -115,6 +115,11 @@ static void compute_fingerprint(struct daemon *d, struct backend *b, const char 
 	              b->build_info ? b->build_info : "?", "n_ctx_slot", b->rb->n_ctx_slot,
 	              "n_ubatch", b->rb->n_ubatch, "kv_settings",
 	              d->cfg.kv_settings ? d->cfg.kv_settings : "", "schedule", SCHED_LAYOUT);
+	/* LoRA adapters and their scales: the server restores a state and
+	 * reuses its rows by tokens alone, whatever scales computed them. A
+	 * server without adapters keeps the fingerprint it had before. */
+	if (fp && b->adapters)
+		json_object_set_new(fp, "adapters", json_string(b->adapters));
 	char *s = json_dumps(fp, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(fp);
 	bytes_sha256_hex(s ? s : "", s ? strlen(s) : 0, b->rb->fingerprint);

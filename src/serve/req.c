@@ -817,7 +817,7 @@ void req_start(struct daemon *d, struct http_request *req, enum route_kind kind,
 		}
 	}
 	struct backend *b = backend_any_up(d);
-	if (!b && !d->supervisor) {
+	if (!b && !d->supervisor && !backend_any_returning(d)) {
 		json_decref(template_body);
 		free(client_model);
 		json_decref(body);

@@ -284,6 +284,11 @@ void reply_error(struct serve_req *r, int status, const char *message);
 /* A replan throws away what the old attempt's answer left. */
 void reply_new_attempt(struct serve_req *r);
 
+/* ---- routes.c ---- */
+/* Passes req on to a backend that is up, as it is; parked while the managed
+ * llama-server restarts. */
+void routes_pass_through(struct daemon *d, struct http_request *req);
+
 /* ---- wait.c: the queue ---- */
 void wait_add(struct serve_req *r);
 void wait_remove(struct serve_req *r);

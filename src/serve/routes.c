@@ -17,6 +17,7 @@
 #include "daemon.h"
 #include "http/http_parse.h"
 #include "http/http_server.h"
+#include "serve/adapters.h"
 #include "serve/req.h"
 #include "serve/serve.h"
 #include "util/clock.h"
@@ -59,13 +60,14 @@ static const struct backend_call_handlers pass_handlers = {
     .on_error = on_pass_error,
 };
 
-static void pass_through(struct daemon *d, struct http_request *req)
+void routes_pass_through(struct daemon *d, struct http_request *req)
 {
 	struct backend *b = backend_any_up(d);
-	if (!b && d->supervisor) {
-		/* The managed llama-server is restarting: the request waits for
-		 * it, as a routed one does, rather than being lost. */
-		wait_park(d, req, pass_through);
+	if (!b && (d->supervisor || backend_any_returning(d))) {
+		/* The managed llama-server is restarting, or a backend is being
+		 * discovered: the request waits for it, as a routed one does,
+		 * rather than being lost. */
+		wait_park(d, req, routes_pass_through);
 		return;
 	}
 	if (!b) {
@@ -232,8 +234,8 @@ static void handle_stats(struct daemon *d, struct http_request *req)
 static void handle_models(struct daemon *d, struct http_request *req)
 {
 	struct backend *b = backend_any_up(d);
-	if (!b && d->supervisor) {
-		wait_park(d, req, handle_models); /* restarting, as above */
+	if (!b && (d->supervisor || backend_any_returning(d))) {
+		wait_park(d, req, handle_models); /* coming back, as above */
 		return;
 	}
 	if (!b || !b->models) {
@@ -303,7 +305,7 @@ static void handle_metrics(struct daemon *d, struct http_request *req)
 	}
 #define PASS(p)                                                                                    \
 	{                                                                                          \
-		p, ANY, 0, 0, KIND_CHAT, NULL, 0, pass_through                                     \
+		p, ANY, 0, 0, KIND_CHAT, NULL, 0, routes_pass_through                              \
 	}
 
 static const struct route routes[] = {
@@ -348,7 +350,8 @@ static const struct route routes[] = {
     PASS("/reranking"),
     PASS("/v1/rerank"),
     PASS("/v1/reranking"),
-    PASS("/lora-adapters"),
+    /* GET passes through; a change of scales is made on every backend. */
+    {"/lora-adapters", ANY, 0, 0, KIND_CHAT, NULL, 0, adapters_route},
     /* A prompt's token count, without running it (llama-server 11669). */
     PASS("/chat/completions/input_tokens"),
     PASS("/v1/chat/completions/input_tokens"),

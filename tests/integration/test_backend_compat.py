@@ -616,6 +616,124 @@ class LoraScales(unittest.TestCase):
             llama.kill()
 
 
+class ServerScales(unittest.TestCase):
+    """The server's own adapter scales, which every request without a `lora`
+    of its own is computed with: changed through toki (POST /lora-adapters)
+    or between two runs. llama-server reuses a slot's rows, restores a saved
+    state and loads its RAM cache by tokens alone, whatever scales computed
+    them; llama-server alone answers a prompt it holds with rows of the old
+    scales. Through toki in exact mode, every answer after a change is the
+    uncached one of the new scales."""
+
+    MSGS = [{"role": "system", "content": "You are a storyteller. " * 120},
+            {"role": "user", "content": "Once upon a time"}]
+    KW = dict(max_tokens=8, logprobs=True, top_logprobs=2)
+
+    def setUp(self):
+        import lora_adapter
+        self.dir = tempfile.mkdtemp(prefix="toki-lora-")
+        self.model = th.generated_model("lora", params="1M", ctx=4096)
+        self.adapter = lora_adapter.write(os.path.join(th.WORK_DIR, "lora-1M.gguf"), 128, 2)
+        self.procs = []
+
+    def tearDown(self):
+        for p in reversed(self.procs):
+            p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, adapter_args, idle_ms=100, mode="exact"):
+        llama = th.LlamaServer(model=self.model, slots=2, ctx=2048, name="lora",
+                               extra=adapter_args + ["--slot-save-path", self.dir])
+        self.procs.append(llama)
+        toki = th.Toki([llama], mode=mode,
+                       extra=["--slot-dir", self.dir, "--slot-save-idle-ms", str(idle_ms)])
+        self.procs.append(toki)
+        return llama, toki
+
+    def ask(self, toki, msgs=None, **extra):
+        st, r = toki.chat(msgs or self.MSGS, **self.KW, **extra)
+        self.assertEqual(st, 200, r)
+        self.answer = r["choices"][0]["message"]["content"]
+        return r["choices"][0]["logprobs"], r["cache"]
+
+    def wait_idle_saved(self, toki, saves):
+        deadline = time.time() + 30
+        while True:
+            st = toki.stats()
+            if st["saves"] >= saves and not any(s["busy"] for b in st["backends"]
+                                                for s in b["slots"]):
+                return st
+            self.assertLess(time.time(), deadline, f"no idle save: {st}")
+            time.sleep(0.1)
+
+    def test_a_change_of_scales_through_toki(self):
+        llama, toki = self.start(["--lora", self.adapter])
+        before, _ = self.ask(toki)
+        self.wait_idle_saved(toki, 1)
+        discoveries = toki.stats()["backends"][0]["discoveries"]
+        # While a request runs, a change would give it either scales: refused.
+        conn = http.client.HTTPConnection("127.0.0.1", toki.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", headers={
+            "Authorization": "Bearer " + th.TEST_TOKEN, "Content-Type": "application/json"},
+            body=json.dumps({"messages": HELLO, "max_tokens": 4000, "ignore_eos": True,
+                             "stream": True}))
+        resp = conn.getresponse()
+        while not resp.readline().startswith(b"data:"):  # its first token: it runs
+            pass
+        st, r = th.request(toki.port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.3}])
+        self.assertEqual(st, 409, r)
+        self.assertIn("a request is running", r["error"]["message"])
+        conn.close()
+        self.wait_idle_saved(toki, 1)
+        st, r = th.request(toki.port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.3}])
+        self.assertEqual((st, r), (200, {"success": True}))
+        st, r = th.request(toki.port, "GET", "/lora-adapters")
+        self.assertEqual(st, 200, r)
+        self.assertAlmostEqual(r[0]["scale"], 0.3, places=5)
+        # The backend was found again, its states of the old scales dropped.
+        after, cache = self.ask(toki)
+        stats = toki.stats()
+        self.assertGreater(stats["backends"][0]["discoveries"], discoveries)
+        self.assertNotEqual(cache["route"], "disk", cache)
+        self.assertGreaterEqual(stats["discarded_files"], 1, stats)
+        ref, _ = self.ask(toki, cache_prompt=False)
+        self.assertNotEqual(before, ref)  # the scales matter here
+        self.assertEqual(after, ref)
+        self.assertIn("made under other settings", toki.log_text())
+
+    def test_saved_states_of_other_scales_are_not_restored(self):
+        """In fast mode, where the fingerprint is all that keeps them apart
+        (exact mode's self-test bits differ too)."""
+        llama, toki = self.start(["--lora", self.adapter], idle_ms=0, mode="fast")
+        self.ask(toki)
+        turn = self.MSGS + [{"role": "assistant", "content": self.answer},
+                            {"role": "user", "content": "And then?"}]
+        toki.kill(signal.SIGTERM)  # its shutdown saves the slots
+        self.assertIn("shutdown: saving", toki.log_text())
+        self.assertTrue([f for f in os.listdir(self.dir) if f.startswith("toki-")])
+        llama.kill()
+        # The next run: the same model and adapter at another scale, and the
+        # conversation's next turn, which the saved state begins.
+        llama, toki = self.start(["--lora-scaled", self.adapter + ":0.3"], idle_ms=0, mode="fast")
+        after, cache = self.ask(toki, turn)
+        self.assertNotEqual(cache["route"], "disk", cache)
+        self.assertIn("does not match this backend", toki.log_text())
+        ref, _ = self.ask(toki, turn, cache_prompt=False)
+        self.assertEqual(after, ref)
+        # At the first run's scale the state is restored: the test can fail.
+        toki.kill(signal.SIGTERM)
+        llama.kill()
+        shutil.rmtree(self.dir)
+        os.mkdir(self.dir)
+        llama, toki = self.start(["--lora", self.adapter], idle_ms=0, mode="fast")
+        self.ask(toki)
+        toki.kill(signal.SIGTERM)
+        llama.kill()
+        llama, toki = self.start(["--lora", self.adapter], idle_ms=0, mode="fast")
+        _, cache = self.ask(toki, turn)
+        self.assertEqual(cache["route"], "disk", cache)
+
+
 class AnotherClient(unittest.TestCase):
     """The user's server has another client while toki's self-test runs (an
     agent still pointed at it when toki starts). Its request beside the
