@@ -180,29 +180,37 @@ static void derive_name(struct managed *m)
 }
 
 /* The settings of a managed llama-server that change what its KV holds or
- * how it is laid out, for the saved states' fingerprint. */
+ * how it is laid out, for the saved states' fingerprint: each option, and
+ * the values it takes (LoRA adapters are read from the server itself,
+ * backend.c; control vectors have no such route). */
 static char *managed_kv_settings(const struct managed *m)
 {
-	static const char *const kv_flags[] = {
-	    "-ctk",
-	    "--cache-type-k",
-	    "-ctv",
-	    "--cache-type-v",
-	    "-fa",
-	    "--flash-attn",
-	    "--rope-scaling",
-	    "--rope-scale",
-	    "--rope-freq-base",
-	    "--rope-freq-scale",
-	    "--yarn-orig-ctx",
-	    "--yarn-ext-factor",
-	    "--yarn-attn-factor",
-	    "--yarn-beta-slow",
-	    "--yarn-beta-fast",
-	    "-ngl",
-	    "--n-gpu-layers",
-	    "--swa-full",
-	    "--override-kv",
+	static const struct {
+		const char *name;
+		int values;
+	} kv_flags[] = {
+	    {"-ctk", 1},
+	    {"--cache-type-k", 1},
+	    {"-ctv", 1},
+	    {"--cache-type-v", 1},
+	    {"-fa", 1},
+	    {"--flash-attn", 1},
+	    {"--rope-scaling", 1},
+	    {"--rope-scale", 1},
+	    {"--rope-freq-base", 1},
+	    {"--rope-freq-scale", 1},
+	    {"--yarn-orig-ctx", 1},
+	    {"--yarn-ext-factor", 1},
+	    {"--yarn-attn-factor", 1},
+	    {"--yarn-beta-slow", 1},
+	    {"--yarn-beta-fast", 1},
+	    {"-ngl", 1},
+	    {"--n-gpu-layers", 1},
+	    {"--swa-full", 0},
+	    {"--override-kv", 1},
+	    {"--control-vector", 1},
+	    {"--control-vector-scaled", 1},
+	    {"--control-vector-layer-range", 2},
 	};
 	size_t cap = 64;
 	for (int i = 0; i < m->n_args; i++)
@@ -213,11 +221,11 @@ static char *managed_kv_settings(const struct managed *m)
 	snprintf(s, cap, "ctx=%ld", m->ctx);
 	for (int i = 0; i < m->n_args; i++) {
 		for (size_t k = 0; k < sizeof kv_flags / sizeof kv_flags[0]; k++) {
-			if (!llama_arg_is(m->args[i], kv_flags[k]))
+			if (!llama_arg_is(m->args[i], kv_flags[k].name))
 				continue;
 			strcat(s, " ");
-			strcat(s, kv_flags[k]); /* as written with dashes */
-			if (i + 1 < m->n_args) {
+			strcat(s, kv_flags[k].name); /* as written with dashes */
+			for (int v = 0; v < kv_flags[k].values && i + 1 < m->n_args; v++) {
 				strcat(s, " ");
 				strcat(s, m->args[++i]);
 			}

@@ -985,6 +985,24 @@ class Managed(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("trained on 4096 (with --rope-scale 2)", r.stderr)
 
+    def test_kv_settings_in_up_args(self):
+        """The settings that shape the KV go into the saved states'
+        fingerprint as llama-server reads them: underscores are dashes, a
+        flag without a value takes none (it took the next argument before,
+        and the value of that one was lost)."""
+        port = th.free_port()
+        r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",
+                      str(port), "--wait", "30", "--", "--swa-full", "--rope_freq_base",
+                      "10000", "-fa", "off", "--api_key", KEY)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        log = self.toki("logs").stdout
+        self.assertIn('"kv_settings":"ctx=512 --swa-full --rope-freq-base 10000 -fa off"', log)
+        # The key, with an underscore too, is the one toki sends.
+        auth = {"Authorization": "Bearer " + self.token()}
+        st, resp = th.request(port, "POST", "/v1/chat/completions",
+                              {"messages": HELLO, "max_tokens": 2}, headers=auth, auth=False)
+        self.assertEqual(st, 200, resp)
+
     def test_api_key_in_up_args(self):
         port = th.free_port()
         r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",
