@@ -53,14 +53,51 @@ static const char *kv_type_of(char *const *args, int n)
 	return "f16";
 }
 
-static int uses_gpu(char *const *args, int n)
+int launch_offloads(char *const *args, int n, const char *env_ngl)
 {
+	const char *v = env_ngl && *env_ngl ? env_ngl : NULL;
 	for (int i = 0; i + 1 < n; i++)
-		if ((llama_arg_is(args[i], "-ngl") || llama_arg_is(args[i], "--n-gpu-layers") ||
-		     llama_arg_is(args[i], "--gpu-layers")) &&
-		    strcmp(args[i + 1], "0") != 0)
+		if (llama_arg_is(args[i], "-ngl") || llama_arg_is(args[i], "--n-gpu-layers") ||
+		    llama_arg_is(args[i], "--gpu-layers"))
+			v = args[++i]; /* a later one wins */
+	if (!v)
+		return -1;
+	return strcmp(v, "0") != 0;
+}
+
+int launch_help_offloads(const char *help)
+{
+	const char *at = help ? strstr(help, "--n-gpu-layers") : NULL;
+	if (!at)
+		return 0;
+	/* The option's description runs to the next option's line. */
+	const char *end = at;
+	while ((end = strchr(end, '\n')) && end[1] && end[1] != '-')
+		end++;
+	size_t len = end ? (size_t)(end - at) : strlen(at);
+	static const char *const offloading[] = {"(default: auto)", "(default: all)",
+	                                         "(default: -1)"};
+	for (size_t k = 0; k < sizeof offloading / sizeof *offloading; k++) {
+		const char *d = strstr(at, offloading[k]);
+		if (d && (size_t)(d - at) < len)
 			return 1;
+	}
 	return 0;
+}
+
+/* llama-server's own default for -ngl, from its help: 1 where it puts
+ * layers on a GPU unasked. */
+static int default_offloads(const char *binary, char *const env_extra[])
+{
+	char *const argv[] = {(char *)binary, "--help", NULL};
+	struct plat_cmd c = {.argv = argv, .env_extra = env_extra, .merge_stderr = 1};
+	size_t n = 512 * 1024;
+	char *out = malloc(n);
+	if (!out)
+		return 0;
+	int on = plat_run(&c, out, n, NULL, NULL) == 0 && launch_help_offloads(out);
+	free(out);
+	return on;
 }
 
 /* A thread count as llama-server reads one; 0 for none or not a number. */
@@ -149,12 +186,26 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 		return -1;
 	} else {
 		budget.available += held_bytes;
-		if (uses_gpu(o->llama_args, o->n_llama_args) || plat_is_apple_silicon()) {
-			/* Apple silicon: llama.cpp's Metal build offloads every layer
-			 * by default, and Metal may wire only its working set (about
-			 * 2/3 to 3/4 of RAM), so that is the memory to size against. */
-			if (memsize_read_gpu(&budget, p->binary, envs) == 0)
-				budget.vram_free += held_bytes;
+		/* Where the layers go: -ngl as given, else llama-server's own
+		 * default, which is "auto" in the builds of the last year (every
+		 * layer that fits, on whatever GPU it lists). Apple silicon:
+		 * llama.cpp's Metal build offloads every layer by default, and
+		 * Metal may wire only its working set (about 2/3 to 3/4 of RAM),
+		 * so that is the memory to size against. */
+		int offload = launch_offloads(o->llama_args, o->n_llama_args,
+		                              getenv("LLAMA_ARG_N_GPU_LAYERS"));
+		int asked = offload >= 0;
+		if (!asked)
+			offload = plat_is_apple_silicon() || default_offloads(p->binary, envs);
+		struct mem_budget gpu = budget;
+		/* Unasked, only a GPU the server itself lists counts: a CPU build
+		 * lists none, whatever nvidia-smi sees. */
+		if ((offload || plat_is_apple_silicon()) &&
+		    memsize_read_gpu(&gpu, p->binary, envs) == 0 &&
+		    (asked || plat_is_apple_silicon() ||
+		     !strcmp(gpu.gpu_source, "llama-server --list-devices"))) {
+			budget = gpu;
+			budget.vram_free += held_bytes;
 		}
 	}
 	int slots = o->slots > 0 ? o->slots : 2;

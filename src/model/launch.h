@@ -58,6 +58,16 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
  * (-t not given or not positive): a thread per core, as many as the
  * machine has to give. */
 int launch_threads(char *const *args, int n, const char *env_t, const char *env_tb);
+/* Whether llama-server puts layers on a GPU as its arguments ask: -ngl
+ * (--gpu-layers, --n-gpu-layers; a later one winning) over env_ngl
+ * (LLAMA_ARG_N_GPU_LAYERS): 1 for any value but "0" ("auto", "all", a
+ * count), 0 for "0", -1 when neither asks (its own default then). */
+int launch_offloads(char *const *args, int n, const char *env_ngl);
+/* 1 when llama-server's --help text says it puts layers on a GPU unasked:
+ * -ngl's default is "auto" (llama.cpp since late 2025: every layer that
+ * fits, --fit adjusting what was not set), "all" or -1. Older builds say
+ * nothing or 0: the CPU. */
+int launch_help_offloads(const char *help);
 /* Prints what it chose and the endpoint. 0, or -1 with err. */
 int launch_model(const struct launch_opts *o, char *endpoint, size_t n, char *err, size_t errlen);
 /* The llama-server to use when none is named: $TOKI_LLAMA_SERVER, an

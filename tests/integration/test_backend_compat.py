@@ -1003,6 +1003,35 @@ class Managed(unittest.TestCase):
                               {"messages": HELLO, "max_tokens": 2}, headers=auth, auth=False)
         self.assertEqual(st, 200, resp)
 
+    def test_layers_where_llama_server_puts_them(self):
+        """Unasked (no -ngl), llama-server b11669 puts every layer that fits
+        on the GPUs it lists (its -ngl default is "auto"): the context is
+        sized against their free memory, as with -ngl. The stand-in answers
+        --help and --list-devices as a CUDA build on an H100 does and runs
+        the real server otherwise. -ngl 0, or a build that lists no device
+        (the CPU one), is sized against RAM."""
+        fake = os.path.join(self.tmp, "llama-server")
+        real = th.llama_server_path()
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\ncase \"$1\" in\n"
+                    "--help) exec %s --help ;;\n"
+                    "--list-devices) printf 'Available devices:\\n  CUDA0: NVIDIA H100 80GB HBM3 "
+                    "(81559 MiB, 80000 MiB free)\\n' ;;\n"
+                    "*) exec %s \"$@\" ;;\nesac\n" % (real, real))
+        os.chmod(fake, 0o755)
+
+        def up(server, *args):
+            self.env["TOKI_LLAMA_SERVER"] = server
+            r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",
+                          str(th.free_port()), "--wait", "30", *args)
+            self.toki("down")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stderr
+
+        self.assertIn("of 78.1 GiB of free VRAM", up(fake))
+        self.assertIn("available", up(fake, "--", "-ngl", "0"))
+        self.assertNotIn("VRAM", up(real))
+
     def test_api_key_in_up_args(self):
         port = th.free_port()
         r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",

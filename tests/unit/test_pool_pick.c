@@ -303,6 +303,41 @@ static void test_threads_from_args(void **state)
 	assert_int_equal(launch_threads(none, 1, "", NULL), 0);
 }
 
+static void test_offloads(void **state)
+{
+	char *none[] = {"--jinja"};
+	assert_int_equal(launch_offloads(none, 1, NULL), -1);
+	assert_int_equal(launch_offloads(none, 1, ""), -1);
+	char *ngl[] = {"-ngl", "99"};
+	assert_int_equal(launch_offloads(ngl, 2, NULL), 1);
+	char *zero[] = {"--n_gpu_layers", "0"};
+	assert_int_equal(launch_offloads(zero, 2, "99"), 0);
+	char *later[] = {"-ngl", "0", "--gpu-layers", "auto"};
+	assert_int_equal(launch_offloads(later, 4, NULL), 1);
+	assert_int_equal(launch_offloads(none, 1, "0"), 0);
+	assert_int_equal(launch_offloads(none, 1, "all"), 1);
+	char *dangling[] = {"-ngl"};
+	assert_int_equal(launch_offloads(dangling, 1, NULL), -1);
+	/* As llama-server b11669 prints it, and as older builds did. */
+	const char *auto_help =
+	    "-ngl,  --gpu-layers, --n-gpu-layers N   max. number of layers to store in VRAM, "
+	    "either "
+	    "an exact number,\n"
+	    "                                        'auto', or 'all' (default: auto)\n"
+	    "                                        (env: LLAMA_ARG_N_GPU_LAYERS)\n"
+	    "-sm,   --split-mode {none,layer,row,tensor}\n"
+	    "                                        (default: layer)\n";
+	assert_int_equal(launch_help_offloads(auto_help), 1);
+	const char *old_help =
+	    "-ngl,  --gpu-layers, --n-gpu-layers N   number of layers to store in VRAM\n"
+	    "                                        (env: LLAMA_ARG_N_GPU_LAYERS)\n"
+	    "-sm,   --split-mode {none,layer,row}    how to split the model (default: auto)\n";
+	assert_int_equal(launch_help_offloads(old_help), 0);
+	assert_int_equal(launch_help_offloads("usage: llama-server\n"), 0);
+	assert_int_equal(launch_help_offloads(NULL), 0);
+	assert_int_equal(launch_help_offloads("--n-gpu-layers N (default: all)"), 1);
+}
+
 static void test_pick_groups(void **state)
 {
 	/* a and b are a group (1), c is in none, d is the one to start. */
@@ -401,6 +436,7 @@ int main(void)
 	    cmocka_unit_test(test_cpu_turn),
 	    cmocka_unit_test(test_cpu_turn_shared),
 	    cmocka_unit_test(test_threads_from_args),
+	    cmocka_unit_test(test_offloads),
 	    cmocka_unit_test(test_group_ids_from_registry),
 	    cmocka_unit_test(test_error_shapes),
 	};
