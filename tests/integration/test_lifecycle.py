@@ -282,7 +282,9 @@ class Lifecycle(unittest.TestCase):
         # listed a run that never became ready, holding the memory).
         fake = os.path.join(self.tmp, "never-ready-llama-server")
         with open(fake, "w") as f:
-            f.write("#!/bin/sh\nsleep 300\n")  # sh stays, with the marker
+            # It answers the probes (--help) as llama-server does.
+            f.write("#!/bin/sh\n[ \"$1\" = --help ] && exit 0\n"
+                    "sleep 300\n")  # sh stays, with the marker
         os.chmod(fake, 0o755)
         env = dict(self.env, TOKI_LLAMA_SERVER=fake)
         r = self.toki("up", "--model", self.model, "--name", "slow", "--port",
@@ -299,7 +301,8 @@ class Lifecycle(unittest.TestCase):
         # and stopped (before, it stayed, and toki down could not see it).
         fake = os.path.join(self.tmp, "orphaned-llama-server")
         with open(fake, "w") as f:
-            f.write("#!/bin/sh\nkill -9 $PPID\nsleep 300\n")  # sh stays, with the marker
+            f.write("#!/bin/sh\n[ \"$1\" = --help ] && exit 0\n"
+                    "kill -9 $PPID\nsleep 300\n")  # sh stays, with the marker
         os.chmod(fake, 0o755)
         env = dict(self.env, TOKI_LLAMA_SERVER=fake)
         # An earlier start's error in the same log is not this one's.
