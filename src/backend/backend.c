@@ -99,6 +99,7 @@ static void discovery_failed_at(struct backend *b, enum log_level level, const c
 {
 	b->discovering = 0;
 	b->rediscover = 0; /* the next one reads everything anew */
+	b->returning = 0;  /* nothing waits for it any more */
 	if (strcmp(b->last_failure, why) != 0) {
 		snprintf(b->last_failure, sizeof b->last_failure, "%s", why);
 		log_write(level, "backend %s: discovery failed: %s", b->rb->url, why);
@@ -593,6 +594,7 @@ static void discovered(struct backend *b)
 		discover(b);
 		return;
 	}
+	b->returning = 0;
 	/* The Vulkan remedy is for answers that depend on what the server
 	 * computed before, not for slots that share one KV cache. */
 	if (t->state == SELFTEST_FAILED && !t->shared_kv && selftest_try_remedy(b))
@@ -686,6 +688,7 @@ static void discover(struct backend *b)
 void backend_rediscover(struct backend *b, const char *why)
 {
 	backend_mark_down(b, why);
+	b->returning = 1;
 	if (b->discovering) {
 		/* Its calls are discovery's (the self-test's among them): it
 		 * starts over when it ends. */
@@ -876,7 +879,7 @@ int backend_any_returning(struct daemon *d)
 {
 	for (int i = 0; i < d->n_backends; i++) {
 		const struct backend *b = d->backends[i];
-		if (!b->rb->up && (b->discovering || b->adapters_changing))
+		if (!b->rb->up && (b->returning || b->adapters_changing))
 			return 1;
 	}
 	return 0;

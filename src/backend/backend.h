@@ -39,6 +39,9 @@ struct backend {
 	/* Its settings changed during a discovery: discovery runs again when
 	 * this one ends (backend_rediscover). */
 	int rediscover;
+	/* Discovered again at toki's own request (backend_rediscover): what
+	 * needs a backend waits for it until that discovery ends. */
+	int returning;
 	/* Without --slot-dir: bytes written under each name toki used in the
 	 * server's own folder (0: never used), what that folder holds of toki's. */
 	uint64_t remote_bytes[SLOT_REMOTE_MAX_NAMES];
@@ -95,9 +98,9 @@ void backend_start(struct backend *b);
 int backend_is_up(const struct backend *b);
 /* The first healthy backend, for routes that need no slot (NULL: none). */
 struct backend *backend_any_up(struct daemon *d);
-/* 1 when a backend that is not up will be soon: it answered and is being
- * discovered, or toki holds it out for a moment (adapters_changing). What
- * needs a backend waits for it then, rather than failing. */
+/* 1 when a backend that is not up will be soon: toki holds it out for a
+ * moment (adapters_changing) or discovers it again (returning). What needs
+ * a backend waits for it then, rather than failing. */
 int backend_any_returning(struct daemon *d);
 /* A call failed to connect: take the backend out until a health check
  * succeeds again. */
