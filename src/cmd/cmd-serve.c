@@ -21,6 +21,7 @@
 #include "daemon.h"
 #include "http/http_server.h"
 #include "model/llama_args.h"
+#include "platform/platform.h"
 #include "pool/pool.h"
 #include "serve/serve.h"
 #include "util/clock.h"
@@ -142,21 +143,6 @@ struct managed {
 	char name_buf[160];
 	char model_abs[4096];
 };
-
-static int pick_free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (fd < 0)
-		return -1;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof a;
-	int port = -1;
-	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
 
 /* The run name: --name, else the model file's name without .gguf, made safe
  * to use as a directory name. */
@@ -303,7 +289,7 @@ static int prepare_managed(struct managed *m, struct daemon *d, char *url, size_
 		const char *env = getenv("TOKI_LLAMA_SERVER");
 		m->binary = env && *env ? env : "llama-server";
 	}
-	m->port = pick_free_port();
+	m->port = plat_free_port();
 	if (m->port <= 0) {
 		fprintf(stderr, "toki serve: no free port for llama-server\n");
 		return -1;

@@ -14,6 +14,11 @@ int plat_os_gpu_default(struct plat_gpus *g);
  * may be a service manager or a shell, not us), else 0. */
 int plat_os_zombie(pid_t pid);
 
+/* The ports the OS gives connect() and bind() to port 0 (Linux's
+ * ip_local_port_range, the BSDs' net.inet.ip.portrange): 0, or -1 where it
+ * cannot say. */
+int plat_os_ephemeral_ports(int *lo, int *hi);
+
 #if defined(__APPLE__) || defined(__FreeBSD__)
 /* sysctlbyname(3) of a number, whether the key is 32 or 64 bits wide. */
 int plat_sysctl_u64(const char *name, uint64_t *v);

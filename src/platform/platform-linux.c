@@ -99,6 +99,14 @@ int plat_cpus(void)
 	return n > 0 ? (int)n : 1;
 }
 
+int plat_os_ephemeral_ports(int *lo, int *hi)
+{
+	char buf[64];
+	if (read_small("/proc/sys/net/ipv4/ip_local_port_range", buf, sizeof buf) != 0)
+		return -1;
+	return sscanf(buf, "%d %d", lo, hi) == 2 ? 0 : -1;
+}
+
 int plat_os_zombie(pid_t pid)
 {
 	char path[64], buf[1024];

@@ -1,8 +1,12 @@
 /* The common part of the layer: what is the same on every OS but needs the
  * OS-specific functions (GPU memory from the tools that know it). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "platform/os.h"
 
@@ -72,4 +76,44 @@ int plat_gpu_read(const char *llama_server, char *const env_extra[], int include
 	free(out);
 	memset(g, 0, sizeof *g);
 	return plat_os_gpu_default(g);
+}
+
+/* The port of 127.0.0.1 a listening socket can take now (0: any), or -1. */
+static int bind_port(int port)
+{
+	int fd = plat_socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -1;
+	struct sockaddr_in a = {.sin_family = AF_INET,
+	                        .sin_port = htons((uint16_t)port),
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	int got = -1;
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		got = ntohs(a.sin_port);
+	close(fd);
+	return got;
+}
+
+/* How many ports below the ephemeral range are tried, from a random one. */
+#define FREE_PORT_WINDOW 10000
+#define FREE_PORT_TRIES 200
+
+int plat_free_port(void)
+{
+	int lo = 0, hi = 0;
+	if (plat_os_ephemeral_ports(&lo, &hi) != 0 || lo <= 0 || hi < lo)
+		lo = 32768; /* Linux's default, below the BSDs' 49152 */
+	int bottom = lo - FREE_PORT_WINDOW;
+	if (bottom < 10000)
+		return bind_port(0); /* a range that starts low: nothing below it */
+	unsigned r = 0;
+	(void)plat_random(&r, sizeof r);
+	for (int i = 0; i < FREE_PORT_TRIES; i++) {
+		int port = bottom + (int)((r + (unsigned)i) % FREE_PORT_WINDOW);
+		if (bind_port(port) == port)
+			return port;
+	}
+	return bind_port(0);
 }

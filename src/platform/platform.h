@@ -84,6 +84,14 @@ int plat_is_apple_silicon(void);
  * a cgroup or taskset leaves it; elsewhere: those online); at least 1. */
 int plat_cpus(void);
 
+/* A port on 127.0.0.1 for another process to listen on (llama-server's,
+ * which toki picks and hands over): free now, and below the OS's ephemeral
+ * range, so that no connection made meanwhile (each takes a local port from
+ * that range) can hold it when that process binds it. A port bind(0) picked
+ * could be taken so, and a closed connection's TIME_WAIT then keeps it
+ * from the server for a minute. -1 when none is free. */
+int plat_free_port(void);
+
 /* A process's resident set in KiB, or -1. */
 long plat_rss_kib(pid_t pid);
 

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -256,7 +257,39 @@ def on_one_day(fn):
     return result if time.strftime("%Y-%m-%d") == day else fn()
 
 
+_port_rng = random.SystemRandom()
+_ports_given = set()
+
+
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
+    """A port for a server a test starts: free now, and below the kernel's
+    ephemeral range, as toki picks llama-server's (plat_free_port): a port
+    bind(0) gives could become a connection's local port before the server
+    binds it, and that connection's TIME_WAIT keeps it from the server."""
+    lo = _ephemeral_low()
+    if lo - 10000 >= 10000:
+        start = _port_rng.randrange(10000)
+        for i in range(200):
+            port = lo - 10000 + (start + i) % 10000
+            if port in _ports_given:
+                continue  # given to a server that may not have bound it yet
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+                _ports_given.add(port)
+                return port
+            except OSError:
+                continue
+            finally:
+                s.close()
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]

@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -478,6 +480,32 @@ static void test_machine(void **state)
 #endif
 }
 
+/* A port for llama-server: free, and below the OS's ephemeral range, where
+ * no connection's local port can take it before the server binds it. */
+static void test_free_port(void **state)
+{
+	int lo = 32768;
+#ifdef __linux__
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	assert_non_null(f);
+	assert_int_equal(fscanf(f, "%d", &lo), 1);
+	fclose(f);
+#endif
+	for (int i = 0; i < 20; i++) {
+		int port = plat_free_port();
+		assert_true(port >= lo - 10000 && port < lo);
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		struct sockaddr_in a = {.sin_family = AF_INET,
+		                        .sin_port = htons((uint16_t)port),
+		                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+		assert_int_equal(listen(fd, 1), 0);
+		/* Taken now: the next pick is another port. */
+		assert_int_not_equal(plat_free_port(), port);
+		close(fd);
+	}
+}
+
 static void test_run(void **state)
 {
 	char out[256];
@@ -821,6 +849,7 @@ int main(void)
 	    cmocka_unit_test(test_qsort_r),
 	    cmocka_unit_test_setup_teardown(test_fds_and_files, setup, teardown),
 	    cmocka_unit_test(test_machine),
+	    cmocka_unit_test(test_free_port),
 	    cmocka_unit_test(test_run),
 	    cmocka_unit_test(test_spawn_stop),
 	    cmocka_unit_test_setup_teardown(test_no_linux_only_interfaces, setup, teardown),
