@@ -198,7 +198,26 @@ static char *managed_kv_settings(const struct managed *m)
 	    {"--control-vector-scaled", 1},
 	    {"--control-vector-layer-range", 2},
 	};
+	/* The same settings as llama-server reads them from its environment
+	 * (toki serve's, with --llama-env over it). */
+	static const char *const kv_env[] = {
+	    "LLAMA_ARG_CACHE_TYPE_K",      "LLAMA_ARG_CACHE_TYPE_V",   "LLAMA_ARG_FLASH_ATTN",
+	    "LLAMA_ARG_ROPE_SCALING_TYPE", "LLAMA_ARG_ROPE_SCALE",     "LLAMA_ARG_ROPE_FREQ_BASE",
+	    "LLAMA_ARG_ROPE_FREQ_SCALE",   "LLAMA_ARG_YARN_ORIG_CTX",  "LLAMA_ARG_YARN_EXT_FACTOR",
+	    "LLAMA_ARG_YARN_ATTN_FACTOR",  "LLAMA_ARG_YARN_BETA_SLOW", "LLAMA_ARG_YARN_BETA_FAST",
+	    "LLAMA_ARG_N_GPU_LAYERS",      "LLAMA_ARG_SWA_FULL",
+	};
+	const char *env_val[sizeof kv_env / sizeof kv_env[0]];
 	size_t cap = 64;
+	for (size_t k = 0; k < sizeof kv_env / sizeof kv_env[0]; k++) {
+		size_t nl = strlen(kv_env[k]);
+		env_val[k] = getenv(kv_env[k]);
+		for (int e = 0; e < m->n_env; e++)
+			if (!strncmp(m->env[e], kv_env[k], nl) && m->env[e][nl] == '=')
+				env_val[k] = m->env[e] + nl + 1; /* a later one wins */
+		if (env_val[k])
+			cap += nl + strlen(env_val[k]) + 2;
+	}
 	for (int i = 0; i < m->n_args; i++)
 		cap += strlen(m->args[i]) + 1;
 	char *s = calloc(1, cap);
@@ -217,6 +236,14 @@ static char *managed_kv_settings(const struct managed *m)
 			}
 			break;
 		}
+	}
+	for (size_t k = 0; k < sizeof kv_env / sizeof kv_env[0]; k++) {
+		if (!env_val[k])
+			continue;
+		strcat(s, " ");
+		strcat(s, kv_env[k]);
+		strcat(s, "=");
+		strcat(s, env_val[k]);
 	}
 	return s;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "model/gguf.h"
@@ -45,12 +46,30 @@ int launch_find_llama_server(char *path, size_t n, char *gfx, size_t gfxn)
 }
 
 /* The KV cache type from llama-server's arguments (-ctk/--cache-type-k). */
-static const char *kv_type_of(char *const *args, int n)
+/* One KV cache's type as llama-server reads it: its option (a later one
+ * winning), else its environment, else f16. */
+static const char *cache_type(char *const *args, int n, const char *shrt, const char *lng,
+                              const char *env_name)
 {
+	const char *t = getenv(env_name);
+	t = t && *t ? t : "f16";
 	for (int i = 0; i + 1 < n; i++)
-		if (llama_arg_is(args[i], "-ctk") || llama_arg_is(args[i], "--cache-type-k"))
-			return args[i + 1];
-	return "f16";
+		if (llama_arg_is(args[i], shrt) || llama_arg_is(args[i], lng))
+			t = args[++i];
+	return t;
+}
+
+/* The K and V caches' types for memsize_fit_context: "q8_0", or "q8_0/f16"
+ * where they differ (-ctk alone leaves V at f16). out holds it. */
+static const char *kv_type_of(char *const *args, int n, char *out, size_t outn)
+{
+	const char *k = cache_type(args, n, "-ctk", "--cache-type-k", "LLAMA_ARG_CACHE_TYPE_K");
+	const char *v = cache_type(args, n, "-ctv", "--cache-type-v", "LLAMA_ARG_CACHE_TYPE_V");
+	if (strcasecmp(k, v) == 0)
+		snprintf(out, outn, "%s", k);
+	else
+		snprintf(out, outn, "%s/%s", k, v);
+	return out;
 }
 
 int launch_offloads(char *const *args, int n, const char *env_ngl)
@@ -210,8 +229,10 @@ int launch_plan(const struct launch_opts *o, uint64_t held_bytes, struct launch_
 	}
 	int slots = o->slots > 0 ? o->slots : 2;
 	struct memsize_report rep;
-	long fit = memsize_fit_context(&mi, &budget, kv_type_of(o->llama_args, o->n_llama_args),
-	                               slots, &rep);
+	char kv_types[64];
+	long fit = memsize_fit_context(
+	    &mi, &budget, kv_type_of(o->llama_args, o->n_llama_args, kv_types, sizeof kv_types),
+	    slots, &rep);
 	if (fit < 0) {
 		snprintf(err, errlen,
 		         "cannot size the context for %s (unknown KV cache type, or no "

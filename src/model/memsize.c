@@ -85,17 +85,37 @@ static long round_step(uint64_t v)
 long memsize_fit_context(const struct gguf_model_info *mi, const struct mem_budget *b,
                          const char *kv_type, int n_slots, struct memsize_report *out)
 {
-	int type = memsize_kv_type(kv_type ? kv_type : "f16");
-	if (!mi || !b || type < 0 || n_slots < 1)
+	char k_name[16] = "f16";
+	const char *v_name = k_name;
+	if (kv_type) {
+		if (strlen(kv_type) >= sizeof k_name)
+			return -1;
+		snprintf(k_name, sizeof k_name, "%s", kv_type);
+		char *slash = strchr(k_name, '/');
+		if (slash) {
+			*slash = '\0';
+			v_name = slash + 1;
+		}
+	}
+	int type_k = memsize_kv_type(k_name), type_v = memsize_kv_type(v_name);
+	if (!mi || !b || type_k < 0 || type_v < 0 || n_slots < 1)
 		return -1;
-	uint64_t kv = gguf_kv_bytes_per_token_type(mi, (uint32_t)type, (uint32_t)type);
+	uint64_t kv = gguf_kv_bytes_per_token_type(mi, (uint32_t)type_k, (uint32_t)type_v);
 	if (kv == 0 || kv == UINT64_MAX)
 		return -1; /* no layers or heads: nothing to size */
 
 	struct memsize_report r = {0};
-	for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++)
-		if (kv_types[i].type == type)
-			snprintf(r.kv_type, sizeof r.kv_type, "%s", kv_types[i].name);
+	const char *kn = "", *vn = "";
+	for (size_t i = 0; i < sizeof kv_types / sizeof kv_types[0]; i++) {
+		if (kv_types[i].type == type_k)
+			kn = kv_types[i].name;
+		if (kv_types[i].type == type_v)
+			vn = kv_types[i].name;
+	}
+	if (type_k == type_v)
+		snprintf(r.kv_type, sizeof r.kv_type, "%s", kn);
+	else
+		snprintf(r.kv_type, sizeof r.kv_type, "%s/%s", kn, vn);
 	r.gpu = b->gpu != 0;
 	r.total = r.gpu ? b->vram_total : b->total;
 	r.memory = r.gpu ? b->vram_free : (b->available ? b->available : b->total);

@@ -54,9 +54,9 @@ struct mem_budget {
 /* The numbers behind a memsize_fit_context() answer, so a refusal can be
  * explained with them. */
 struct memsize_report {
-	int fits; /* 1: at least MEMSIZE_MIN_CTX tokens a slot fit */
-	int gpu;  /* sized against VRAM */
-	char kv_type[8];
+	int fits;              /* 1: at least MEMSIZE_MIN_CTX tokens a slot fit */
+	int gpu;               /* sized against VRAM */
+	char kv_type[16];      /* "q8_0", or "q8_0/f16" where K and V differ */
 	uint64_t memory;       /* what was sized against: available RAM or free VRAM */
 	uint64_t total;        /* the total of that memory */
 	uint64_t margin;       /* kept free (see above) */
@@ -87,8 +87,9 @@ int memsize_read_gpu(struct mem_budget *b, const char *llama_server, char *const
  * (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; any case), or -1. */
 int memsize_kv_type(const char *name);
 
-/* The largest per-slot context that fits (see the rule above). kv_type NULL
- * means f16; n_slots >= 1. Returns the context (>= 512), 0 when not even 512
+/* The largest per-slot context that fits (see the rule above). kv_type is
+ * the K and V caches' type ("q8_0"), or each ("q8_0/f16": -ctk alone leaves
+ * V at f16); NULL means f16; n_slots >= 1. Returns the context (>= 512), 0 when not even 512
  * tokens a slot fit, or -1 on bad arguments (unknown kv_type, n_slots < 1, a
  * model without layer or head counts). out (may be NULL) is filled whenever
  * the return is not -1. */

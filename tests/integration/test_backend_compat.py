@@ -991,12 +991,15 @@ class Managed(unittest.TestCase):
         flag without a value takes none (it took the next argument before,
         and the value of that one was lost)."""
         port = th.free_port()
+        # And from the environment the server inherits.
+        self.env["LLAMA_ARG_YARN_BETA_FAST"] = "32"
         r = self.toki("up", "--model", self.model, "--ctx", "512", "--slots", "1", "--port",
                       str(port), "--wait", "30", "--", "--swa-full", "--rope_freq_base",
                       "10000", "-fa", "off", "--api_key", KEY)
         self.assertEqual(r.returncode, 0, r.stderr)
         log = self.toki("logs").stdout
-        self.assertIn('"kv_settings":"ctx=512 --swa-full --rope-freq-base 10000 -fa off"', log)
+        self.assertIn('"kv_settings":"ctx=512 --swa-full --rope-freq-base 10000 -fa off '
+                      'LLAMA_ARG_YARN_BETA_FAST=32"', log)
         # The key, with an underscore too, is the one toki sends.
         auth = {"Authorization": "Bearer " + self.token()}
         st, resp = th.request(port, "POST", "/v1/chat/completions",

@@ -324,6 +324,19 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("does not fit", r.stderr)
         self.assertIn("KiB/token", r.stderr)
+        # The KV caches' types as llama-server reads them: K's from its
+        # environment, V left at f16 (before: K's type counted for V too,
+        # 28160 tokens, more than fit); both q8_0 by their options.
+        r = self.toki("up", "--model", big, "--name", "fit", "--ctx", "32768", "--port",
+                      str(th.free_port()), env=dict(env, LLAMA_ARG_CACHE_TYPE_K="q8_0"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("but only 19456 fit: weights 47.0 MiB + KV q8_0/f16 3.1 KiB/token",
+                      r.stderr)
+        r = self.toki("up", "--model", big, "--name", "fit", "--ctx", "32768", "--port",
+                      str(th.free_port()), "--", "--cache_type_k", "q8_0", "-ctv", "q8_0",
+                      env=env)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("but only 28160 fit: weights 47.0 MiB + KV q8_0 2.1 KiB/token", r.stderr)
         small = th.generated_model("small", params="1M", ctx=2048)
         r = self.toki("up", "--model", small, "--ctx", "4096", "--port",
                       str(th.free_port()))

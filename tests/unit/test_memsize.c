@@ -141,6 +141,15 @@ static void test_kv_per_token(void **state)
 	assert_true(memsize_fit_context(&q, &machine_16g, "Q4_0", 1, &r) > 0);
 	assert_int_equal(r.kv_per_token, 41472);
 	assert_string_equal(r.kv_type, "q4_0");
+	/* -ctk alone leaves V at f16 in llama-server: each its own type. */
+	assert_true(memsize_fit_context(&q, &machine_16g, "q8_0/f16", 1, &r) > 0);
+	assert_int_equal(r.kv_per_token, 78336 / 2 + 147456 / 2);
+	assert_string_equal(r.kv_type, "q8_0/f16");
+	assert_true(memsize_fit_context(&q, &machine_16g, "f16/F16", 1, &r) > 0);
+	assert_int_equal(r.kv_per_token, 147456);
+	assert_string_equal(r.kv_type, "f16");
+	assert_int_equal(memsize_fit_context(&q, &machine_16g, "q8_0/q7", 1, &r), -1);
+	assert_int_equal(memsize_fit_context(&q, &machine_16g, "q8_0/f16/f32/bf16", 1, &r), -1);
 	assert_true(memsize_fit_context(&g, &machine_16g, NULL, 1, &r) > 0);
 	assert_int_equal(r.kv_per_token, 344064);
 	assert_string_equal(r.kv_type, "f16"); /* NULL means f16 */
