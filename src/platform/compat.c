@@ -287,6 +287,18 @@ int plat_sysctl_u64(const char *name, uint64_t *v)
 	return 0;
 }
 
+/* Both keep the ephemeral ports under net.inet.ip.portrange. */
+int plat_os_ephemeral_ports(int *lo, int *hi)
+{
+	uint64_t first = 0, last = 0;
+	if (plat_sysctl_u64("net.inet.ip.portrange.first", &first) != 0 ||
+	    plat_sysctl_u64("net.inet.ip.portrange.last", &last) != 0)
+		return -1;
+	*lo = (int)first;
+	*hi = (int)last;
+	return 0;
+}
+
 /* Both keep the time of the boot under kern.boottime. */
 int plat_boot_id(char *out, size_t n)
 {

@@ -105,17 +105,6 @@ int plat_cpus(void)
 	return n > 0 ? (int)n : 1;
 }
 
-int plat_os_ephemeral_ports(int *lo, int *hi)
-{
-	uint64_t first = 0, last = 0;
-	if (plat_sysctl_u64("net.inet.ip.portrange.first", &first) != 0 ||
-	    plat_sysctl_u64("net.inet.ip.portrange.last", &last) != 0)
-		return -1;
-	*lo = (int)first;
-	*hi = (int)last;
-	return 0;
-}
-
 int plat_os_zombie(pid_t pid)
 {
 	struct proc_bsdinfo bi;

@@ -71,17 +71,6 @@ int plat_cpus(void)
 	return n > 0 ? (int)n : 1;
 }
 
-int plat_os_ephemeral_ports(int *lo, int *hi)
-{
-	uint64_t first = 0, last = 0;
-	if (plat_sysctl_u64("net.inet.ip.portrange.first", &first) != 0 ||
-	    plat_sysctl_u64("net.inet.ip.portrange.last", &last) != 0)
-		return -1;
-	*lo = (int)first;
-	*hi = (int)last;
-	return 0;
-}
-
 int plat_os_zombie(pid_t pid)
 {
 	int mib[4] = {CTL_KERN, KERN_PROC, KERN_PROC_PID, (int)pid};
