@@ -684,8 +684,14 @@ class ServerScales(unittest.TestCase):
         self.assertEqual(st, 409, r)
         self.assertIn("a request is running", r["error"]["message"])
         conn.close()
-        self.wait_idle_saved(toki, 1)
-        st, r = th.request(toki.port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.3}])
+        # The stream's slot is busy until its cancel settles, and then while
+        # its idle save runs: a change waits for both (409 meanwhile).
+        deadline = time.time() + 30
+        while True:
+            st, r = th.request(toki.port, "POST", "/lora-adapters", [{"id": 0, "scale": 0.3}])
+            if st != 409 or time.time() > deadline:
+                break
+            time.sleep(0.05)
         self.assertEqual((st, r), (200, {"success": True}))
         st, r = th.request(toki.port, "GET", "/lora-adapters")
         self.assertEqual(st, 200, r)
